@@ -1,0 +1,87 @@
+"""Typed errors. Every failure a caller can see is one of these; `service/errors.py` maps them to
+gRPC status codes and HTTP statuses in exactly one place.
+
+Client-side, `mmproc.client` raises the same classes, so an LLM worker catches `InvalidMediaError`
+(a `ValueError`) for bad input and never has to parse status strings.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Reason(str, Enum):
+    """Why a request was refused as the client's fault. Carried in BadRequest details, in
+    `InvalidMediaError.reason`, in the HTTP 400 body and in the rejection metric."""
+
+    EMPTY = "empty"
+    TOO_LARGE = "too_large"  # bytes of one image over the limit
+    UNSUPPORTED_FORMAT = "unsupported_format"  # magic bytes not on the allowlist
+    UNDECODABLE = "undecodable"  # allowlisted format, but the decoder refused it
+    TRUNCATED = "truncated"  # the data ends before the image does
+    TOO_MANY_PIXELS = "too_many_pixels"  # header declares more pixels than allowed (bomb guard)
+    TOO_SMALL = "too_small"  # zero-sized or below the minimum side
+    ASPECT_RATIO = "aspect_ratio"  # one side over `max_aspect_ratio` times the other
+    TOO_MANY_IMAGES = "too_many_images"  # images per request over the limit
+    TOO_MANY_PATCHES = "too_many_patches"  # total patches per request over the limit
+    REQUEST_TOO_LARGE = "request_too_large"  # total request bytes over the limit
+    BAD_REQUEST = "bad_request"  # malformed request (bad base64, unknown transport, ...)
+
+
+class MmprocError(Exception):
+    """Base of every typed mmproc error."""
+
+    http_status: int = 500
+
+
+class InvalidMediaError(MmprocError, ValueError):
+    """The request (or one image in it) is invalid: the client's fault, HTTP 400 / INVALID_ARGUMENT.
+
+    `index` is the offending image's position in the request, or -1 when the whole request is at
+    fault (too many images, too many bytes ...). `reason` is a `Reason` value (a plain string on the
+    client side, so that newer servers may add reasons).
+    """
+
+    http_status = 400
+
+    def __init__(self, message: str, *, reason: Reason | str, index: int = -1) -> None:
+        super().__init__(message)
+        self.message = message
+        self.reason = reason.value if isinstance(reason, Reason) else str(reason)
+        self.index = index
+
+    def __str__(self) -> str:
+        where = f"image {self.index}" if self.index >= 0 else "request"
+        return f"{where}: {self.message} [{self.reason}]"
+
+    def at_index(self, index: int) -> InvalidMediaError:
+        """The same error, naming the image's position in its request."""
+        return InvalidMediaError(self.message, reason=self.reason, index=index)
+
+
+class ResourceExhaustedError(MmprocError):
+    """Queue or pool full past the deadline: HTTP 429 / RESOURCE_EXHAUSTED. Safe to retry later."""
+
+    http_status = 429
+
+
+class UnavailableError(MmprocError):
+    """Not ready yet, or draining for shutdown: HTTP 503 / UNAVAILABLE. Retry elsewhere."""
+
+    http_status = 503
+
+
+class DeadlineExceededError(MmprocError, TimeoutError):
+    """The request's deadline passed before its embeddings were ready: HTTP 504 / DEADLINE_EXCEEDED."""
+
+    http_status = 504
+
+
+class InternalError(MmprocError):
+    """A server-side failure. The message seen by clients is generic; detail is only in the log."""
+
+    http_status = 500
+
+
+class ConfigError(MmprocError):
+    """A bad setting or checkpoint found at start-up; the message names the setting or tensor."""

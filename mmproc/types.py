@@ -1,0 +1,72 @@
+"""Dataclasses handed from one stage to the next (media -> preprocess -> batching -> model -> transport).
+
+They live here so that every stage imports them from one place and no stage imports a later one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from PIL import Image
+
+
+@dataclass(frozen=True)
+class DecodedImage:
+    """One validated, decoded image.
+
+    `image` is always mode "RGB" with EXIF orientation applied; `source_format` is the format found by
+    magic bytes ("jpeg", "png", "webp", "gif", "bmp"); `source_size` is (width, height) before orientation.
+    """
+
+    image: Image.Image
+    source_format: str
+    source_size: tuple[int, int]
+
+
+@dataclass(frozen=True)
+class PreprocessedImage:
+    """One image as the vision tower eats it.
+
+    patches: (L, 3, P, P) float32 on the CPU, row-major patch order, L == grid_h * grid_w.
+    grid_hw: (grid_h, grid_w) in patches, plain Python ints (never a tensor: metadata stays on the CPU).
+    num_tokens: embeddings this image yields after the merger, (grid_h // kh) * (grid_w // kw).
+    """
+
+    patches: torch.Tensor
+    grid_hw: tuple[int, int]
+    num_tokens: int
+
+    @property
+    def num_patches(self) -> int:
+        return self.grid_hw[0] * self.grid_hw[1]
+
+
+@dataclass(frozen=True)
+class PackedBatch:
+    """Many images packed into one varlen sequence, all metadata built on the CPU from Python ints.
+
+    pixel_values: (sum L, 3, P, P) float32, pinned when the batch is meant for a CUDA device.
+    grid_hws: per image (grid_h, grid_w) in patches.
+    cu_seqlens: (N + 1,) int32 CPU tensor, prefix sums of patches per image (attention segments).
+    max_seqlen: longest image in patches, a Python int (varlen kernels want it without a sync).
+    token_counts: per image the number of output embeddings after the merger.
+    """
+
+    pixel_values: torch.Tensor
+    grid_hws: tuple[tuple[int, int], ...]
+    cu_seqlens: torch.Tensor
+    max_seqlen: int
+    token_counts: tuple[int, ...]
+
+    @property
+    def num_images(self) -> int:
+        return len(self.grid_hws)
+
+    @property
+    def num_patches(self) -> int:
+        return sum(h * w for h, w in self.grid_hws)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.token_counts)
