@@ -1,0 +1,62 @@
+"""Every Pillow mode to 8-bit RGB, deterministically.
+
+The rule (faithfulness to how the model was trained beats prettiness):
+
+- RGB: copied as is.
+- L, P, 1, CMYK, YCbCr, LAB, HSV, RGBX and any other mode Pillow converts: `convert("RGB")`. CMYK uses
+  Pillow's plain formula (no ICC colour management; no embedded ICC profile is applied for any mode,
+  like the reference processors).
+- P with a "transparency" entry: `convert("RGBA")` first, then alpha is dropped. The colour channels are
+  the palette colours either way; going through RGBA is the path Pillow asks for (a direct P -> RGB with a
+  per-index transparency table emits "Palette images with Transparency ... should be converted to RGBA").
+- Alpha modes (RGBA, LA, PA): alpha is dropped and the colour stored under transparent pixels is kept,
+  exactly what the reference Kimi-VL / Kimi K2.5 processors get from `image.convert("RGB")`; no
+  compositing onto white or black. Premultiplied modes (RGBa, La) are un-premultiplied by Pillow first.
+- 16-bit integer modes (I;16, I;16L, I;16B, I;16N): the high byte of each value (v >> 8), as grey.
+  Pillow's own `convert("RGB")` would clip at 255 and turn nearly every 16-bit image white. (16-bit
+  RGB/RGBA/LA PNGs never get here: Pillow's PNG decoder already keeps their high bytes, the same rule.)
+- 32-bit integer I: clipped to 0..65535, then the high byte, as for 16-bit.
+- F (32-bit float): NaN -> 0, clipped to 0..255, truncated toward zero (as Pillow's F -> L does), as grey.
+
+Pure functions, no shared state: safe from any thread.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from PIL import Image
+
+_PREMULTIPLIED_TO_STRAIGHT = {"La": "LA", "RGBa": "RGBA"}
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """A new, fully loaded mode-"RGB" image from `image` (any mode), following the module rule.
+
+    Never returns `image` itself, so the result holds no reference to a file or a decoder.
+    Raises ValueError for a mode Pillow cannot convert.
+    """
+    mode = image.mode
+    if mode == "RGB":
+        return image.copy()
+    if mode.startswith("I;16") or mode in ("I", "F"):
+        return _grey_to_rgb(_to_uint8_grey(image))
+    if mode == "P" and "transparency" in image.info:
+        return image.convert("RGBA").convert("RGB")
+    if mode in _PREMULTIPLIED_TO_STRAIGHT:
+        return image.convert(_PREMULTIPLIED_TO_STRAIGHT[mode]).convert("RGB")
+    return image.convert("RGB")
+
+
+def _to_uint8_grey(image: Image.Image) -> np.ndarray:
+    """(H, W) uint8 from a single-channel 16/32-bit integer or float image, per the module rule."""
+    values = np.asarray(image)  # (H, W): uint16 (either byte order), int32 or float32
+    if image.mode == "F":
+        values = np.nan_to_num(values, nan=0.0, posinf=255.0, neginf=0.0)
+        return np.clip(values, 0.0, 255.0).astype(np.uint8)  # astype truncates toward zero
+    if image.mode == "I":
+        values = np.clip(values, 0, 0xFFFF)
+    return (values.astype(np.uint32) >> 8).astype(np.uint8)
+
+
+def _grey_to_rgb(grey: np.ndarray) -> Image.Image:
+    return Image.fromarray(np.ascontiguousarray(grey)).convert("RGB")  # (H, W) uint8 -> "L" -> "RGB"

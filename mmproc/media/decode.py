@@ -1,0 +1,166 @@
+"""Bytes -> validated, upright RGB image: every check that can refuse an image runs before its raster is decoded.
+
+Order, cheapest first (each refusal is an `InvalidMediaError` with index -1; the caller adds the index):
+
+1. empty -> EMPTY; over `max_image_bytes` -> TOO_LARGE.
+2. magic bytes not naming an allowed format -> UNSUPPORTED_FORMAT. Pillow is then told to try that one
+   format only, so TIFF, PSD, EPS, PDF, SVG, ICO ... are never parsed, whatever Pillow has plugins for.
+3. Size as declared by the header, peeked without Pillow (`formats.peek_size`; for GIF the larger of the
+   logical screen and the first frame's extent): a side < `min_side` -> TOO_SMALL, width * height over
+   the pixel limit -> TOO_MANY_PIXELS, long / short side over `max_aspect_ratio` -> ASPECT_RATIO.
+4. `Image.open` (header only) with the one sniffed format; the same three checks on Pillow's size, in case
+   the peek found nothing. Pillow's own DecompressionBombError (and its warning, where the process turns
+   warnings into errors) -> TOO_MANY_PIXELS.
+5. Decode the first frame only (animated GIF / WebP / APNG). Decoder failures map to TRUNCATED when Pillow
+   says the data ended (EOFError, struct.error, "truncated" messages) or when the container visibly ends
+   early (no JPEG EOI, PNG IEND or GIF trailer; WebP/BMP shorter than their header says), else UNDECODABLE.
+6. EXIF orientation (JPEG, PNG, WebP) read defensively and applied; mode converted to RGB (see `convert`).
+
+Why no `warnings.catch_warnings()` around Pillow: it swaps the process-wide filter list and is not
+thread-safe (two overlapping threads can leave an "error" filter installed forever). It is not needed either:
+`MediaLimits.max_pixels` is capped below Pillow's warning threshold and we also honour a lowered
+`Image.MAX_IMAGE_PIXELS`, so every image Pillow warns about is refused by our own check as TOO_MANY_PIXELS.
+Likewise `Image.MAX_IMAGE_PIXELS` and `ImageFile.LOAD_TRUNCATED_IMAGES` are never written.
+
+Thread-safe: no module state besides constants; every call works on its own BytesIO and image objects.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from PIL import Image
+
+from mmproc.errors import InvalidMediaError, Reason
+from mmproc.media.convert import to_rgb
+from mmproc.media.formats import (
+    JPEG,
+    PILLOW_FORMAT,
+    PNG,
+    WEBP,
+    looks_truncated,
+    peek_size,
+    sniff_format,
+)
+from mmproc.media.limits import MediaLimits
+from mmproc.media.orientation import apply_orientation, read_orientation
+from mmproc.types import DecodedImage
+
+logger = logging.getLogger(__name__)
+
+_EXIF_FORMATS = frozenset({JPEG, PNG, WEBP})
+_BOMB_ERRORS = (Image.DecompressionBombError, Image.DecompressionBombWarning)
+
+
+def decode_image(data: bytes, limits: MediaLimits) -> DecodedImage:
+    """Validate and decode one image; see the module docstring for the order of checks.
+
+    Returns a `DecodedImage` whose `image` is a fully loaded mode-"RGB" image, upright, without metadata,
+    holding no reference to `data`; `source_size` is (width, height) as stored, before EXIF orientation.
+    Raises `InvalidMediaError` (index -1) for anything that is the client's fault; a `MemoryError` is left
+    alone (the limits bound allocations, so running out is the server's problem, not a bad request).
+    """
+    fmt = _check_container(data, limits)
+    if not isinstance(data, bytes):  # bytearray / memoryview: one copy, after the size check
+        data = bytes(data)
+    pixel_limit = _pixel_limit(limits)
+    peeked = peek_size(fmt, data)
+    if peeked is not None:
+        _check_size(*peeked, limits, pixel_limit)
+
+    with _decoder_errors(fmt, data, "open"):
+        image = Image.open(io.BytesIO(data), formats=[PILLOW_FORMAT[fmt]])
+    with image:
+        source_size = image.size
+        _check_size(*source_size, limits, pixel_limit)
+        with _decoder_errors(fmt, data, "decode"):
+            image.seek(0)  # first frame only; a no-op for a freshly opened file, stated for the reader
+            image.load()
+        orientation = read_orientation(image) if fmt in _EXIF_FORMATS else 1
+        with _decoder_errors(fmt, data, "convert"):
+            rgb = to_rgb(image)
+    upright = apply_orientation(rgb, orientation)
+    upright.info = {}  # stale EXIF (orientation!), ICC, transparency: none of it describes the output
+    return DecodedImage(image=upright, source_format=fmt, source_size=source_size)
+
+
+def _check_container(data: bytes, limits: MediaLimits) -> str:
+    """EMPTY, TOO_LARGE, UNSUPPORTED_FORMAT; returns the sniffed format."""
+    size = len(data)
+    if size == 0:
+        raise InvalidMediaError("image data is empty", reason=Reason.EMPTY)
+    if size > limits.max_image_bytes:
+        raise InvalidMediaError(
+            f"image is {size} bytes, over the limit of {limits.max_image_bytes}", reason=Reason.TOO_LARGE
+        )
+    fmt = sniff_format(data)
+    if fmt is None or fmt not in limits.allowed_formats:
+        allowed = ", ".join(sorted(limits.allowed_formats))
+        what = "not a recognised image format" if fmt is None else f"format {fmt} is not allowed"
+        raise InvalidMediaError(f"{what}; allowed: {allowed}", reason=Reason.UNSUPPORTED_FORMAT)
+    return fmt
+
+
+def _pixel_limit(limits: MediaLimits) -> int:
+    """Our limit, or Pillow's warning threshold when an operator lowered it: never accept what Pillow flags."""
+    pillow_limit = Image.MAX_IMAGE_PIXELS
+    return limits.max_pixels if pillow_limit is None else min(limits.max_pixels, int(pillow_limit))
+
+
+def _check_pixels(width: int, height: int, pixel_limit: int) -> None:
+    if width * height > pixel_limit:
+        raise InvalidMediaError(
+            f"image is {width}x{height} = {width * height} pixels, over the limit of {pixel_limit}",
+            reason=Reason.TOO_MANY_PIXELS,
+        )
+
+
+def _check_size(width: int, height: int, limits: MediaLimits, pixel_limit: int) -> None:
+    """TOO_SMALL, TOO_MANY_PIXELS, ASPECT_RATIO from the header's size, in that order."""
+    if min(width, height) < limits.min_side:
+        raise InvalidMediaError(
+            f"image is {width}x{height}, a side is under the minimum of {limits.min_side} pixels",
+            reason=Reason.TOO_SMALL,
+        )
+    _check_pixels(width, height, pixel_limit)
+    ratio = max(width, height) / min(width, height)
+    if ratio > limits.max_aspect_ratio:
+        raise InvalidMediaError(
+            f"image is {width}x{height}, aspect ratio {ratio:.1f} over the limit of {limits.max_aspect_ratio:g}",
+            reason=Reason.ASPECT_RATIO,
+        )
+
+
+@contextmanager
+def _decoder_errors(fmt: str, data: bytes, stage: str) -> Iterator[None]:
+    """Map whatever Pillow raises on hostile data to a typed client error.
+
+    Pillow's parsers raise a zoo of exception types on bad input (OSError, SyntaxError, ValueError,
+    struct.error, IndexError, KeyError, ZeroDivisionError ...), so anything but MemoryError is the data's
+    fault. Unexpected types are logged at WARNING so that they can be looked at; the client only ever sees
+    a short fixed message, never Pillow's text (which may quote raw bytes).
+    """
+    try:
+        yield
+    except (InvalidMediaError, MemoryError):
+        raise
+    except _BOMB_ERRORS as exc:
+        raise InvalidMediaError(
+            "image declares more pixels than allowed (decompression-bomb guard)", reason=Reason.TOO_MANY_PIXELS
+        ) from exc
+    except Exception as exc:
+        known = isinstance(exc, OSError | ValueError | SyntaxError | EOFError | struct.error | LookupError)
+        level = logging.DEBUG if known else logging.WARNING
+        logger.log(level, "%s %s failed: %s: %.200s", fmt, stage, type(exc).__name__, exc)
+        name = fmt.upper()
+        if _says_truncated(exc) or looks_truncated(fmt, data):
+            raise InvalidMediaError(f"{name} data ends before the image does", reason=Reason.TRUNCATED) from exc
+        raise InvalidMediaError(f"{name} data could not be decoded", reason=Reason.UNDECODABLE) from exc
+
+
+def _says_truncated(exc: BaseException) -> bool:
+    return isinstance(exc, EOFError | struct.error) or "truncated" in str(exc).lower()

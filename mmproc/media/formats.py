@@ -1,0 +1,189 @@
+"""Image formats known by their magic bytes, and canvas sizes peeked from headers without Pillow.
+
+Why sniff ourselves instead of letting Pillow identify the data: Pillow knows ~40 formats, several of them
+with a long history of parser bugs (TIFF, PSD, EPS through Ghostscript, ICO, PCX ...). We accept five, pick
+the one the magic bytes name, and later tell Pillow to try that one only (`Image.open(..., formats=[...])`).
+
+Why peek at sizes ourselves: so that the size checks run before Pillow touches the data at all. Pillow's
+`Image.open` is not always header-only: libwebp's animation decoder allocates the canvas when Pillow merely
+opens a WebP, and for a GIF Pillow may allocate a disposal buffer the size of the first frame. It also
+emits DecompressionBombWarning for sizes we refuse anyway. Each peek reads a few fixed fields; the JPEG one
+walks marker segments by their lengths up to the first SOF.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Final
+
+JPEG: Final = "jpeg"
+PNG: Final = "png"
+WEBP: Final = "webp"
+GIF: Final = "gif"
+BMP: Final = "bmp"
+
+SUPPORTED_FORMATS: Final[frozenset[str]] = frozenset({JPEG, PNG, WEBP, GIF, BMP})
+
+# Our lower-case names -> the names Pillow registers its openers under.
+PILLOW_FORMAT: Final = MappingProxyType({JPEG: "JPEG", PNG: "PNG", WEBP: "WEBP", GIF: "GIF", BMP: "BMP"})
+
+_PNG_MAGIC: Final = b"\x89PNG\r\n\x1a\n"
+
+
+def sniff_format(data: bytes) -> str | None:
+    """The format named by `data`'s magic bytes: "jpeg" | "png" | "webp" | "gif" | "bmp", or None.
+
+    Only the first 12 bytes are looked at; whether the rest is a valid image is the decoder's business.
+    """
+    head = bytes(data[:12])
+    if head.startswith(b"\xff\xd8\xff"):
+        return JPEG
+    if head.startswith(_PNG_MAGIC):
+        return PNG
+    if head.startswith((b"GIF87a", b"GIF89a")):
+        return GIF
+    if head.startswith(b"RIFF") and head[8:12] == b"WEBP":
+        return WEBP
+    if head.startswith(b"BM"):
+        return BMP
+    return None
+
+
+def peek_size(fmt: str, data: bytes) -> tuple[int, int] | None:
+    """The (width, height) the header declares, read without Pillow; None when it cannot be found.
+
+    For GIF it is the canvas Pillow allocates for frame 0 (logical screen grown to cover the first frame).
+    A None is not an error: Pillow still opens the data, and its own size is checked as well. The peek only
+    ever adds refusals, so a parser gap here can never let an image through.
+    """
+    peek = _PEEKERS.get(fmt)
+    return None if peek is None else peek(data)
+
+
+def _u16le(data: bytes, offset: int) -> int:
+    return int.from_bytes(data[offset : offset + 2], "little")
+
+
+def _u16be(data: bytes, offset: int) -> int:
+    return int.from_bytes(data[offset : offset + 2], "big")
+
+
+def _png_size(data: bytes) -> tuple[int, int] | None:
+    # IHDR must be the first chunk (PNG spec, section 5.6): width and height as u32 big-endian.
+    if len(data) < 24 or data[12:16] != b"IHDR":
+        return None
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def _bmp_size(data: bytes) -> tuple[int, int] | None:
+    # BITMAPCOREHEADER (12 bytes) stores u16 sizes; every later DIB header i32, a negative height meaning
+    # rows stored top-down. A negative width is invalid; Pillow gets to refuse it.
+    if len(data) < 26:
+        return None
+    header_size = int.from_bytes(data[14:18], "little")
+    if header_size == 12:
+        return _u16le(data, 18), _u16le(data, 20)
+    width = int.from_bytes(data[18:22], "little", signed=True)
+    height = int.from_bytes(data[22:26], "little", signed=True)
+    return (width, abs(height)) if width >= 0 else None
+
+
+# Start-of-frame markers carrying the size: C0-CF except DHT (C4), JPG (C8) and DAC (CC).
+_JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+_JPEG_MAX_MARKERS = 4096  # a real header has a few dozen; bounds the walk over hostile fill bytes
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int] | None:
+    # Walk the marker segments after SOI up to the first SOF (ITU T.81, B.1.1 and B.2.2): FF Cn, length,
+    # precision, height (u16be), width (u16be). Stop at SOS/EOI or anything unexpected.
+    pos = 2
+    for _ in range(_JPEG_MAX_MARKERS):
+        if pos + 4 > len(data) or data[pos] != 0xFF:
+            return None
+        marker = data[pos + 1]
+        if marker == 0xFF:  # fill byte
+            pos += 1
+        elif marker == 0x01 or 0xD0 <= marker <= 0xD7:  # TEM, RSTn: no length
+            pos += 2
+        elif marker in (0xD9, 0xDA):  # EOI or SOS before any SOF
+            return None
+        elif marker in _JPEG_SOF:
+            return (_u16be(data, pos + 7), _u16be(data, pos + 5)) if pos + 9 <= len(data) else None
+        else:
+            length = _u16be(data, pos + 2)
+            if length < 2:
+                return None
+            pos += 2 + length
+    return None
+
+
+def _webp_canvas_size(data: bytes) -> tuple[int, int] | None:
+    # Same layout Pillow's WebPImagePlugin._get_size reads (RFC 9649, sections 2.5-2.7): the first chunk
+    # after "RIFF<size>WEBP" is VP8 (lossy key frame header), VP8L (14-bit sizes - 1) or VP8X (24-bit sizes - 1).
+    chunk = data[12:16]
+    if chunk == b"VP8 " and len(data) >= 30 and data[23:26] == b"\x9d\x01\x2a":
+        return _u16le(data, 26) & 0x3FFF, _u16le(data, 28) & 0x3FFF
+    if chunk == b"VP8L" and len(data) >= 25 and data[20] == 0x2F:
+        bits = int.from_bytes(data[21:25], "little")
+        return (bits & 0x3FFF) + 1, ((bits >> 14) & 0x3FFF) + 1
+    if chunk == b"VP8X" and len(data) >= 30:
+        return int.from_bytes(data[24:27], "little") + 1, int.from_bytes(data[27:30], "little") + 1
+    return None
+
+
+_GIF_MAX_BLOCKS = 10_000  # sub-blocks walked before giving up; bounds the walk over hostile extensions
+
+
+def _gif_canvas_size(data: bytes) -> tuple[int, int] | None:
+    """max(logical screen, first frame's extent): the canvas Pillow allocates for frame 0.
+
+    A GIF is a bomb either way: a huge logical screen, or a small screen with a huge (or far-offset) first
+    frame, which Pillow grows the canvas to cover. Walks the blocks up to the first image descriptor
+    (GIF89a spec, sections 17-23); gives the logical screen alone when the walk ends early.
+    """
+    if len(data) < 13:
+        return None
+    screen_w, screen_h = _u16le(data, 6), _u16le(data, 8)
+    flags = data[10]
+    pos = 13 + (3 << ((flags & 7) + 1) if flags & 0x80 else 0)  # skip the global colour table
+    budget = _GIF_MAX_BLOCKS
+    while pos < len(data) and budget > 0:
+        block = data[pos]
+        if block == 0x2C:  # image descriptor: x, y, w, h as u16le
+            if pos + 9 > len(data):
+                break
+            x1, y1 = _u16le(data, pos + 1) + _u16le(data, pos + 5), _u16le(data, pos + 3) + _u16le(data, pos + 7)
+            return max(screen_w, x1), max(screen_h, y1)
+        if block != 0x21:  # neither an extension nor an image: trailer or garbage, Pillow decides
+            break
+        pos += 2  # extension introducer + label, then length-prefixed sub-blocks ending with a 0
+        while pos < len(data) and data[pos] != 0 and budget > 0:
+            pos += data[pos] + 1
+            budget -= 1
+        pos += 1
+        budget -= 1
+    return screen_w, screen_h
+
+
+_PEEKERS = {JPEG: _jpeg_size, PNG: _png_size, WEBP: _webp_canvas_size, GIF: _gif_canvas_size, BMP: _bmp_size}
+
+
+def looks_truncated(fmt: str, data: bytes) -> bool:
+    """Whether `data` visibly ends before the image does, judged from the container, not the raster.
+
+    Only consulted after the decoder has failed, to tell TRUNCATED from UNDECODABLE deterministically when
+    Pillow's error does not say: JPEG without its EOI marker, PNG without IEND, GIF without its trailer (or its colour table),
+    WebP or BMP shorter than the size their header declares.
+    """
+    if fmt == JPEG:
+        return not data.endswith(b"\xff\xd9")
+    if fmt == PNG:
+        return b"IEND" not in data[-12:]
+    if fmt == GIF:  # a 0x3B inside the global colour table is not the trailer
+        colour_table = 3 << ((data[10] & 7) + 1) if len(data) > 10 and data[10] & 0x80 else 0
+        return len(data) < 13 + colour_table or not data.endswith(b"\x3b")
+    if fmt == WEBP:
+        return len(data) < 12 or int.from_bytes(data[4:8], "little") + 8 > len(data)
+    if fmt == BMP:
+        return len(data) < 14 or int.from_bytes(data[2:6], "little") > len(data)
+    return False

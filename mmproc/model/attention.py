@@ -1,0 +1,187 @@
+"""Block-diagonal (per image) attention over a packed varlen sequence; softmax scale 1/sqrt(dh).
+
+Backends, chosen once per (device, dtype) by `select_attention` and then called without further checks:
+  - "flash_attn": flash-attn's `flash_attn_varlen_func` (CUDA, fp16/bf16) when importable;
+  - "torch_varlen": `torch.nn.attention.varlen.varlen_attn` (torch >= 2.9, CUDA, fp16/bf16);
+  - "sdpa": a loop over segments with `F.scaled_dot_product_attention` (CPU, float32, and the fallback).
+A CUDA varlen backend is probed once against "sdpa" before it is trusted, and segments of LONG_SEGMENT
+patches or more are sent to per-segment SDPA instead (measured on an H200, torch 2.11, H=16, dh=72: one
+16k-patch segment takes 3.1 ms in SDPA's cuDNN kernel vs 5.3 ms in varlen FA2, while 64 x 256-patch segments
+take 0.13 ms in one varlen call vs 3 ms as 64 SDPA calls). Segment bounds are Python ints from the CPU
+`cu_seqlens`, so no backend reads anything back from the GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+LONG_SEGMENT = 2048  # patches: from here on one SDPA call per segment beats varlen (see above)
+
+
+@dataclass(frozen=True)
+class VarlenMeta:
+    """Segments of a packed sequence, built once per forward and shared by all layers.
+
+    cu_seqlens: (N + 1,) int32 on the CPU. cu_seqlens_device: the same on the compute device (the CPU tensor
+    itself on a CPU device). max_seqlen: longest segment. bounds: per segment (start, end) Python ints.
+    """
+
+    cu_seqlens: Tensor
+    cu_seqlens_device: Tensor
+    max_seqlen: int
+    bounds: tuple[tuple[int, int], ...]
+    _runs: dict[int, tuple[Run, ...]] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_cu_seqlens(
+        cls, cu_seqlens: Tensor, max_seqlen: int, cu_seqlens_device: Tensor | None = None
+    ) -> VarlenMeta:
+        offsets = cu_seqlens.tolist()  # a CPU tensor: no device sync
+        bounds = tuple(zip(offsets[:-1], offsets[1:], strict=True))
+        device_copy = cu_seqlens if cu_seqlens_device is None else cu_seqlens_device
+        return cls(cu_seqlens, device_copy, max_seqlen, bounds)
+
+    def runs(self, long_segment: int) -> tuple[Run, ...]:
+        """Consecutive segments grouped into runs: each long segment alone (meta None), each stretch of short
+        segments as one sub-batch with its own rebased VarlenMeta. Computed once per forward, then cached."""
+        cached = self._runs.get(long_segment)
+        if cached is None:
+            cached = self._runs[long_segment] = _plan_runs(self, long_segment)
+        return cached
+
+
+@dataclass(frozen=True)
+class Run:
+    start: int
+    end: int
+    meta: VarlenMeta | None  # None: a single long segment
+
+
+def _plan_runs(meta: VarlenMeta, long_segment: int) -> tuple[Run, ...]:
+    runs: list[Run] = []
+    first = 0  # index of the first segment of the current short stretch
+    for i, (start, end) in enumerate((*meta.bounds, (0, long_segment))):  # sentinel closes the last stretch
+        if end - start < long_segment:
+            continue
+        if first < i:
+            base, stop = meta.bounds[first][0], meta.bounds[i - 1][1]
+            sub_cpu = meta.cu_seqlens[first : i + 1] - base
+            sub_dev = meta.cu_seqlens_device[first : i + 1] - base  # a tiny device op, once per forward
+            bounds = tuple((s - base, e - base) for s, e in meta.bounds[first:i])
+            longest = max(e - s for s, e in bounds)
+            runs.append(Run(base, stop, VarlenMeta(sub_cpu, sub_dev, longest, bounds)))
+        if i < len(meta.bounds):
+            runs.append(Run(start, end, None))
+        first = i + 1
+    return tuple(runs)
+
+
+# q, k, v (L, H, dh) -> (L, H, dh), same dtype/device.
+AttentionFn = Callable[[Tensor, Tensor, Tensor, VarlenMeta], Tensor]
+
+
+def sdpa_segments(q: Tensor, k: Tensor, v: Tensor, meta: VarlenMeta) -> Tensor:
+    """Per-segment `F.scaled_dot_product_attention` on (1, H, L_i, dh) views; exact, any device/dtype."""
+    if len(meta.bounds) == 1:
+        return _sdpa(q, k, v)
+    out = torch.empty_like(q)  # (L, H, dh)
+    for start, end in meta.bounds:
+        out[start:end] = _sdpa(q[start:end], k[start:end], v[start:end])
+    return out
+
+
+def _sdpa(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    # (L_i, H, dh) -> (1, H, L_i, dh) -> SDPA (default scale 1/sqrt(dh)) -> (L_i, H, dh)
+    o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None])
+    return o[0].transpose(0, 1)
+
+
+def long_segments_on_sdpa(varlen: AttentionFn, long_segment: int = LONG_SEGMENT) -> AttentionFn:
+    """Wrap a varlen backend: short segments go through it together, long ones one by one through SDPA."""
+
+    def hybrid(q: Tensor, k: Tensor, v: Tensor, meta: VarlenMeta) -> Tensor:
+        if meta.max_seqlen < long_segment:
+            return varlen(q, k, v, meta)
+        runs = meta.runs(long_segment)
+        if len(runs) == 1:
+            return _sdpa(q, k, v)
+        out = torch.empty_like(q)  # (L, H, dh)
+        for run in runs:
+            s, e = run.start, run.end
+            out[s:e] = _sdpa(q[s:e], k[s:e], v[s:e]) if run.meta is None else varlen(q[s:e], k[s:e], v[s:e], run.meta)
+        return out
+
+    hybrid.__name__ = f"{varlen.__name__}+sdpa"
+    return hybrid
+
+
+def _flash_attn_backend() -> AttentionFn | None:
+    try:
+        from flash_attn import flash_attn_varlen_func
+    except ImportError:
+        return None
+
+    def flash_attn(q: Tensor, k: Tensor, v: Tensor, meta: VarlenMeta) -> Tensor:
+        cu = meta.cu_seqlens_device
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        return flash_attn_varlen_func(q, k, v, cu, cu, meta.max_seqlen, meta.max_seqlen, softmax_scale=scale)
+
+    return flash_attn
+
+
+def _torch_varlen_backend() -> AttentionFn | None:
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+
+    def torch_varlen(q: Tensor, k: Tensor, v: Tensor, meta: VarlenMeta) -> Tensor:
+        cu = meta.cu_seqlens_device
+        # Positional arguments only: the keyword set changed between torch 2.9 and 2.13; scale defaults to
+        # 1/sqrt(dh). Row-strided q/k/v (unbound from one qkv tensor) are accepted; the probe checks that layout.
+        return varlen_attn(q, k, v, cu, cu, meta.max_seqlen, meta.max_seqlen)
+
+    return torch_varlen
+
+
+def _probe(fn: AttentionFn, device: torch.device, dtype: torch.dtype, num_heads: int, head_dim: int) -> bool:
+    """Run `fn` once on two small segments laid out as in the model (q, k, v unbound from one qkv tensor)
+    and compare with `sdpa_segments`."""
+    gen = torch.Generator().manual_seed(0)
+    qkv = torch.randn(40, 3, num_heads, head_dim, generator=gen).to(device=device, dtype=dtype)
+    q, k, v = qkv.unbind(1)
+    cu = torch.tensor([0, 24, 40], dtype=torch.int32)
+    meta = VarlenMeta.from_cu_seqlens(cu, 24, cu.to(device))
+    try:
+        got = fn(q, k, v, meta)
+        want = sdpa_segments(q, k, v, meta)
+        return got.shape == want.shape and torch.allclose(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    except Exception:  # an unsupported head dim / arch / build: fall back, never fail the service
+        logger.warning("attention backend %s failed its probe on %s/%s", fn.__name__, device, dtype, exc_info=True)
+        return False
+
+
+def select_attention(
+    device: torch.device | str, dtype: torch.dtype, num_heads: int, head_dim: int
+) -> tuple[str, AttentionFn]:
+    """The fastest working backend for this device and dtype: (name, fn). Call once, reuse the fn."""
+    device = torch.device(device)
+    if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
+        for name, make in (("flash_attn", _flash_attn_backend), ("torch_varlen", _torch_varlen_backend)):
+            fn = make()
+            if fn is not None and _probe(fn, device, dtype, num_heads, head_dim):
+                logger.info(
+                    "attention backend: %s (segments >= %d patches: sdpa) on %s/%s", name, LONG_SEGMENT, device, dtype
+                )
+                return name, long_segments_on_sdpa(fn)
+    logger.info("attention backend: sdpa (per segment) on %s/%s", device, dtype)
+    return "sdpa", sdpa_segments

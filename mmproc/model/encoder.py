@@ -1,0 +1,96 @@
+"""`VisionEncoder`: MoonViT tower + patch merger + projector as one module over a `PackedBatch`.
+
+State-dict names: `tower.*` (the checkpoint's `vision_tower.*`) and `projector.{pre_norm,linear_1,linear_2}.*`;
+`mmproc.model.loader` maps each checkpoint layout onto them.
+
+Host -> device traffic per forward: one non_blocking copy of `pixel_values` (cast to the model dtype on the
+device) and one non_blocking copy of a single int64 buffer holding every index (RoPE rows, merge gather,
+cu_seqlens), built on the CPU from the batch's Python ints. Nothing is read back from the device.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from mmproc.model.attention import VarlenMeta
+from mmproc.model.config import VisionConfig
+from mmproc.model.moonvit import MoonViT, TowerInputs
+from mmproc.model.projector import Projector, merge_gather_index
+from mmproc.model.rope import gather_rope, rope_row_index
+from mmproc.types import PackedBatch
+
+
+class VisionEncoder(nn.Module):
+    def __init__(self, config: VisionConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.tower = MoonViT(config)
+        self.projector = Projector(
+            config.hidden_size, config.merge_kernel_size, config.text_hidden_size, config.projector_ln_eps
+        )
+
+    @property
+    def device(self) -> torch.device:
+        return self.projector.linear_2.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.projector.linear_2.weight.dtype
+
+    @property
+    def output_dim(self) -> int:
+        return self.config.text_hidden_size
+
+    def forward(self, batch: PackedBatch, out: Tensor | None = None) -> Tensor:
+        """Embeddings (batch.num_tokens, text_hidden) in the model dtype on the model device.
+
+        `out`, when given, must have exactly that shape, dtype and device; the projector writes into it.
+        """
+        device, dtype = self.device, self.dtype
+        num_tokens = batch.num_tokens
+        if out is not None:
+            _check_out(out, (num_tokens, self.output_dim), dtype, device)
+        if batch.num_images == 0:
+            return out if out is not None else torch.empty(0, self.output_dim, dtype=dtype, device=device)
+
+        grids = batch.grid_hws
+        cos_table, sin_table = self.tower.rope_table(
+            device, max(h for h, _ in grids), max(w for _, w in grids)
+        )  # (Th, Tw, dh/2) float32
+        rope_rows, merge_idx, cu_dev = self._indices_to_device(batch, cos_table.shape[1], device)
+
+        pixels = batch.pixel_values.to(device, non_blocking=True).to(dtype)  # (L, 3, P, P); cast on the device
+        cos, sin = gather_rope(cos_table, sin_table, rope_rows)  # (L, dh/2) each
+        attn_fn, rope_fn = self.tower.kernels(device, dtype)
+        inputs = TowerInputs(
+            grid_hws=grids,
+            cos=cos,
+            sin=sin,
+            attn=VarlenMeta.from_cu_seqlens(batch.cu_seqlens, batch.max_seqlen, cu_dev),
+            attn_fn=attn_fn,
+            rope_fn=rope_fn,
+        )
+        hidden = self.tower(pixels, inputs)  # (L, D)
+        return self.projector(hidden, merge_idx, out)
+
+    def _indices_to_device(self, batch: PackedBatch, table_w: int, device: torch.device) -> tuple[Tensor, ...]:
+        """RoPE rows (L,), merge gather (T*kk,) int64 and cu_seqlens (N+1,) int32, on `device`, via ONE copy."""
+        rows = rope_row_index(batch.grid_hws, table_w)
+        merge = merge_gather_index(batch.grid_hws, self.config.merge_kernel_size)
+        if device.type == "cpu":
+            return rows, merge, batch.cu_seqlens
+        cu = batch.cu_seqlens
+        sizes = (rows.numel(), merge.numel(), cu.numel())
+        host = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=True)
+        torch.cat((rows, merge, cu.to(torch.int64)), out=host)
+        rows_d, merge_d, cu_d = host.to(device, non_blocking=True).split(sizes)
+        return rows_d, merge_d, cu_d.to(torch.int32)
+
+
+def _check_out(out: Tensor, shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> None:
+    if tuple(out.shape) != shape or out.dtype != dtype or out.device != device or not out.is_contiguous():
+        raise ValueError(
+            f"out must be a contiguous {shape} {dtype} tensor on {device}, "
+            f"got {tuple(out.shape)} {out.dtype} on {out.device}"
+        )

@@ -1,0 +1,210 @@
+"""Build a `VisionEncoder` from a local Hugging Face checkpoint directory, or from a preset with deterministic
+random weights.
+
+Only the vision tower and projector tensors are read: shards are opened with `safetensors.safe_open` (header +
+mmap) only when they hold a needed tensor, and each needed tensor is read by name. The module is built on the
+`meta` device and the tensors are assigned (`load_state_dict(assign=True)`), so start-up allocates once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import Tensor
+
+from mmproc.errors import ConfigError
+from mmproc.model.config import PRESETS, VisionConfig
+from mmproc.model.encoder import VisionEncoder
+from mmproc.model.init import random_state_dict
+
+logger = logging.getLogger(__name__)
+
+# (checkpoint prefix, VisionEncoder prefix), one table per layout; the first matching prefix wins.
+KIMI_VL_KEYS: tuple[tuple[str, str], ...] = (
+    ("vision_tower.", "tower."),
+    ("multi_modal_projector.", "projector."),  # pre_norm, linear_1, linear_2
+)
+KIMI_K25_KEYS: tuple[tuple[str, str], ...] = (
+    ("vision_tower.", "tower."),
+    ("mm_projector.pre_norm.", "projector.pre_norm."),
+    ("mm_projector.proj.0.", "projector.linear_1."),  # proj = Sequential(Linear, GELU, Linear)
+    ("mm_projector.proj.2.", "projector.linear_2."),
+)
+KEY_TABLES: Mapping[str, tuple[tuple[str, str], ...]] = {"kimi_vl": KIMI_VL_KEYS, "kimi_k25": KIMI_K25_KEYS}
+# Every checkpoint key under these prefixes must be one the encoder expects.
+VISION_PREFIXES: Mapping[str, tuple[str, ...]] = {
+    "kimi_vl": ("vision_tower.", "multi_modal_projector."),
+    "kimi_k25": ("vision_tower.", "mm_projector."),
+}
+_FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def to_checkpoint_key(name: str, layout: str) -> str:
+    """VisionEncoder state-dict name -> checkpoint tensor name for `layout`."""
+    for ckpt, internal in KEY_TABLES[layout]:
+        if name.startswith(internal):
+            return ckpt + name[len(internal) :]
+    raise KeyError(name)
+
+
+def expected_shapes(config: VisionConfig) -> dict[str, torch.Size]:
+    """VisionEncoder state-dict name -> shape, without allocating (built on `meta`)."""
+    with torch.device("meta"):
+        model = VisionEncoder(config)
+    return {name: t.shape for name, t in model.state_dict().items()}
+
+
+def resolve_dtype(dtype: torch.dtype | str) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in _DTYPES:
+        raise ConfigError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    return _DTYPES[dtype]
+
+
+def build_encoder(
+    config: VisionConfig,
+    tensors: Iterable[tuple[str, Tensor]],
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | str = torch.float32,
+) -> VisionEncoder:
+    """Assemble a VisionEncoder from (internal name, tensor) pairs: each is moved, then cast on the device.
+
+    Inference only: parameters do not require grad and the module is in eval mode.
+    """
+    device, dtype = torch.device(device), resolve_dtype(dtype)
+    state = {name: t.to(device).to(dtype) for name, t in tensors}
+    with torch.device("meta"):
+        model = VisionEncoder(config)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.requires_grad_(False).eval()
+
+
+def encoder_from_checkpoint_tensors(
+    config: VisionConfig,
+    tensors: Mapping[str, Tensor],
+    *,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | str = torch.float32,
+) -> VisionEncoder:
+    """A VisionEncoder from in-memory tensors named as in the checkpoint (extra non-vision keys are ignored)."""
+    shapes = expected_shapes(config)
+    pairs = []
+    for name, shape in shapes.items():
+        key = to_checkpoint_key(name, config.layout)
+        if key not in tensors:
+            raise ConfigError(f"missing tensor {key}")
+        if tuple(tensors[key].shape) != tuple(shape):
+            raise ConfigError(f"tensor {key} has shape {tuple(tensors[key].shape)}, expected {tuple(shape)}")
+        pairs.append((name, tensors[key]))
+    return build_encoder(config, pairs, device=device, dtype=dtype)
+
+
+def load_encoder(
+    model_path: Path | str | None,
+    *,
+    preset: str = "tiny",
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | str = torch.float32,
+) -> VisionEncoder:
+    """The encoder from a checkpoint directory, or (model_path None) the preset with deterministic random weights.
+
+    The returned module has `.config`. Bad checkpoints raise ConfigError naming the tensor and the file.
+    """
+    start = time.perf_counter()
+    if model_path is None:
+        if preset not in PRESETS:
+            raise ConfigError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}")
+        config = PRESETS[preset]
+        model = build_encoder(config, random_state_dict(expected_shapes(config)), device=device, dtype=dtype)
+        source = f"preset {preset!r} (random weights)"
+    else:
+        path = Path(model_path)
+        config = read_config(path)
+        model = build_encoder(config, read_vision_tensors(path, config), device=device, dtype=dtype)
+        source = str(path)
+    logger.info(
+        "loaded vision encoder %s [%s, %d layers, hidden %d -> %d] from %s on %s/%s in %.2fs",
+        config.name,
+        config.layout,
+        config.num_layers,
+        config.hidden_size,
+        config.text_hidden_size,
+        source,
+        model.device,
+        model.dtype,
+        time.perf_counter() - start,
+    )
+    return model
+
+
+def read_config(path: Path) -> VisionConfig:
+    """VisionConfig from `path/config.json`."""
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise ConfigError(f"no config.json in {path}")
+    try:
+        raw = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {config_file}: {exc}") from None
+    return VisionConfig.from_hf_config(raw, name=path.name or None)
+
+
+def _weight_map(path: Path) -> dict[str, Path]:
+    """Checkpoint tensor name -> file, from model.safetensors.index.json or a single model.safetensors."""
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"cannot read the weight_map of {index}: {exc!r}") from None
+        return {str(k): path / str(v) for k, v in weight_map.items()}
+    single = path / "model.safetensors"
+    if single.is_file():
+        with safe_open(single, framework="pt") as f:  # header only
+            return dict.fromkeys(f.keys(), single)
+    raise ConfigError(f"no model.safetensors or model.safetensors.index.json in {path}")
+
+
+def read_vision_tensors(path: Path, config: VisionConfig) -> Iterable[tuple[str, Tensor]]:
+    """Yield (internal name, CPU tensor) for every tower/projector tensor, checked against the expected shapes.
+
+    Language-model tensors are never read, and shards holding none of the needed tensors are never opened.
+    """
+    shapes = expected_shapes(config)
+    wanted = {to_checkpoint_key(name, config.layout): name for name in shapes}
+    weight_map = _weight_map(path)
+    prefixes = VISION_PREFIXES[config.layout]
+    for key, file in weight_map.items():
+        if key.startswith(prefixes) and key not in wanted:
+            raise ConfigError(f"unexpected vision tensor {key} in {file} (not part of a {config.layout} encoder)")
+    by_file: dict[Path, list[str]] = defaultdict(list)
+    for key in wanted:
+        if key not in weight_map:
+            raise ConfigError(f"missing tensor {key} in the checkpoint at {path}")
+        by_file[weight_map[key]].append(key)
+    for file, keys in by_file.items():
+        if not file.is_file():
+            raise ConfigError(f"missing shard {file} (holds {keys[0]})")
+        with safe_open(file, framework="pt", device="cpu") as f:
+            present = set(f.keys())
+            for key in keys:  # check every tensor of this file before reading any
+                if key not in present:
+                    raise ConfigError(f"missing tensor {key} in {file}")
+                info = f.get_slice(key)
+                shape, want = tuple(info.get_shape()), tuple(shapes[wanted[key]])
+                if shape != want:
+                    raise ConfigError(f"tensor {key} in {file} has shape {shape}, expected {want}")
+                if info.get_dtype() not in _FLOAT_DTYPES:
+                    raise ConfigError(f"tensor {key} in {file} has unsupported dtype {info.get_dtype()}")
+            for key in keys:
+                yield wanted[key], f.get_tensor(key)

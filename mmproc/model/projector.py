@@ -1,0 +1,62 @@
+"""Patch merger (2x2 by default) and the multimodal projector.
+
+Merger (Kimi-VL `patch_merger`): per image (h, w) -> (h/kh * w/kw, kh*kw, D) with sub-token order top-left,
+top-right, bottom-left, bottom-right, i.e. view(h/kh, kh, w/kw, kw, D).permute(0, 2, 1, 3, 4). Here it is one
+`index_select` over the packed sequence with an index built on the CPU from Python ints.
+
+Projector (Kimi-VL `KimiVLMultiModalProjector`, K2.5 `PatchMergerMLP`): LayerNorm over D of each sub-token,
+flatten to kh*kw*D, Linear, exact GELU, Linear to the LLM width.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+def merge_gather_index(grid_hws: Sequence[tuple[int, int]], kernel: tuple[int, int] = (2, 2)) -> Tensor:
+    """Source row of every merged sub-token: (sum (h/kh)*(w/kw)*kh*kw,) int64 on the CPU.
+
+    Row-major over output tokens, then (ih, iw) row-major within the kernel: TL, TR, BL, BR for 2x2.
+    """
+    kh, kw = kernel
+    parts = []
+    base = 0
+    for h, w in grid_hws:
+        if h % kh or w % kw:
+            raise ValueError(f"grid {(h, w)} is not divisible by the merge kernel {kernel}")
+        idx = torch.arange(base, base + h * w, dtype=torch.int64).view(h // kh, kh, w // kw, kw)
+        parts.append(idx.permute(0, 2, 1, 3).reshape(-1))  # (h/kh, w/kw, kh, kw) flattened
+        base += h * w
+    if not parts:
+        return torch.zeros(0, dtype=torch.int64)
+    return torch.cat(parts)
+
+
+class Projector(nn.Module):
+    """pre_norm (D), linear_1 (kk*D -> kk*D), GELU, linear_2 (kk*D -> text_hidden).
+
+    Checkpoint names: Kimi-VL `multi_modal_projector.{pre_norm,linear_1,linear_2}`; K2.5
+    `mm_projector.{pre_norm,proj.0,proj.2}` (mapped by the loader).
+    """
+
+    def __init__(self, hidden_size: int, kernel: tuple[int, int], text_hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.merged_dim = hidden_size * kernel[0] * kernel[1]
+        self.pre_norm = nn.LayerNorm(hidden_size, eps=eps)
+        self.linear_1 = nn.Linear(self.merged_dim, self.merged_dim)
+        self.linear_2 = nn.Linear(self.merged_dim, text_hidden_size)
+
+    def forward(self, x: Tensor, merge_index: Tensor, out: Tensor | None = None) -> Tensor:
+        """x (L, D) tower output, merge_index (T*kk,) int64 on x's device -> (T, text_hidden), into `out` if given."""
+        # LayerNorm is per token, so normalising before the gather equals the reference's norm after the merge.
+        x = self.pre_norm(x)
+        h = x.index_select(0, merge_index).view(-1, self.merged_dim)  # (T, kk*D)
+        h = F.gelu(self.linear_1(h))  # exact GELU (GELUActivation / nn.GELU)
+        if out is None:
+            return self.linear_2(h)
+        # Written straight into the caller's buffer (e.g. a slice of the IPC pool): no extra copy.
+        return torch.addmm(self.linear_2.bias, h, self.linear_2.weight.t(), out=out)

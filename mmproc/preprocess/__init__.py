@@ -1,0 +1,44 @@
+"""Image preprocessing for MoonViT: resize, pad, normalize and patchify exactly as the released processors.
+
+    cfg = load_preprocess_config(model_dir)           # or PreprocessConfig.kimi_vl() / .kimi_k25()
+    out = preprocess_image(rgb_image, cfg)            # PreprocessedImage: (L, 3, p, p) float32, grid, tokens
+    grid_h, grid_w = target_grid(width, height, cfg)  # the same grid from the size alone, no pixels
+
+Family rules live in `kimi_vl.py` (KimiVLImageProcessor) and `kimi_k25.py` (KimiK25VisionProcessor);
+`patchify.py` holds the pixel work both share, `bounds.py` the per-image patch bound used for batching.
+"""
+
+from __future__ import annotations
+
+from PIL import Image
+
+from mmproc.errors import InvalidMediaError, Reason
+from mmproc.preprocess.config import PreprocessConfig, load_preprocess_config
+from mmproc.preprocess.kimi_k25 import plan_kimi_k25, preprocess_kimi_k25
+from mmproc.preprocess.kimi_vl import plan_kimi_vl, preprocess_kimi_vl
+from mmproc.types import PreprocessedImage
+
+__all__ = ["PreprocessConfig", "load_preprocess_config", "preprocess_image", "target_grid"]
+
+
+def preprocess_image(image: Image.Image, cfg: PreprocessConfig) -> PreprocessedImage:
+    """One decoded image -> patches (grid_h * grid_w, 3, p, p) float32 on the CPU, grid and token count.
+
+    Raises InvalidMediaError for an image the model cannot take (Kimi-VL: over 511 patches on a side).
+    """
+    if image.width < 1 or image.height < 1:
+        raise InvalidMediaError(f"image is {image.width}x{image.height}", reason=Reason.TOO_SMALL)
+    if cfg.family == "kimi_vl":
+        return preprocess_kimi_vl(image, cfg)
+    return preprocess_kimi_k25(image, cfg)
+
+
+def target_grid(width: int, height: int, cfg: PreprocessConfig) -> tuple[int, int]:
+    """(grid_h, grid_w) in patches that `preprocess_image` gives a width x height image; no pixels touched.
+
+    Tokens = (grid_h // kh) * (grid_w // kw). Raises InvalidMediaError exactly when `preprocess_image` would.
+    """
+    if width < 1 or height < 1:
+        raise InvalidMediaError(f"image is {width}x{height}", reason=Reason.TOO_SMALL)
+    plan = plan_kimi_vl(width, height, cfg) if cfg.family == "kimi_vl" else plan_kimi_k25(width, height, cfg)
+    return plan.grid_hw

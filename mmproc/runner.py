@@ -1,0 +1,243 @@
+"""The one thread that owns the device: dynamic batching of concurrent requests into packed forwards.
+
+Requests are queued image by image in arrival order (FIFO); the worker takes images from the head until
+the next one would overflow the patch budget or the batch is full, waiting at most `max_wait_ms` for
+more work to arrive after the first image. Because the queue is strictly FIFO and every image fits the
+budget on its own (checked at construction), no request is ever starved.
+
+Everything is bounded: the queue (`max_queued_images`, a full queue is a ResourceExhaustedError at
+submit time, never a wait), the batch (`max_batch_patches`), and the wait for more work.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass, field
+
+import torch
+
+from mmproc.batching import pack_images, split_by_image
+from mmproc.errors import ConfigError, DeadlineExceededError, ResourceExhaustedError, UnavailableError
+from mmproc.types import PackedBatch, PreprocessedImage
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    max_batch_patches: int = 16384  # patch budget of one packed forward
+    max_batch_images: int = 64
+    max_wait_ms: float = 2.0  # how long the first image of a batch waits for company
+    max_queued_images: int = 1024
+
+    def __post_init__(self) -> None:
+        for name in ("max_batch_patches", "max_batch_images", "max_queued_images"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"runner: {name} must be >= 1, got {getattr(self, name)}")
+        if not 0 <= self.max_wait_ms <= 1000:
+            raise ConfigError(f"runner: max_wait_ms must be within [0, 1000], got {self.max_wait_ms}")
+
+
+@dataclass(frozen=True)
+class BatchStats:
+    """What one forward did; passed to the observer (metrics) after every batch."""
+
+    num_images: int
+    num_patches: int
+    num_tokens: int
+    queue_wait_s: float  # oldest image's wait in the queue
+    forward_s: float
+
+
+@dataclass
+class _Job:
+    """One submitted request: its images finish in any batch; the future resolves when all are done."""
+
+    future: Future
+    deadline: float | None  # time.monotonic() deadline
+    results: list[torch.Tensor | None]
+    remaining: int
+    submitted: float = field(default_factory=time.monotonic)
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now >= self.deadline
+
+
+@dataclass
+class _Item:
+    job: _Job
+    position: int
+    image: PreprocessedImage
+
+
+class EncoderRunner:
+    """Runs `forward(batch) -> (num_tokens, hidden)` on a worker thread with dynamic batching.
+
+    `forward` is normally a `VisionEncoder`; its output is split per image into views of the batch output.
+    """
+
+    def __init__(
+        self,
+        forward: Callable[[PackedBatch], torch.Tensor],
+        config: RunnerConfig,
+        *,
+        max_patches_per_image: int,
+        merge_kernel_size: tuple[int, int] = (2, 2),
+        pin_memory: bool = False,
+        observer: Callable[[BatchStats], None] | None = None,
+    ) -> None:
+        if max_patches_per_image > config.max_batch_patches:
+            raise ConfigError(
+                f"runner: max_batch_patches={config.max_batch_patches} is smaller than one image can be "
+                f"({max_patches_per_image} patches); raise it so that every image fits a batch"
+            )
+        self._forward = forward
+        self._config = config
+        self._merge = merge_kernel_size
+        self._pin_memory = pin_memory
+        self._observer = observer
+        self._queue: deque[_Item] = deque()
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="mmproc-runner", daemon=True)
+        self._started = False
+
+    # -- public -------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if not self._started:
+            self._started = True
+            self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Finish what is queued, then stop the worker."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._started:
+            self._thread.join(timeout)
+
+    @property
+    def queued_images(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    def submit(self, images: Sequence[PreprocessedImage], deadline: float | None = None) -> Future:
+        """Queue a request's images; the future gets one (tokens_i, hidden) tensor per image, in order.
+
+        deadline: a time.monotonic() instant; images not started by then are dropped and the future
+        fails with DeadlineExceededError. Cancelling the future drops the images not yet started.
+        """
+        future: Future = Future()
+        if not images:
+            future.set_result([])
+            return future
+        job = _Job(future=future, deadline=deadline, results=[None] * len(images), remaining=len(images))
+        with self._cond:
+            if self._stopping:
+                raise UnavailableError("encoder is shutting down")
+            if len(self._queue) + len(images) > self._config.max_queued_images:
+                raise ResourceExhaustedError(
+                    f"encoder queue full ({len(self._queue)} images queued, limit {self._config.max_queued_images})"
+                )
+            self._queue.extend(_Item(job, i, image) for i, image in enumerate(images))
+            self._cond.notify()
+        return future
+
+    # -- worker -------------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            items = self._next_batch()
+            if items is None:
+                return
+            if items:
+                self._execute(items)
+
+    def _next_batch(self) -> list[_Item] | None:
+        """Block for work, then take a FIFO prefix of the queue under the budget. None means stop."""
+        cfg = self._config
+        with self._cond:
+            while not self._queue:
+                if self._stopping:
+                    return None
+                self._cond.wait()
+            # Give concurrent requests a bounded moment to join the batch.
+            wait_until = time.monotonic() + cfg.max_wait_ms / 1000
+            while not self._stopping and not self._budget_full():
+                left = wait_until - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            return self._take_prefix()
+
+    def _budget_full(self) -> bool:
+        patches = 0
+        for n, item in enumerate(self._queue):
+            patches += item.image.num_patches
+            if patches >= self._config.max_batch_patches or n + 1 >= self._config.max_batch_images:
+                return True
+        return False
+
+    def _take_prefix(self) -> list[_Item]:
+        now = time.monotonic()
+        taken: list[_Item] = []
+        patches = 0
+        while self._queue:
+            item = self._queue[0]
+            job = item.job
+            if job.future.done() or job.expired(now):  # cancelled, failed or too late: drop, never run
+                self._queue.popleft()
+                _settle(job.future, exception=DeadlineExceededError("deadline passed while queued"))
+                continue
+            size = item.image.num_patches
+            if taken and (
+                patches + size > self._config.max_batch_patches or len(taken) >= self._config.max_batch_images
+            ):
+                break
+            self._queue.popleft()
+            taken.append(item)
+            patches += size
+        return taken
+
+    def _execute(self, items: list[_Item]) -> None:
+        started = time.monotonic()
+        batch = pack_images([item.image for item in items], merge_kernel_size=self._merge, pin_memory=self._pin_memory)
+        try:
+            with torch.inference_mode():
+                output = self._forward(batch)
+        except Exception as exc:  # a model failure fails this batch's requests, not the service
+            logger.exception("encoder forward failed for a batch of %d images", len(items))
+            for item in items:
+                _settle(item.job.future, exception=exc)
+            return
+        finished = time.monotonic()
+        for item, embedding in zip(items, split_by_image(output, batch.token_counts)):
+            job = item.job
+            if job.future.done():
+                continue
+            job.results[item.position] = embedding
+            job.remaining -= 1
+            if job.remaining == 0:
+                _settle(job.future, result=job.results)
+        if self._observer is not None:
+            oldest = min(item.job.submitted for item in items)
+            self._observer(
+                BatchStats(len(items), batch.num_patches, batch.num_tokens, started - oldest, finished - started)
+            )
+
+
+def _settle(future: Future, *, result: object = None, exception: BaseException | None = None) -> None:
+    """Resolve a future unless the caller cancelled it meanwhile (cancellation races the worker)."""
+    try:
+        if exception is not None:
+            future.set_exception(exception)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        pass

@@ -1,0 +1,442 @@
+"""Leases of the CUDA IPC pool: who holds which slice, and when a slice may be written again.
+
+Host-side bookkeeping only (no CUDA here); the device side (the pool, the ready/ack words, the reclaimer
+that reads them) lives next to the pool and calls this table.
+
+Concepts
+--------
+- **Session**: one consumer process (an LLM worker), registered once over a long-lived stream with
+  `open_session(consumer)`. Every lease belongs to a session. When the stream ends, `close_session`
+  reclaims all the session's leases at once: a consumer that died (even kill -9) took its CUDA context
+  and any copy in flight with it, so nothing can still read its slices. Sessions are the primary
+  mechanism against leaks; the client library must therefore keep its session stream open for as long
+  as it holds any view into the pool, and treat losing it as losing those views.
+- **Word slot**: an index into a bounded array of (ready, ack) 64-bit word pairs at the start of the pool.
+  The producer's stream writes `ready = generation` after the embeddings are in the slice; the consumer's
+  stream waits for it, copies (or uses) the slice, then writes `ack = generation`. `num_word_slots` bounds
+  the number of leases in flight.
+- **Generation**: per slot, incremented at every acquire, never 0 (0 means "never written"), at most
+  2**63 - 1 so it fits a signed int64 word (torch.int64) without sign games. A stale ack left by an earlier
+  use of the slot can never confirm a newer lease.
+- **Lease** = slice + word slot + generation, owned by one session.
+
+State machine of a lease::
+
+    acquire ──▶ LEASED ── release (consumer host: "copy and ack write are enqueued") ──▶ RELEASED
+                  │                                                                      │
+                  ├─ abandon (producer: the descriptor never reached a consumer) ──▶ freed │
+                  │                                      confirm_acks: ack word == generation ─┤
+                  └──────── close_session / expire (TTL) ──▶ freed ◀──────────────────────────┘
+                                                             (slice and slot reusable; waiters woken)
+
+`release` is NOT proof that the copy finished: the consumer's host runs ahead of its stream. A slice is
+reused only after the *device-side* ack (written by the consumer's stream after its copy) is observed
+equal to the lease's generation. Freeing on the host-side ack is the bug SGLang shipped (the next image
+overwrote a slice while the previous copy was still reading it). `release` still matters: it tells the
+reclaimer which few ack words to read (`pending_ack_slots`), so one small device read covers them.
+
+TTL backstop: `expire` force-frees leases older than `ttl_s` in any state, with a warning naming the
+session and lease. The risk: a consumer that holds a view longer than the TTL (or whose ack never lands)
+may read data overwritten by a later image. That is why the TTL is long (60 s by default, far above any
+request) and only a backstop behind sessions and acks. The reclaimer calls `confirm_acks` and `expire`
+periodically; this table starts no thread of its own.
+
+Waiting: `acquire` waits on a condition until a slice and a word slot are free or its deadline passes,
+then returns None and the caller chooses (serialized fallback or `ResourceExhaustedError`). It never waits
+without a deadline; no deadline means "try once".
+
+Thread-safe: one lock and one condition guard all state, including the `SliceAllocator`, which is not
+thread-safe by itself. Everything is bounded: sessions, leases per session (optional), word slots, slices.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+
+from mmproc.errors import ResourceExhaustedError
+from mmproc.transport.allocator import Slice, SliceAllocator
+
+__all__ = [
+    "GENERATION_MAX",
+    "Lease",
+    "LeaseNotOwnedError",
+    "LeaseState",
+    "LeaseStats",
+    "LeaseTable",
+    "TooManySessionsError",
+    "UnknownLeaseError",
+    "UnknownSessionError",
+    "next_generation",
+]
+
+logger = logging.getLogger(__name__)
+
+# Generations fit a signed 64-bit word: the device words are int64 tensors, and 2**63 - 1 acquires of one
+# slot will never happen, so wrapping (to 1, never 0) is only there for completeness.
+GENERATION_MAX = 2**63 - 1
+_WORD_MASK = 2**64 - 1
+
+
+def next_generation(generation: int) -> int:
+    """The generation after `generation`: 1, 2, ..., GENERATION_MAX, 1, ... (never 0 = "never written")."""
+    return generation + 1 if generation < GENERATION_MAX else 1
+
+
+class UnknownSessionError(KeyError):
+    """The session id was never opened or is closed (the consumer disconnected, or the server restarted).
+    The consumer should open a new session."""
+
+    def __str__(self) -> str:  # KeyError's str() is the repr of its argument; keep the message readable
+        return str(self.args[0]) if self.args else "unknown session"
+
+
+class UnknownLeaseError(KeyError):
+    """The lease id was never issued by this table."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "unknown lease"
+
+
+class LeaseNotOwnedError(PermissionError):
+    """A session tried to release a lease that belongs to another session."""
+
+
+class TooManySessionsError(ResourceExhaustedError):
+    """`max_sessions` consumer sessions are already open (HTTP 429 / RESOURCE_EXHAUSTED)."""
+
+
+class LeaseState(str, Enum):
+    LEASED = "leased"  # the producer writes the slice, the consumer reads it
+    RELEASED = "released"  # the consumer's host enqueued its copy and ack; waiting for the device ack
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One slice of the pool lent to a session. Immutable: the state lives in the table (`state_of`)."""
+
+    lease_id: int
+    session_id: str
+    slice: Slice
+    slot: int  # index of this lease's (ready, ack) word pair
+    generation: int  # the value the ready and ack words must hold for this lease
+    created_at: float  # in the table's clock, for the TTL
+
+    @property
+    def offset(self) -> int:
+        return self.slice.offset
+
+    @property
+    def nbytes(self) -> int:
+        return self.slice.nbytes
+
+
+@dataclass(frozen=True)
+class LeaseStats:
+    """A consistent snapshot for metrics. `leases_active` counts LEASED leases, `leases_awaiting_ack` the
+    RELEASED ones; `reclaimed_total` counts leases freed by `close_session`, `expired_total` by the TTL,
+    `waits_timed_out_total` the acquires that gave up (deadline passed, or a no-wait try found no room)."""
+
+    bytes_in_use: int
+    leases_active: int
+    leases_awaiting_ack: int
+    sessions: int
+    reclaimed_total: int
+    expired_total: int
+    waits_timed_out_total: int
+
+
+@dataclass
+class _Session:
+    consumer: str
+    lease_ids: set[int] = field(default_factory=set)
+
+
+@dataclass
+class _Entry:
+    lease: Lease
+    state: LeaseState = LeaseState.LEASED
+
+
+class LeaseTable:
+    """Leases of one pool: sessions, word slots, generations, and the slice allocator, under one lock.
+
+    `deadline`s and the TTL are in `clock`'s time base (`time.monotonic` by default); waiting needs a clock
+    that advances with real time, an injected fake clock is for TTL tests with `deadline=None`.
+    """
+
+    def __init__(
+        self,
+        allocator: SliceAllocator,
+        *,
+        num_word_slots: int,
+        ttl_s: float = 60.0,
+        max_sessions: int = 1024,
+        max_leases_per_session: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if num_word_slots <= 0:
+            raise ValueError(f"num_word_slots must be positive, got {num_word_slots}")
+        if not ttl_s > 0 or not math.isfinite(ttl_s):
+            raise ValueError(f"ttl_s must be a positive finite number of seconds, got {ttl_s}")
+        if max_sessions <= 0:
+            raise ValueError(f"max_sessions must be positive, got {max_sessions}")
+        if max_leases_per_session is not None and max_leases_per_session <= 0:
+            raise ValueError(f"max_leases_per_session must be positive or None, got {max_leases_per_session}")
+        self._allocator = allocator
+        self._num_word_slots = num_word_slots
+        self._ttl_s = float(ttl_s)
+        self._max_sessions = max_sessions
+        self._max_leases_per_session = max_leases_per_session
+        self._clock = clock
+
+        self._cond = threading.Condition(threading.Lock())
+        self._sessions: dict[str, _Session] = {}
+        self._leases: dict[int, _Entry] = {}
+        self._slot_lease: dict[int, int] = {}  # slot -> id of the live lease holding it
+        # FIFO reuse: the slot freed longest ago goes first, so a slot rests as long as possible.
+        self._free_slots: deque[int] = deque(range(num_word_slots))
+        self._generations = [0] * num_word_slots  # last generation handed out per slot; 0 = never used
+        self._next_lease_id = 1
+        self._reclaimed_total = 0
+        self._expired_total = 0
+        self._waits_timed_out_total = 0
+
+    @property
+    def num_word_slots(self) -> int:
+        return self._num_word_slots
+
+    @property
+    def ttl_s(self) -> float:
+        return self._ttl_s
+
+    # -- sessions ------------------------------------------------------------------------------------------
+
+    def open_session(self, consumer: str) -> str:
+        """Register a consumer process; returns its session id (random, so another consumer cannot guess it
+        and release its leases). Raises TooManySessionsError when `max_sessions` are open."""
+        with self._cond:
+            if len(self._sessions) >= self._max_sessions:
+                raise TooManySessionsError(f"{self._max_sessions} consumer sessions are open; cannot add {consumer!r}")
+            session_id = secrets.token_hex(8)
+            while session_id in self._sessions:  # pragma: no cover - 64 random bits
+                session_id = secrets.token_hex(8)
+            self._sessions[session_id] = _Session(consumer=consumer)
+        logger.info("ipc session %s opened for consumer %r", session_id, consumer)
+        return session_id
+
+    def close_session(self, session_id: str) -> list[Lease]:
+        """End a session (its stream disconnected) and free every lease it holds, in any state, at once.
+
+        Safe because the stream ends when the consumer process does, and a dead process's CUDA context and
+        copies die with it. Wakes waiters. Raises UnknownSessionError for an unknown or closed session.
+        """
+        with self._cond:
+            session = self._session(session_id)
+            freed = [self._free_locked(self._leases[lease_id]) for lease_id in sorted(session.lease_ids)]
+            del self._sessions[session_id]
+            self._reclaimed_total += len(freed)
+        if freed:
+            logger.info(
+                "ipc session %s (%r) closed; reclaimed %d leases (%d bytes)",
+                session_id,
+                session.consumer,
+                len(freed),
+                sum(lease.nbytes for lease in freed),
+            )
+        else:
+            logger.info("ipc session %s (%r) closed", session_id, session.consumer)
+        return freed
+
+    # -- producer side -------------------------------------------------------------------------------------
+
+    def acquire(self, session_id: str, nbytes: int, *, deadline: float | None) -> Lease | None:
+        """Lease `nbytes` of the pool to `session_id`, waiting until `deadline` (in `clock`'s time base) for
+        a slice and a word slot; None when none came free in time. `deadline=None` tries once, no wait.
+
+        A request larger than the whole pool can never fit and returns None at once. Raises
+        UnknownSessionError if the session is unknown or closes while this call waits (its consumer is
+        gone, so the embeddings have nowhere to go), ValueError for a non-positive size or a non-finite
+        deadline.
+        """
+        size = self._allocator.aligned_size(nbytes)  # validates nbytes
+        if deadline is not None and not math.isfinite(deadline):
+            raise ValueError(f"deadline must be finite (waiting is always bounded), got {deadline}")
+        with self._cond:
+            while True:
+                session = self._session(session_id)
+                lease = self._try_acquire_locked(session_id, session, nbytes)
+                if lease is not None:
+                    return lease
+                remaining = 0.0 if deadline is None else deadline - self._clock()
+                if remaining <= 0 or size > self._allocator.capacity:
+                    self._waits_timed_out_total += 1
+                    return None
+                self._cond.wait(remaining)
+
+    def abandon(self, lease: Lease) -> bool:
+        """The producer gives back a lease whose descriptor never reached a consumer (the request failed or
+        was cancelled after allocation): freed at once. True if freed.
+
+        False, and nothing changes, if the lease is already gone (freed by close_session or expire, which
+        may race with the producer's error path) or already RELEASED: then the consumer did get it and may
+        have a copy in flight, so only its ack (or the TTL) may free it.
+        """
+        with self._cond:
+            entry = self._leases.get(lease.lease_id)
+            if entry is None or entry.lease != lease or entry.state is not LeaseState.LEASED:
+                return False
+            self._free_locked(entry)
+        logger.debug("ipc lease %d of session %s abandoned by the producer", lease.lease_id, lease.session_id)
+        return True
+
+    # -- consumer side -------------------------------------------------------------------------------------
+
+    def release(self, session_id: str, lease_id: int) -> bool:
+        """The consumer's host says its copy and ack write are enqueued: LEASED -> RELEASED. True on that
+        transition; False if the lease was already released, or already freed (acked, expired, abandoned:
+        lease ids are never reused, so a repeated release is harmless).
+
+        Raises UnknownSessionError for an unknown session, UnknownLeaseError for an id this table never
+        issued, LeaseNotOwnedError for a live lease of another session.
+        """
+        with self._cond:
+            self._session(session_id)
+            entry = self._leases.get(lease_id)
+            if entry is None:
+                if not 0 < lease_id < self._next_lease_id:
+                    raise UnknownLeaseError(f"lease {lease_id} was never issued")
+                return False
+            if entry.lease.session_id != session_id:
+                raise LeaseNotOwnedError(f"lease {lease_id} does not belong to session {session_id}")
+            if entry.state is LeaseState.RELEASED:
+                return False
+            entry.state = LeaseState.RELEASED
+            return True
+
+    # -- reclaimer -----------------------------------------------------------------------------------------
+
+    def pending_ack_slots(self) -> list[int]:
+        """Word slots of RELEASED leases, ascending: the ack words the reclaimer reads (one small D2H)."""
+        with self._cond:
+            return sorted(e.lease.slot for e in self._leases.values() if e.state is LeaseState.RELEASED)
+
+    def confirm_acks(self, observed: Mapping[int, int]) -> list[Lease]:
+        """Free each RELEASED lease whose slot's observed ack word equals its generation; wake waiters.
+
+        `observed` maps slot -> ack word as read from the device (read as int64 or uint64: compared modulo
+        2**64). A word from an earlier use of the slot (stale generation), of a slot now LEASED, or of a
+        slot with no live lease changes nothing. Returns the freed leases.
+        """
+        freed: list[Lease] = []
+        with self._cond:
+            for slot, word in observed.items():
+                lease_id = self._slot_lease.get(slot)
+                if lease_id is None:
+                    continue
+                entry = self._leases[lease_id]
+                if entry.state is LeaseState.RELEASED and word & _WORD_MASK == entry.lease.generation:
+                    freed.append(self._free_locked(entry))
+        return freed
+
+    def expire(self, now: float | None = None) -> list[Lease]:
+        """TTL backstop: force-free every lease older than `ttl_s`, in any state, with a warning each.
+
+        Risky by nature (a consumer still reading may see data overwritten by a later image), hence the long
+        TTL; sessions and acks free leases long before it in normal operation.
+        """
+        with self._cond:
+            now = self._clock() if now is None else now
+            old = [e for e in self._leases.values() if now - e.lease.created_at >= self._ttl_s]
+            freed = [(self._free_locked(e), e.state) for e in old]
+            self._expired_total += len(freed)
+        for lease, state in freed:
+            logger.warning(
+                "ipc lease %d of session %s expired after %.0f s in state %s (slot %d, %d bytes): force-freed; "
+                "a consumer still reading it may see overwritten data",
+                lease.lease_id,
+                lease.session_id,
+                now - lease.created_at,
+                state.value,
+                lease.slot,
+                lease.nbytes,
+            )
+        return [lease for lease, _ in freed]
+
+    # -- introspection -------------------------------------------------------------------------------------
+
+    def state_of(self, lease_id: int) -> LeaseState | None:
+        """The lease's state, or None once it is freed (or was never issued)."""
+        with self._cond:
+            entry = self._leases.get(lease_id)
+            return None if entry is None else entry.state
+
+    def live_leases(self) -> list[Lease]:
+        """Every live lease (LEASED or RELEASED), by lease id. For tests and debugging."""
+        with self._cond:
+            return [self._leases[i].lease for i in sorted(self._leases)]
+
+    def stats(self) -> LeaseStats:
+        with self._cond:
+            awaiting = sum(1 for e in self._leases.values() if e.state is LeaseState.RELEASED)
+            return LeaseStats(
+                bytes_in_use=self._allocator.bytes_in_use,
+                leases_active=len(self._leases) - awaiting,
+                leases_awaiting_ack=awaiting,
+                sessions=len(self._sessions),
+                reclaimed_total=self._reclaimed_total,
+                expired_total=self._expired_total,
+                waits_timed_out_total=self._waits_timed_out_total,
+            )
+
+    # -- internals (call with the lock held) ---------------------------------------------------------------
+
+    def _session(self, session_id: str) -> _Session:
+        session = self._sessions.get(session_id)
+        if session is None:
+            raise UnknownSessionError(f"unknown or closed ipc session {session_id!r}")
+        return session
+
+    def _try_acquire_locked(self, session_id: str, session: _Session, nbytes: int) -> Lease | None:
+        if self._max_leases_per_session is not None and len(session.lease_ids) >= self._max_leases_per_session:
+            return None
+        if not self._free_slots:
+            return None
+        s = self._allocator.allocate(nbytes)
+        if s is None:
+            return None
+        slot = self._free_slots.popleft()
+        generation = next_generation(self._generations[slot])
+        self._generations[slot] = generation
+        lease = Lease(
+            lease_id=self._next_lease_id,
+            session_id=session_id,
+            slice=s,
+            slot=slot,
+            generation=generation,
+            created_at=self._clock(),
+        )
+        self._next_lease_id += 1
+        self._leases[lease.lease_id] = _Entry(lease)
+        self._slot_lease[slot] = lease.lease_id
+        session.lease_ids.add(lease.lease_id)
+        return lease
+
+    def _free_locked(self, entry: _Entry) -> Lease:
+        lease = entry.lease
+        self._allocator.free(lease.slice)
+        del self._leases[lease.lease_id]
+        del self._slot_lease[lease.slot]
+        self._free_slots.append(lease.slot)
+        session = self._sessions.get(lease.session_id)
+        if session is not None:
+            session.lease_ids.discard(lease.lease_id)
+        self._cond.notify_all()
+        return lease

@@ -1,0 +1,73 @@
+"""Serialized transport: embeddings as raw little-endian bytes plus dtype and shape. No pickle on any wire.
+
+Producer: `stage_to_host` copies a whole batch's device output to the CPU once (through pinned memory
+when it comes from a GPU), then `tensor_to_bytes` turns each image's row range into bytes (one copy,
+the unavoidable one into the Python bytes object that protobuf sends).
+Consumer: `bytes_to_tensor` views the received bytes as a tensor and copies it once to its device.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import torch
+
+# Wire names of the dtypes we send; the proto's DType enum is mapped from these in the service/client.
+DTYPE_NAMES: dict[torch.dtype, str] = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
+
+if sys.byteorder != "little":  # pragma: no cover - every platform we run on is little-endian
+    raise ImportError("mmproc's serialized transport assumes a little-endian host")
+
+
+def tensor_nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    n = 1
+    for dim in shape:
+        n *= dim
+    return n * torch.empty((), dtype=dtype).element_size()
+
+
+def stage_to_host(embeddings: torch.Tensor) -> torch.Tensor:
+    """Copy a device tensor (T, hidden) to the CPU for serialization; CPU tensors pass through.
+
+    From CUDA the copy goes into pinned memory with one non-blocking D2H on the current stream and a
+    single synchronize of that stream, so the host never reads before the copy is done.
+    """
+    if embeddings.device.type == "cpu":
+        return embeddings
+    staging = torch.empty(embeddings.shape, dtype=embeddings.dtype, pin_memory=True)
+    staging.copy_(embeddings, non_blocking=True)
+    torch.cuda.current_stream(embeddings.device).synchronize()
+    return staging
+
+
+def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
+    """Raw row-major bytes of a CPU tensor (any of DTYPE_NAMES' dtypes)."""
+    if tensor.device.type != "cpu":
+        raise ValueError("tensor_to_bytes needs a CPU tensor; call stage_to_host first")
+    if tensor.dtype not in DTYPE_NAMES:
+        raise ValueError(f"unsupported dtype {tensor.dtype}")
+    # uint8 view: numpy has no bfloat16, and the bytes are the same for every dtype.
+    return tensor.contiguous().view(torch.uint8).numpy().tobytes()
+
+
+def bytes_to_tensor(
+    data: bytes, dtype_name: str, shape: tuple[int, ...], device: torch.device | str = "cpu"
+) -> torch.Tensor:
+    """Inverse of `tensor_to_bytes`: a tensor of `shape` on `device` (a fresh, writable tensor)."""
+    dtype = _DTYPES_BY_NAME.get(dtype_name)
+    if dtype is None:
+        raise ValueError(f"unknown dtype {dtype_name!r}")
+    expected = tensor_nbytes(shape, dtype)
+    if len(data) != expected:
+        raise ValueError(f"payload has {len(data)} bytes, {shape} x {dtype_name} needs {expected}")
+    if expected == 0:
+        return torch.empty(shape, dtype=dtype, device=device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # frombuffer warns that `bytes` is read-only; we copy below
+        view = torch.frombuffer(data, dtype=torch.uint8).view(dtype).view(shape)
+    target = torch.device(device)
+    if target.type == "cpu":
+        return view.clone()
+    return view.to(target)

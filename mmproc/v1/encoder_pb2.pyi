@@ -1,0 +1,195 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Transport(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TRANSPORT_AUTO: _ClassVar[Transport]
+    TRANSPORT_SERIALIZED: _ClassVar[Transport]
+    TRANSPORT_IPC: _ClassVar[Transport]
+
+class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DTYPE_UNSPECIFIED: _ClassVar[DType]
+    DTYPE_FLOAT32: _ClassVar[DType]
+    DTYPE_BFLOAT16: _ClassVar[DType]
+    DTYPE_FLOAT16: _ClassVar[DType]
+TRANSPORT_AUTO: Transport
+TRANSPORT_SERIALIZED: Transport
+TRANSPORT_IPC: Transport
+DTYPE_UNSPECIFIED: DType
+DTYPE_FLOAT32: DType
+DTYPE_BFLOAT16: DType
+DTYPE_FLOAT16: DType
+
+class ConsumerInfo(_message.Message):
+    __slots__ = ("session_id", "device_uuid", "pid", "hostname")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    device_uuid: str
+    pid: int
+    hostname: str
+    def __init__(self, session_id: _Optional[str] = ..., device_uuid: _Optional[str] = ..., pid: _Optional[int] = ..., hostname: _Optional[str] = ...) -> None: ...
+
+class EncodeImagesRequest(_message.Message):
+    __slots__ = ("images", "request_id", "transport", "consumer")
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    images: _containers.RepeatedScalarFieldContainer[bytes]
+    request_id: str
+    transport: Transport
+    consumer: ConsumerInfo
+    def __init__(self, images: _Optional[_Iterable[bytes]] = ..., request_id: _Optional[str] = ..., transport: _Optional[_Union[Transport, str]] = ..., consumer: _Optional[_Union[ConsumerInfo, _Mapping]] = ...) -> None: ...
+
+class IpcDescriptor(_message.Message):
+    __slots__ = ("pool_id", "epoch", "device_uuid", "offset_bytes", "nbytes", "lease_id", "generation", "ready_offset_bytes", "ack_offset_bytes")
+    POOL_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NBYTES_FIELD_NUMBER: _ClassVar[int]
+    LEASE_ID_FIELD_NUMBER: _ClassVar[int]
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    READY_OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    ACK_OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    pool_id: str
+    epoch: int
+    device_uuid: str
+    offset_bytes: int
+    nbytes: int
+    lease_id: int
+    generation: int
+    ready_offset_bytes: int
+    ack_offset_bytes: int
+    def __init__(self, pool_id: _Optional[str] = ..., epoch: _Optional[int] = ..., device_uuid: _Optional[str] = ..., offset_bytes: _Optional[int] = ..., nbytes: _Optional[int] = ..., lease_id: _Optional[int] = ..., generation: _Optional[int] = ..., ready_offset_bytes: _Optional[int] = ..., ack_offset_bytes: _Optional[int] = ...) -> None: ...
+
+class Embedding(_message.Message):
+    __slots__ = ("index", "num_tokens", "grid_h", "grid_w", "dtype", "shape", "data", "ipc")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    GRID_H_FIELD_NUMBER: _ClassVar[int]
+    GRID_W_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    IPC_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    num_tokens: int
+    grid_h: int
+    grid_w: int
+    dtype: DType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    ipc: IpcDescriptor
+    def __init__(self, index: _Optional[int] = ..., num_tokens: _Optional[int] = ..., grid_h: _Optional[int] = ..., grid_w: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., ipc: _Optional[_Union[IpcDescriptor, _Mapping]] = ...) -> None: ...
+
+class EncodeImagesResponse(_message.Message):
+    __slots__ = ("request_id", "embeddings", "transport")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    embeddings: _containers.RepeatedCompositeFieldContainer[Embedding]
+    transport: Transport
+    def __init__(self, request_id: _Optional[str] = ..., embeddings: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ..., transport: _Optional[_Union[Transport, str]] = ...) -> None: ...
+
+class EncodeImagesChunk(_message.Message):
+    __slots__ = ("request_id", "header", "index", "offset", "data")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    HEADER_FIELD_NUMBER: _ClassVar[int]
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    header: Embedding
+    index: int
+    offset: int
+    data: bytes
+    def __init__(self, request_id: _Optional[str] = ..., header: _Optional[_Union[Embedding, _Mapping]] = ..., index: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class GetServerInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class PreprocessInfo(_message.Message):
+    __slots__ = ("family", "patch_size", "merge_h", "merge_w", "max_patches_per_image", "rules")
+    class RulesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
+    PATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MERGE_H_FIELD_NUMBER: _ClassVar[int]
+    MERGE_W_FIELD_NUMBER: _ClassVar[int]
+    MAX_PATCHES_PER_IMAGE_FIELD_NUMBER: _ClassVar[int]
+    RULES_FIELD_NUMBER: _ClassVar[int]
+    family: str
+    patch_size: int
+    merge_h: int
+    merge_w: int
+    max_patches_per_image: int
+    rules: _containers.ScalarMap[str, str]
+    def __init__(self, family: _Optional[str] = ..., patch_size: _Optional[int] = ..., merge_h: _Optional[int] = ..., merge_w: _Optional[int] = ..., max_patches_per_image: _Optional[int] = ..., rules: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class RequestLimits(_message.Message):
+    __slots__ = ("max_image_bytes", "max_pixels", "max_images_per_request", "max_request_bytes", "max_patches_per_request", "max_aspect_ratio", "formats")
+    MAX_IMAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_PIXELS_FIELD_NUMBER: _ClassVar[int]
+    MAX_IMAGES_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    MAX_REQUEST_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_PATCHES_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    MAX_ASPECT_RATIO_FIELD_NUMBER: _ClassVar[int]
+    FORMATS_FIELD_NUMBER: _ClassVar[int]
+    max_image_bytes: int
+    max_pixels: int
+    max_images_per_request: int
+    max_request_bytes: int
+    max_patches_per_request: int
+    max_aspect_ratio: float
+    formats: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, max_image_bytes: _Optional[int] = ..., max_pixels: _Optional[int] = ..., max_images_per_request: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., max_patches_per_request: _Optional[int] = ..., max_aspect_ratio: _Optional[float] = ..., formats: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class ServerInfo(_message.Message):
+    __slots__ = ("version", "model_name", "model_layout", "hidden_size", "vision_hidden_size", "dtype", "device", "device_uuid", "preprocess", "limits", "transports", "ipc_status", "max_message_bytes", "stream_chunk_bytes")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
+    MODEL_LAYOUT_FIELD_NUMBER: _ClassVar[int]
+    HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
+    VISION_HIDDEN_SIZE_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    PREPROCESS_FIELD_NUMBER: _ClassVar[int]
+    LIMITS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORTS_FIELD_NUMBER: _ClassVar[int]
+    IPC_STATUS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STREAM_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    model_name: str
+    model_layout: str
+    hidden_size: int
+    vision_hidden_size: int
+    dtype: DType
+    device: str
+    device_uuid: str
+    preprocess: PreprocessInfo
+    limits: RequestLimits
+    transports: _containers.RepeatedScalarFieldContainer[Transport]
+    ipc_status: str
+    max_message_bytes: int
+    stream_chunk_bytes: int
+    def __init__(self, version: _Optional[str] = ..., model_name: _Optional[str] = ..., model_layout: _Optional[str] = ..., hidden_size: _Optional[int] = ..., vision_hidden_size: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., device: _Optional[str] = ..., device_uuid: _Optional[str] = ..., preprocess: _Optional[_Union[PreprocessInfo, _Mapping]] = ..., limits: _Optional[_Union[RequestLimits, _Mapping]] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., ipc_status: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., stream_chunk_bytes: _Optional[int] = ...) -> None: ...

@@ -1,0 +1,1 @@
+"""`mmproc bench ...`: GPU micro-benchmarks, one module per subject (each exposes `main(argv) -> int`)."""

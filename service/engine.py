@@ -1,0 +1,175 @@
+"""The request pipeline, free of gRPC/HTTP: bytes -> validate/decode -> preprocess -> runner -> embeddings.
+
+Both front ends (gRPC and HTTP) call `Engine.encode`. Decoding and preprocessing run off the event loop
+in a bounded thread pool; the model runs on the runner's single thread that owns the device.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import torch
+
+from mmproc.errors import DeadlineExceededError, InvalidMediaError, Reason, ResourceExhaustedError, UnavailableError
+from mmproc.media import MediaLimits, decode_image
+from mmproc.model import VisionEncoder
+from mmproc.preprocess import PreprocessConfig, preprocess_image
+from mmproc.runner import BatchStats, EncoderRunner, RunnerConfig
+from mmproc.types import PreprocessedImage
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    max_images: int = 32
+    max_request_bytes: int = 48 << 20
+    max_patches: int = 262_144
+
+
+@dataclass(frozen=True)
+class EncodedImage:
+    """One image's result. `embedding` is (num_tokens, hidden) on the encoder's device, in its dtype."""
+
+    index: int
+    grid_hw: tuple[int, int]
+    num_tokens: int
+    embedding: torch.Tensor
+
+
+def prepare_image(data: bytes, limits: MediaLimits, config: PreprocessConfig) -> PreprocessedImage:
+    """Validate, decode and preprocess one image (runs in a worker thread)."""
+    return preprocess_image(decode_image(data, limits).image, config)
+
+
+class Engine:
+    def __init__(
+        self,
+        encoder: VisionEncoder,
+        preprocess: PreprocessConfig,
+        media_limits: MediaLimits,
+        request_limits: RequestLimits,
+        runner_config: RunnerConfig,
+        *,
+        preprocess_workers: int = 2,
+        max_inflight_requests: int = 256,
+    ) -> None:
+        self.encoder = encoder
+        self.preprocess = preprocess
+        self.media_limits = media_limits
+        self.request_limits = request_limits
+        self._executor = ThreadPoolExecutor(max_workers=preprocess_workers, thread_name_prefix="mmproc-decode")
+        self._runner = EncoderRunner(
+            encoder,
+            runner_config,
+            max_patches_per_image=preprocess.max_patches_per_image,
+            merge_kernel_size=preprocess.merge_kernel_size,
+            pin_memory=encoder.device.type == "cuda",
+            observer=self._observe_batch,
+        )
+        self._max_inflight = max_inflight_requests
+        self._inflight = 0
+        self.ready = False
+        self.draining = False
+        self.batches_run = 0
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    def start(self, warmup: bool = True) -> None:
+        """Start the runner and run one forward so that the first request pays no lazy set-up."""
+        self._runner.start()
+        if warmup:
+            started = time.monotonic()
+            size = self.preprocess.patch_size * 2 * max(self.preprocess.merge_kernel_size)
+            from PIL import Image
+
+            image = preprocess_image(Image.new("RGB", (size, size), (127, 127, 127)), self.preprocess)
+            self._runner.submit([image]).result(timeout=600)
+            logger.info("warm-up forward took %.1f ms", (time.monotonic() - started) * 1000)
+        self.ready = True
+
+    def begin_drain(self) -> None:
+        """Refuse new requests (UNAVAILABLE); requests already admitted run to completion."""
+        self.draining = True
+
+    @property
+    def inflight(self) -> int:
+        return self._inflight
+
+    async def wait_idle(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while self._inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        return self._inflight == 0
+
+    def close(self) -> None:
+        self._runner.stop()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    # -- requests -----------------------------------------------------------------------------------
+
+    def check_image_count(self, count: int) -> None:
+        if count == 0:
+            raise InvalidMediaError("request has no images", reason=Reason.BAD_REQUEST)
+        if count > self.request_limits.max_images:
+            raise InvalidMediaError(
+                f"{count} images in one request, limit {self.request_limits.max_images}", reason=Reason.TOO_MANY_IMAGES
+            )
+
+    def check_request(self, images: list[bytes]) -> None:
+        """Request-level limits, checked before any image is touched."""
+        limits = self.request_limits
+        self.check_image_count(len(images))
+        total = sum(len(data) for data in images)
+        if total > limits.max_request_bytes:
+            raise InvalidMediaError(
+                f"request carries {total} bytes of images, limit {limits.max_request_bytes}",
+                reason=Reason.REQUEST_TOO_LARGE,
+            )
+
+    async def encode(self, images: list[bytes], request_id: str, deadline: float | None = None) -> list[EncodedImage]:
+        """Encode all images of one request, or raise a typed mmproc error. `deadline` is time.monotonic()."""
+        if not self.ready or self.draining:
+            raise UnavailableError("server is draining" if self.draining else "server is not ready")
+        self.check_request(images)
+        if self._inflight >= self._max_inflight:
+            raise ResourceExhaustedError(f"too many requests in flight (limit {self._max_inflight})")
+        self._inflight += 1
+        try:
+            prepared = await self._prepare_all(images)
+            total_patches = sum(p.num_patches for p in prepared)
+            if total_patches > self.request_limits.max_patches:
+                raise InvalidMediaError(
+                    f"request needs {total_patches} patches, limit {self.request_limits.max_patches}",
+                    reason=Reason.TOO_MANY_PATCHES,
+                )
+            future = self._runner.submit(prepared, deadline)
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                embeddings = await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+            except asyncio.TimeoutError:
+                raise DeadlineExceededError(f"request {request_id} did not finish before its deadline") from None
+            return [EncodedImage(i, p.grid_hw, p.num_tokens, e) for i, (p, e) in enumerate(zip(prepared, embeddings))]
+        finally:
+            self._inflight -= 1
+
+    async def _prepare_all(self, images: list[bytes]) -> list[PreprocessedImage]:
+        loop = asyncio.get_running_loop()
+        tasks = [
+            loop.run_in_executor(self._executor, prepare_image, data, self.media_limits, self.preprocess)
+            for data in images
+        ]
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        for index, result in enumerate(results):  # report the first bad image by position
+            if isinstance(result, InvalidMediaError):
+                raise result.at_index(index)
+            if isinstance(result, BaseException):
+                raise result
+        return list(results)  # type: ignore[arg-type]
+
+    def _observe_batch(self, stats: BatchStats) -> None:
+        self.batches_run += 1

@@ -1,0 +1,88 @@
+"""The one place where typed mmproc errors become gRPC status codes and HTTP responses.
+
+invalid media / bad request -> INVALID_ARGUMENT (400) with google.rpc.BadRequest + ErrorInfo details
+queue or pool full          -> RESOURCE_EXHAUSTED (429)
+not ready / draining        -> UNAVAILABLE (503)
+deadline                    -> DEADLINE_EXCEEDED (504)
+anything else               -> INTERNAL (500), generic message; the traceback goes to the log only
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import grpc
+from google.protobuf import any_pb2
+from google.rpc import code_pb2, error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+from mmproc.errors import (
+    DeadlineExceededError,
+    InvalidMediaError,
+    MmprocError,
+    ResourceExhaustedError,
+    UnavailableError,
+)
+
+logger = logging.getLogger(__name__)
+
+ERROR_DOMAIN = "mmproc"
+INTERNAL_MESSAGE = "internal error; see the server log"
+
+
+@dataclass(frozen=True)
+class MappedError:
+    grpc_code: grpc.StatusCode
+    http_status: int
+    message: str
+    reason: str  # machine-readable: a Reason value for 400s, else the code name in lower case
+    index: int = -1
+
+    def http_body(self, request_id: str) -> dict[str, object]:
+        error: dict[str, object] = {"code": self.grpc_code.name, "reason": self.reason, "message": self.message}
+        if self.index >= 0:
+            error["index"] = self.index
+        return {"request_id": request_id, "error": error}
+
+
+_CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
+    (InvalidMediaError, grpc.StatusCode.INVALID_ARGUMENT),
+    (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
+    (UnavailableError, grpc.StatusCode.UNAVAILABLE),
+    (DeadlineExceededError, grpc.StatusCode.DEADLINE_EXCEEDED),
+)
+
+
+def map_error(exc: BaseException, request_id: str = "-") -> MappedError:
+    """Classify any exception. Unexpected ones are logged here with their traceback, once."""
+    if isinstance(exc, InvalidMediaError):
+        return MappedError(grpc.StatusCode.INVALID_ARGUMENT, 400, exc.message, exc.reason, exc.index)
+    for cls, code in _CODES:
+        if isinstance(exc, cls):
+            assert isinstance(exc, MmprocError)
+            return MappedError(code, exc.http_status, str(exc), code.name.lower())
+    logger.error("request %s: unexpected error", request_id, exc_info=exc)
+    return MappedError(grpc.StatusCode.INTERNAL, 500, INTERNAL_MESSAGE, "internal")
+
+
+def to_grpc_status(mapped: MappedError) -> grpc.Status:
+    """A grpc.Status with google.rpc details, for `context.abort_with_status`."""
+    status = status_pb2.Status(code=getattr(code_pb2, mapped.grpc_code.name), message=mapped.message)
+    if mapped.grpc_code is grpc.StatusCode.INVALID_ARGUMENT:
+        field = f"images[{mapped.index}]" if mapped.index >= 0 else "images"
+        bad_request = error_details_pb2.BadRequest(
+            field_violations=[
+                error_details_pb2.BadRequest.FieldViolation(
+                    field=field, description=f"{mapped.reason}: {mapped.message}"
+                )
+            ]
+        )
+        info = error_details_pb2.ErrorInfo(
+            reason=mapped.reason, domain=ERROR_DOMAIN, metadata={"index": str(mapped.index)}
+        )
+        for detail in (bad_request, info):
+            packed = any_pb2.Any()
+            packed.Pack(detail)
+            status.details.append(packed)
+    return rpc_status.to_status(status)

@@ -1,0 +1,116 @@
+"""HTTP front end (FastAPI, served by uvicorn in the same process and event loop as gRPC).
+
+GET /healthz   liveness: 200 while the process serves
+GET /readyz    readiness: 200 once weights are loaded and warm-up ran, 503 before and while draining
+GET /v1/info   the same facts as gRPC GetServerInfo, as JSON
+POST /v1/encode  {"images": ["<base64 or data: URI>", ...], "return_embeddings": false, "request_id": "..."}
+               -> 200 {"request_id", "embeddings": [{"index", "num_tokens", "grid_hw", "shape", "dtype",
+                  "sha256", "data"?}]} or 4xx/5xx {"request_id", "error": {"code", "reason", "message", "index"?}}
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import time
+import uuid
+from collections.abc import Callable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from google.protobuf.json_format import MessageToDict
+from pydantic import BaseModel, Field
+
+from mmproc.errors import InvalidMediaError, Reason
+from mmproc.transport import DTYPE_NAMES, stage_to_host, tensor_to_bytes
+from mmproc.v1 import encoder_pb2 as pb
+from service.engine import Engine
+from service.errors import map_error
+
+
+class EncodeBody(BaseModel):
+    images: list[str] = Field(..., description="base64 strings or data: URIs")
+    return_embeddings: bool = False
+    request_id: str | None = None
+
+
+def decode_image_field(value: str, index: int) -> bytes:
+    """base64 (standard or URL-safe) or `data:<mime>;base64,<...>` -> bytes; InvalidMediaError otherwise."""
+    payload = value
+    if value.startswith("data:"):
+        header, sep, payload = value.partition(",")
+        if not sep or not header.endswith(";base64"):
+            raise InvalidMediaError("data: URI must be base64-encoded", reason=Reason.BAD_REQUEST, index=index)
+    payload = payload.strip()
+    try:
+        if "-" in payload or "_" in payload:
+            return base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
+        return base64.b64decode(payload, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidMediaError("image is not valid base64", reason=Reason.BAD_REQUEST, index=index) from None
+
+
+def create_http_app(engine: Engine, info: pb.ServerInfo, *, default_deadline_s: float, max_body_bytes: int) -> FastAPI:
+    app = FastAPI(title="mmproc", version=info.version, docs_url=None, redoc_url=None)
+    info_json = MessageToDict(info, preserving_proto_field_name=True)
+
+    def error_response(exc: BaseException, request_id: str) -> JSONResponse:
+        mapped = map_error(exc, request_id)
+        return JSONResponse(mapped.http_body(request_id), status_code=mapped.http_status)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_body(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        return error_response(InvalidMediaError(f"malformed request body: {problems}", reason=Reason.BAD_REQUEST), "-")
+
+    @app.middleware("http")
+    async def limit_body(request: Request, call_next: Callable):
+        # Refuse oversized bodies from the declared length before reading them (base64 inflates by 4/3).
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > max_body_bytes:
+            exc = InvalidMediaError(f"request body over {max_body_bytes} bytes", reason=Reason.REQUEST_TOO_LARGE)
+            return error_response(exc, "-")
+        return await call_next(request)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz() -> JSONResponse:
+        ready = engine.ready and not engine.draining
+        state = "ready" if ready else ("draining" if engine.draining else "starting")
+        return JSONResponse({"status": state}, status_code=200 if ready else 503)
+
+    @app.get("/v1/info")
+    async def server_info() -> dict:
+        return info_json
+
+    @app.post("/v1/encode")
+    async def encode(body: EncodeBody) -> JSONResponse:
+        request_id = body.request_id or uuid.uuid4().hex[:16]
+        try:
+            engine.check_image_count(len(body.images))  # before decoding any base64
+            images = [decode_image_field(value, i) for i, value in enumerate(body.images)]
+            results = await engine.encode(images, request_id, time.monotonic() + default_deadline_s)
+        except Exception as exc:
+            return error_response(exc, request_id)
+        embeddings = []
+        for result in results:
+            data = tensor_to_bytes(stage_to_host(result.embedding))
+            item = {
+                "index": result.index,
+                "num_tokens": result.num_tokens,
+                "grid_hw": list(result.grid_hw),
+                "shape": list(result.embedding.shape),
+                "dtype": DTYPE_NAMES[result.embedding.dtype],
+                "sha256": hashlib.sha256(data).hexdigest(),
+            }
+            if body.return_embeddings:
+                item["data"] = base64.b64encode(data).decode("ascii")
+            embeddings.append(item)
+        return JSONResponse({"request_id": request_id, "embeddings": embeddings})
+
+    return app

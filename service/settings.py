@@ -1,0 +1,137 @@
+"""All settings of `mmproc serve`, in one pydantic-settings model.
+
+Sources, highest priority first: CLI flags, `MMPROC_*` environment variables (e.g. MMPROC_DEVICE=cuda:0,
+MMPROC_IPC_POOL_MB=1024), an optional JSON config file (`--config FILE` / MMPROC_CONFIG_FILE), defaults.
+Built once at the edge and passed down as plain frozen dataclasses; nothing below reads the environment.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from mmproc.errors import ConfigError
+from mmproc.media import MediaLimits
+from mmproc.runner import RunnerConfig
+
+MiB = 1 << 20
+
+
+class ServerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MMPROC_", extra="forbid", frozen=True, protected_namespaces=())
+
+    # Model
+    model_path: Path | None = Field(None, description="local Hugging Face checkpoint directory")
+    model: str = Field("tiny", description="embedded preset used when no model_path is given")
+    device: str = Field("cpu", description="cpu | cuda | cuda:N")
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="default: float32 on cpu, bfloat16 on cuda"
+    )
+
+    # Addresses
+    grpc_address: str = Field("127.0.0.1:50051", description="HOST:PORT or unix:PATH (socket made mode 0600)")
+    http_address: str = Field("127.0.0.1:8080", description="HOST:PORT; empty disables HTTP")
+
+    # Transport
+    transport: Literal["auto", "ipc", "serialized"] = "auto"
+    ipc_pool_mb: int = Field(512, ge=1, le=1 << 20)
+    max_message_mb: int = Field(64, ge=1, le=2047, description="gRPC message cap, both directions")
+    stream_chunk_mb: int = Field(4, ge=1, le=64)
+
+    # Request limits (validated before any decoding)
+    max_images_per_request: int = Field(32, ge=1, le=4096)
+    max_request_mb: int = Field(48, ge=1, le=2047)
+    max_image_mb: int = Field(32, ge=1, le=2047)
+    max_pixels: int = Field(40_000_000, ge=1, le=89_000_000, description="per image; below Pillow's bomb limit")
+    max_aspect_ratio: float = Field(200.0, ge=1.0)
+    max_patches_per_request: int = Field(262_144, ge=1)
+
+    # Concurrency and batching
+    preprocess_workers: int = Field(2, ge=1, le=256)
+    max_inflight_requests: int = Field(256, ge=1, le=100_000)
+    max_batch_patches: int = Field(32768, ge=1)
+    max_batch_images: int = Field(64, ge=1)
+    max_wait_ms: float = Field(2.0, ge=0, le=1000)
+    max_queued_images: int = Field(2048, ge=1)
+    default_deadline_s: float = Field(60.0, gt=0, description="used when a request has no deadline")
+
+    # Lifecycle and logs
+    grace_period_s: float = Field(30.0, ge=0, le=3600, description="drain time after SIGTERM")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_json: bool = False
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        if value != "cpu" and value != "cuda" and not (value.startswith("cuda:") and value[5:].isdigit()):
+            raise ValueError(f"device must be cpu, cuda or cuda:N, got {value!r}")
+        return value
+
+    @field_validator("grpc_address")
+    @classmethod
+    def _check_grpc_address(cls, value: str) -> str:
+        if not value.startswith("unix:") and value.rpartition(":")[2] == "":
+            raise ValueError(f"grpc_address must be HOST:PORT or unix:PATH, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _check_sizes(self) -> ServerSettings:
+        if self.max_image_mb > self.max_request_mb:
+            raise ValueError("max_image_mb must not exceed max_request_mb")
+        if self.max_request_mb + 1 > self.max_message_mb:
+            raise ValueError("max_message_mb must exceed max_request_mb by at least 1 (protobuf framing)")
+        return self
+
+    # -- derived, plain dataclasses handed to the core ----------------------------------------------
+
+    @property
+    def torch_dtype_name(self) -> str:
+        if self.dtype is not None:
+            return self.dtype
+        return "float32" if self.device == "cpu" else "bfloat16"
+
+    def media_limits(self) -> MediaLimits:
+        return MediaLimits(
+            max_image_bytes=self.max_image_mb * MiB, max_pixels=self.max_pixels, max_aspect_ratio=self.max_aspect_ratio
+        )
+
+    def runner_config(self) -> RunnerConfig:
+        return RunnerConfig(
+            max_batch_patches=self.max_batch_patches,
+            max_batch_images=self.max_batch_images,
+            max_wait_ms=self.max_wait_ms,
+            max_queued_images=self.max_queued_images,
+        )
+
+
+def load_settings(config_file: Path | None = None, **overrides: object) -> ServerSettings:
+    """Settings from defaults < config file < environment < explicit overrides (CLI flags).
+
+    Raises ConfigError naming the bad setting(s).
+    """
+    from pydantic import ValidationError
+
+    file_values: dict[str, object] = {}
+    if config_file is not None:
+        try:
+            file_values = json.loads(Path(config_file).read_text())
+        except (OSError, ValueError) as exc:
+            raise ConfigError(f"config file {config_file}: {exc}") from exc
+        if not isinstance(file_values, dict):
+            raise ConfigError(f"config file {config_file}: expected a JSON object")
+    try:
+        env_only = ServerSettings()  # defaults + environment
+        merged = {**file_values, **_explicit(env_only), **{k: v for k, v in overrides.items() if v is not None}}
+        return ServerSettings(**merged)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"invalid settings: {problems}") from None
+
+
+def _explicit(settings: ServerSettings) -> dict[str, object]:
+    """Values that came from the environment (not defaults), so that they beat the config file."""
+    return {name: getattr(settings, name) for name in settings.model_fields_set}

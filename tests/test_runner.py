@@ -1,0 +1,135 @@
+"""Dynamic batching: FIFO packing under the patch budget, bounded queue, deadlines, cancellation, failures."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from mmproc.batching import pack_images
+from mmproc.errors import ConfigError, DeadlineExceededError, ResourceExhaustedError
+from mmproc.model import load_encoder
+from mmproc.runner import BatchStats, EncoderRunner, RunnerConfig
+from mmproc.types import PackedBatch, PreprocessedImage
+
+ENCODER = load_encoder(None, preset="tiny")
+
+
+def image(grid_h: int, grid_w: int, value: float) -> PreprocessedImage:
+    patches = torch.full((grid_h * grid_w, 3, 14, 14), value)
+    return PreprocessedImage(patches=patches, grid_hw=(grid_h, grid_w), num_tokens=(grid_h // 2) * (grid_w // 2))
+
+
+def alone(img: PreprocessedImage) -> torch.Tensor:
+    """The image encoded on its own: what the runner must return for it, however it was batched."""
+    with torch.inference_mode():
+        return ENCODER(pack_images([img]))
+
+
+class RecordingTower:
+    """The real tiny encoder, plus what the scheduling tests need to see: the batches it ran (images are
+    filled with a constant that identifies them), a gate that holds the worker, and one injected failure."""
+
+    def __init__(self, gate: threading.Event | None = None, fail_on: float | None = None) -> None:
+        self.batches: list[PackedBatch] = []
+        self.gate = gate
+        self.fail_on = fail_on
+
+    def __call__(self, batch: PackedBatch) -> torch.Tensor:
+        if self.gate is not None:
+            self.gate.wait(10)
+        self.batches.append(batch)
+        if self.fail_on is not None and self.fail_on in image_ids(batch):
+            raise RuntimeError("boom")
+        return ENCODER(batch)
+
+
+def image_ids(batch: PackedBatch) -> list[float]:
+    starts = batch.cu_seqlens[:-1].tolist()
+    return [batch.pixel_values[s, 0, 0, 0].item() for s in starts]
+
+
+def make_runner(tower, **config) -> EncoderRunner:
+    runner = EncoderRunner(tower, RunnerConfig(**config), max_patches_per_image=64)
+    runner.start()
+    return runner
+
+
+def test_concurrent_requests_are_packed_fifo_under_the_budget() -> None:
+    gate = threading.Event()
+    tower = RecordingTower(gate)
+    runner = make_runner(tower, max_batch_patches=64, max_wait_ms=50)
+    blocker = runner.submit([image(2, 2, -1.0)])  # occupies the worker until the gate opens
+    time.sleep(0.1)
+    requests = [[image(4, 4, float(i)), image(2, 2, i + 0.5)] for i in range(6)]
+    futures = [runner.submit(r) for r in requests]
+    gate.set()
+    blocker.result(5)
+    for request, future in zip(requests, futures):
+        got = future.result(5)
+        assert [t.shape for t in got] == [(4, 256), (1, 256)]
+        for img, emb in zip(request, got):
+            torch.testing.assert_close(emb, alone(img), rtol=1e-4, atol=1e-5)
+    runner.stop()
+    packed = tower.batches[1:]
+    assert all(b.num_patches <= 64 for b in packed)
+    assert len(packed) < 6, "concurrent requests should share forwards"
+    order = [v for b in packed for v in image_ids(b)]
+    assert order == sorted(order), "images must run in arrival order"
+
+
+def test_full_queue_is_refused_at_once() -> None:
+    gate = threading.Event()
+    runner = make_runner(RecordingTower(gate), max_queued_images=3, max_wait_ms=0)
+    runner.submit([image(2, 2, 0.0)])
+    time.sleep(0.05)  # the worker holds the first image
+    runner.submit([image(2, 2, 1.0)] * 3)
+    started = time.monotonic()
+    with pytest.raises(ResourceExhaustedError):
+        runner.submit([image(2, 2, 2.0)])
+    assert time.monotonic() - started < 0.5
+    gate.set()
+    runner.stop()
+
+
+def test_expired_and_cancelled_requests_never_run() -> None:
+    gate = threading.Event()
+    tower = RecordingTower(gate)
+    runner = make_runner(tower, max_wait_ms=0)
+    first = runner.submit([image(2, 2, 0.0)])
+    time.sleep(0.05)
+    expired = runner.submit([image(2, 2, 7.0)], deadline=time.monotonic() + 0.01)
+    cancelled = runner.submit([image(2, 2, 8.0)])
+    assert cancelled.cancel()
+    kept = runner.submit([image(2, 2, 9.0)])
+    time.sleep(0.05)
+    gate.set()
+    first.result(5)
+    kept_image = image(2, 2, 9.0)
+    torch.testing.assert_close(kept.result(5)[0], alone(kept_image), rtol=1e-4, atol=1e-5)
+    with pytest.raises(DeadlineExceededError):
+        expired.result(5)
+    runner.stop()
+    ran = {v for b in tower.batches for v in image_ids(b)}
+    assert 7.0 not in ran and 8.0 not in ran
+
+
+def test_a_failing_batch_fails_only_its_requests_and_the_runner_keeps_going() -> None:
+    stats: list[BatchStats] = []
+    runner = EncoderRunner(
+        RecordingTower(fail_on=3.0), RunnerConfig(max_wait_ms=0), max_patches_per_image=64, observer=stats.append
+    )
+    runner.start()
+    with pytest.raises(RuntimeError, match="boom"):
+        runner.submit([image(2, 2, 3.0)]).result(5)
+    fine = image(2, 2, 4.0)
+    torch.testing.assert_close(runner.submit([fine]).result(5)[0], alone(fine), rtol=1e-4, atol=1e-5)
+    runner.stop()
+    assert stats and stats[-1].num_images == 1
+
+
+def test_budget_smaller_than_one_image_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="max_batch_patches"):
+        EncoderRunner(RecordingTower(), RunnerConfig(max_batch_patches=16), max_patches_per_image=64)
