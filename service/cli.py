@@ -88,6 +88,16 @@ def cmd_encode(args: argparse.Namespace) -> int:
     return 0
 
 
+BENCHMARKS = ("rope", "encoder", "serve")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import importlib
+
+    module = importlib.import_module(f"service.bench.{args.name}")
+    return module.main(args.args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmproc", description="MoonViT encoder sidecar for VLM serving")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -105,6 +115,11 @@ def build_parser() -> argparse.ArgumentParser:
     encode.add_argument("--target", default="127.0.0.1:50051", help="server address (HOST:PORT or unix:PATH)")
     encode.add_argument("--timeout", type=float, default=60.0)
     encode.set_defaults(func=cmd_encode)
+
+    bench = sub.add_parser("bench", help="benchmarks: rope | encoder | serve (`mmproc bench NAME --help`)")
+    bench.add_argument("name", choices=BENCHMARKS)
+    bench.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own flags")
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 
