@@ -18,10 +18,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
-from mmproc.batching import pack_images, split_by_image
+from mmproc.batching import pack_images
 from mmproc.errors import ConfigError, DeadlineExceededError, ResourceExhaustedError, UnavailableError
 from mmproc.types import PackedBatch, PreprocessedImage
 
@@ -54,18 +55,36 @@ class BatchStats:
     forward_s: float
 
 
+OutputAllocator = Callable[[int], torch.Tensor]  # rows -> contiguous (rows, hidden) destination on the device
+
+
 @dataclass
 class _Job:
-    """One submitted request: its images finish in any batch; the future resolves when all are done."""
+    """One submitted request. Its images may run in different batches; all of them write into one output
+    buffer (rows in image order), and the future resolves with per-image views when the last one is done."""
 
     future: Future
     deadline: float | None  # time.monotonic() deadline
-    results: list[torch.Tensor | None]
+    row_offsets: list[int]  # first output row of each image; row_offsets[-1] == total rows
+    allocate: OutputAllocator
+    on_written: Callable[[], None] | None
     remaining: int
+    out: torch.Tensor | None = None
     submitted: float = field(default_factory=time.monotonic)
 
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now >= self.deadline
+
+    def rows(self, first: int, last: int) -> torch.Tensor:
+        """The destination rows of images first..last (inclusive), allocating the buffer on first use."""
+        if self.out is None:
+            self.out = self.allocate(self.row_offsets[-1])
+        return self.out[self.row_offsets[first] : self.row_offsets[last + 1]]
+
+    def results(self) -> list[torch.Tensor]:
+        assert self.out is not None
+        offsets = self.row_offsets
+        return [self.out[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
 
 
 @dataclass
@@ -75,15 +94,27 @@ class _Item:
     image: PreprocessedImage
 
 
-class EncoderRunner:
-    """Runs `forward(batch) -> (num_tokens, hidden)` on a worker thread with dynamic batching.
+class Encoder(Protocol):
+    """What the runner needs of the model (a `VisionEncoder` is one)."""
 
-    `forward` is normally a `VisionEncoder`; its output is split per image into views of the batch output.
+    device: torch.device
+    dtype: torch.dtype
+    output_dim: int
+
+    def __call__(self, batch: PackedBatch, out: list[torch.Tensor]) -> object: ...
+
+
+class EncoderRunner:
+    """Runs the encoder on a worker thread with dynamic batching.
+
+    Each request gets its own output buffer: by default a fresh device tensor, or whatever the caller's
+    `output` allocator returns (the IPC transport passes a slice of its pool), and the projector writes
+    each request's rows straight into it — no batch-sized intermediate, no copy afterwards.
     """
 
     def __init__(
         self,
-        forward: Callable[[PackedBatch], torch.Tensor],
+        encoder: Encoder,
         config: RunnerConfig,
         *,
         max_patches_per_image: int,
@@ -96,7 +127,7 @@ class EncoderRunner:
                 f"runner: max_batch_patches={config.max_batch_patches} is smaller than one image can be "
                 f"({max_patches_per_image} patches); raise it so that every image fits a batch"
             )
-        self._forward = forward
+        self._encoder = encoder
         self._config = config
         self._merge = merge_kernel_size
         self._pin_memory = pin_memory
@@ -127,17 +158,41 @@ class EncoderRunner:
         with self._cond:
             return len(self._queue)
 
-    def submit(self, images: Sequence[PreprocessedImage], deadline: float | None = None) -> Future:
+    def default_output(self, rows: int) -> torch.Tensor:
+        encoder = self._encoder
+        return torch.empty((rows, encoder.output_dim), dtype=encoder.dtype, device=encoder.device)
+
+    def submit(
+        self,
+        images: Sequence[PreprocessedImage],
+        deadline: float | None = None,
+        *,
+        output: OutputAllocator | None = None,
+        on_written: Callable[[], None] | None = None,
+    ) -> Future:
         """Queue a request's images; the future gets one (tokens_i, hidden) tensor per image, in order.
 
         deadline: a time.monotonic() instant; images not started by then are dropped and the future
         fails with DeadlineExceededError. Cancelling the future drops the images not yet started.
+        output: allocates the request's (total tokens, hidden) destination, called once on the runner thread.
+        on_written: called on the runner thread right after the last image's forward was enqueued on the
+        device (stream order: work it enqueues runs after the writes), before the future resolves.
         """
         future: Future = Future()
         if not images:
             future.set_result([])
             return future
-        job = _Job(future=future, deadline=deadline, results=[None] * len(images), remaining=len(images))
+        offsets = [0]
+        for image in images:
+            offsets.append(offsets[-1] + image.num_tokens)
+        job = _Job(
+            future=future,
+            deadline=deadline,
+            row_offsets=offsets,
+            allocate=output or self.default_output,
+            on_written=on_written,
+            remaining=len(images),
+        )
         with self._cond:
             if self._stopping:
                 raise UnavailableError("encoder is shutting down")
@@ -210,26 +265,37 @@ class EncoderRunner:
         batch = pack_images([item.image for item in items], merge_kernel_size=self._merge, pin_memory=self._pin_memory)
         try:
             with torch.inference_mode():
-                output = self._forward(batch)
+                self._encoder(batch, out=[job.rows(first, last) for job, first, last in _runs(items)])
         except Exception as exc:  # a model failure fails this batch's requests, not the service
             logger.exception("encoder forward failed for a batch of %d images", len(items))
             for item in items:
                 _settle(item.job.future, exception=exc)
             return
         finished = time.monotonic()
-        for item, embedding in zip(items, split_by_image(output, batch.token_counts)):
-            job = item.job
-            if job.future.done():
-                continue
-            job.results[item.position] = embedding
-            job.remaining -= 1
+        for job, first, last in _runs(items):
+            job.remaining -= last - first + 1
             if job.remaining == 0:
-                _settle(job.future, result=job.results)
+                if job.on_written is not None:
+                    job.on_written()
+                _settle(job.future, result=job.results())
         if self._observer is not None:
             oldest = min(item.job.submitted for item in items)
             self._observer(
                 BatchStats(len(items), batch.num_patches, batch.num_tokens, started - oldest, finished - started)
             )
+
+
+def _runs(items: list[_Item]) -> list[tuple[_Job, int, int]]:
+    """Consecutive items of one job as (job, first position, last position). A job's images are queued
+    together and taken in FIFO order, so within a batch they are contiguous and in position order."""
+    runs: list[tuple[_Job, int, int]] = []
+    for item in items:
+        if runs and runs[-1][0] is item.job and runs[-1][2] + 1 == item.position:
+            job, first, _ = runs[-1]
+            runs[-1] = (job, first, item.position)
+        else:
+            runs.append((item.job, item.position, item.position))
+    return runs
 
 
 def _settle(future: Future, *, result: object = None, exception: BaseException | None = None) -> None:

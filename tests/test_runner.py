@@ -32,18 +32,20 @@ class RecordingTower:
     """The real tiny encoder, plus what the scheduling tests need to see: the batches it ran (images are
     filled with a constant that identifies them), a gate that holds the worker, and one injected failure."""
 
+    device, dtype, output_dim = ENCODER.device, ENCODER.dtype, ENCODER.output_dim
+
     def __init__(self, gate: threading.Event | None = None, fail_on: float | None = None) -> None:
         self.batches: list[PackedBatch] = []
         self.gate = gate
         self.fail_on = fail_on
 
-    def __call__(self, batch: PackedBatch) -> torch.Tensor:
+    def __call__(self, batch: PackedBatch, out: list[torch.Tensor]) -> None:
         if self.gate is not None:
             self.gate.wait(10)
         self.batches.append(batch)
         if self.fail_on is not None and self.fail_on in image_ids(batch):
             raise RuntimeError("boom")
-        return ENCODER(batch)
+        ENCODER(batch, out=out)
 
 
 def image_ids(batch: PackedBatch) -> list[float]:
@@ -133,3 +135,21 @@ def test_a_failing_batch_fails_only_its_requests_and_the_runner_keeps_going() ->
 def test_budget_smaller_than_one_image_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="max_batch_patches"):
         EncoderRunner(RecordingTower(), RunnerConfig(max_batch_patches=16), max_patches_per_image=64)
+
+
+def test_each_request_gets_its_own_destination_written_in_place() -> None:
+    """The `output` allocator's buffer is what the request gets back (the IPC pool relies on this)."""
+    runner = make_runner(RecordingTower(), max_wait_ms=20)
+    pool = torch.full((64, 256), float("nan"))
+    written: list[bool] = []
+    request = [image(4, 4, 1.0), image(2, 4, 2.0)]  # 4 + 2 tokens
+    future = runner.submit(request, output=lambda rows: pool[10 : 10 + rows], on_written=lambda: written.append(True))
+    other = runner.submit([image(2, 2, 3.0)])
+    got = future.result(5)
+    other.result(5)
+    runner.stop()
+    assert written == [True]
+    assert got[0].data_ptr() == pool[10].data_ptr() and got[1].data_ptr() == pool[14].data_ptr()
+    for img, emb in zip(request, got):
+        torch.testing.assert_close(emb, alone(img), rtol=1e-4, atol=1e-5)
+    assert torch.isnan(pool[:10]).all() and torch.isnan(pool[16:]).all(), "wrote outside its slice"

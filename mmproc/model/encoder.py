@@ -42,17 +42,30 @@ class VisionEncoder(nn.Module):
     def output_dim(self) -> int:
         return self.config.text_hidden_size
 
-    def forward(self, batch: PackedBatch, out: Tensor | None = None) -> Tensor:
+    def forward(self, batch: PackedBatch, out: Tensor | list[Tensor] | None = None) -> Tensor | None:
         """Embeddings (batch.num_tokens, text_hidden) in the model dtype on the model device.
 
         `out`, when given, must have exactly that shape, dtype and device; the projector writes into it.
+        A list of contiguous (n_i, text_hidden) tensors with sum n_i == num_tokens splits the rows over
+        several destinations (consecutive ranges, in order); the forward then returns None.
         """
         device, dtype = self.device, self.dtype
         num_tokens = batch.num_tokens
-        if out is not None:
+        if isinstance(out, list):
+            if sum(chunk.shape[0] for chunk in out) != num_tokens:
+                raise ValueError(f"out chunks hold {sum(c.shape[0] for c in out)} rows, the batch has {num_tokens}")
+            for chunk in out:
+                _check_out(chunk, (chunk.shape[0], self.output_dim), dtype, device)
+        elif out is not None:
             _check_out(out, (num_tokens, self.output_dim), dtype, device)
         if batch.num_images == 0:
-            return out if out is not None else torch.empty(0, self.output_dim, dtype=dtype, device=device)
+            return (
+                None
+                if isinstance(out, list)
+                else out
+                if out is not None
+                else torch.empty(0, self.output_dim, dtype=dtype, device=device)
+            )
 
         grids = batch.grid_hws
         cos_table, sin_table = self.tower.rope_table(

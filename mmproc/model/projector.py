@@ -50,13 +50,24 @@ class Projector(nn.Module):
         self.linear_1 = nn.Linear(self.merged_dim, self.merged_dim)
         self.linear_2 = nn.Linear(self.merged_dim, text_hidden_size)
 
-    def forward(self, x: Tensor, merge_index: Tensor, out: Tensor | None = None) -> Tensor:
-        """x (L, D) tower output, merge_index (T*kk,) int64 on x's device -> (T, text_hidden), into `out` if given."""
+    def forward(self, x: Tensor, merge_index: Tensor, out: Tensor | list[Tensor] | None = None) -> Tensor | None:
+        """x (L, D) tower output, merge_index (T*kk,) int64 on x's device -> (T, text_hidden), into `out` if given.
+
+        `out` may be a list of (n_i, text_hidden) tensors with sum n_i == T: consecutive row ranges written
+        into separate destinations (e.g. one IPC pool slice per request in the batch); returns None then.
+        """
         # LayerNorm is per token, so normalising before the gather equals the reference's norm after the merge.
         x = self.pre_norm(x)
         h = x.index_select(0, merge_index).view(-1, self.merged_dim)  # (T, kk*D)
         h = F.gelu(self.linear_1(h))  # exact GELU (GELUActivation / nn.GELU)
         if out is None:
             return self.linear_2(h)
+        if isinstance(out, list):
+            start = 0
+            for chunk in out:
+                rows = chunk.shape[0]
+                torch.addmm(self.linear_2.bias, h[start : start + rows], self.linear_2.weight.t(), out=chunk)
+                start += rows
+            return None
         # Written straight into the caller's buffer (e.g. a slice of the IPC pool): no extra copy.
         return torch.addmm(self.linear_2.bias, h, self.linear_2.weight.t(), out=out)
