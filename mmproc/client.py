@@ -13,8 +13,13 @@ larger than one gRPC message still arrive.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import queue
+import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import grpc
 import torch
@@ -30,11 +35,16 @@ from mmproc.errors import (
     UnavailableError,
 )
 from mmproc.transport import bytes_to_tensor, tensor_nbytes
+from mmproc.transport.cuda_ipc import device_uuid, ipc_unavailable_reason
+from mmproc.transport.ipc_pool import PoolIdentity, SliceDescriptor
+from mmproc.transport.node import node_identity
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 
+logger = logging.getLogger(__name__)
+
 _PB_DTYPES = {pb.DTYPE_FLOAT32: "float32", pb.DTYPE_BFLOAT16: "bfloat16", pb.DTYPE_FLOAT16: "float16"}
-_TRANSPORTS = {"auto": pb.TRANSPORT_AUTO, "serialized": pb.TRANSPORT_SERIALIZED}
+_TRANSPORTS = {"auto": pb.TRANSPORT_AUTO, "serialized": pb.TRANSPORT_SERIALIZED, "ipc": pb.TRANSPORT_IPC}
 _ERRORS_BY_CODE: dict[grpc.StatusCode, type[MmprocError]] = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
     grpc.StatusCode.UNAVAILABLE: UnavailableError,
@@ -123,19 +133,108 @@ class EncoderClient:
         transport: str = "auto",
         timeout: float = 60.0,
         max_message_bytes: int = 64 << 20,
+        handle_cache: bool = True,
     ) -> None:
+        """transport: "auto" (CUDA IPC when this process and the server share a node, a PID namespace and
+        CUDA, else serialized), "ipc" (the same, but say so loudly when it falls back) or "serialized".
+        handle_cache=False opens and closes the server's pool for every request (A/B benchmarks only)."""
+        if transport not in _TRANSPORTS:
+            raise ValueError(f"transport must be one of {sorted(_TRANSPORTS)}, got {transport!r}")
         self.device = torch.device(device)
         self.transport = transport
         self.timeout = timeout
         self._channel = grpc.insecure_channel(target, options=_channel_options(max_message_bytes))
         self._stub = pb_grpc.EncoderStub(self._channel)
+        self._ipc = _IpcClient(self._stub, self.device, handle_cache) if self._wants_ipc() else None
+
+    def _wants_ipc(self) -> bool:
+        if self.transport == "serialized":
+            return False
+        reason = "the client device is not CUDA" if self.device.type != "cuda" else ipc_unavailable_reason()
+        if reason is not None:
+            log = logger.warning if self.transport == "ipc" else logger.debug
+            log("CUDA IPC unavailable in this process (%s): using the serialized transport", reason)
+            return False
+        return True
+
+    @property
+    def ipc_stats(self) -> dict[str, int] | None:
+        """Handle-cache and fallback counters (None when IPC is not in use)."""
+        return None if self._ipc is None else self._ipc.counters()
 
     def encode_images(
         self, images: Sequence[bytes], *, request_id: str | None = None, timeout: float | None = None
     ) -> list[torch.Tensor]:
-        """One (tokens_i, hidden) tensor per image, on this client's device, in the server's dtype."""
+        """One (tokens_i, hidden) tensor per image, on this client's device, in the server's dtype.
+
+        Both transports give the same values bit for bit."""
         images = _check_images(images)
-        request = _request(images, request_id, self.transport)
+        if self._ipc is not None:
+            with self._ipc_views(images, request_id, timeout) as views:
+                if views is not None:
+                    return [view.clone() for view in views]  # stream-ordered copy; the ack follows it
+        return self._encode_serialized(images, request_id, timeout)
+
+    def encode_images_into(
+        self,
+        images: Sequence[bytes],
+        outputs: Sequence[torch.Tensor],
+        *,
+        request_id: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """Copy each embedding into the caller's buffer (same shape and dtype, on this client's device),
+        e.g. straight into the LLM's input-embedding tensor."""
+        images = _check_images(images)
+        if len(outputs) != len(images):
+            raise ValueError(f"{len(images)} images but {len(outputs)} output buffers")
+        with self.encode_images_view(images, request_id=request_id, timeout=timeout) as views:
+            for out, view in zip(outputs, views):
+                if out.shape != view.shape or out.dtype != view.dtype:
+                    raise ValueError(
+                        f"output buffer {tuple(out.shape)} {out.dtype} != {tuple(view.shape)} {view.dtype}"
+                    )
+                out.copy_(view)
+
+    @contextlib.contextmanager
+    def encode_images_view(
+        self, images: Sequence[bytes], *, request_id: str | None = None, timeout: float | None = None
+    ) -> Iterator[list[torch.Tensor]]:
+        """Zero-copy views of the embeddings inside the server's IPC pool, valid inside the `with` block.
+
+        On exit, an ack is enqueued on the current CUDA stream after whatever you enqueued that reads the
+        views, and the lease is released. Without IPC the views are ordinary tensors on this device.
+        """
+        images = _check_images(images)
+        if self._ipc is not None:
+            with self._ipc_views(images, request_id, timeout) as views:
+                if views is not None:
+                    yield views
+                    return
+        yield self._encode_serialized(images, request_id, timeout)
+
+    @contextlib.contextmanager
+    def _ipc_views(
+        self, images: list[bytes], request_id: str | None, timeout: float | None
+    ) -> Iterator[list[torch.Tensor] | None]:
+        assert self._ipc is not None
+        try:
+            reply = self._ipc.request(images, request_id or uuid.uuid4().hex[:16], timeout or self.timeout)
+        except grpc.RpcError as err:
+            raise error_from_rpc(err) from None
+        if reply is None:  # no session (refused, or the server has no pool)
+            yield None
+            return
+        if reply.transport != pb.TRANSPORT_IPC:  # the server fell back (pool full): bytes are in the reply
+            yield [_embedding_from_bytes(emb, self.device) for emb in reply.embeddings]
+            return
+        with self._ipc.read(reply, timeout or self.timeout) as views:
+            yield views
+
+    def _encode_serialized(
+        self, images: list[bytes], request_id: str | None, timeout: float | None
+    ) -> list[torch.Tensor]:
+        request = _request(images, request_id, "serialized")
         assembler = _Assembler(len(images), self.device)
         try:
             for chunk in self._stub.EncodeImagesStream(request, timeout=timeout or self.timeout):
@@ -151,6 +250,8 @@ class EncoderClient:
             raise error_from_rpc(err) from None
 
     def close(self) -> None:
+        if self._ipc is not None:
+            self._ipc.close()
         self._channel.close()
 
     def __enter__(self) -> EncoderClient:
@@ -205,3 +306,136 @@ class AsyncEncoderClient:
 
     async def __aexit__(self, *exc: object) -> None:
         await self.close()
+
+
+def _embedding_from_bytes(emb: pb.Embedding, device: torch.device) -> torch.Tensor:
+    return bytes_to_tensor(emb.data, _PB_DTYPES[emb.dtype], tuple(emb.shape), device)
+
+
+class _IpcClient:
+    """This process's IPC session with one server, plus the handle cache (sync client).
+
+    The session is a long-lived bidirectional stream: its first reply names the pool; releases go up it;
+    when this process dies the stream ends and the server reclaims every lease it held.
+    """
+
+    def __init__(self, stub: pb_grpc.EncoderStub, device: torch.device, handle_cache: bool) -> None:
+        from mmproc.transport.ipc_consumer import HandleCache
+
+        self._stub = stub
+        self._device = device
+        self._index = device.index if device.index is not None else torch.cuda.current_device()
+        self._uuid = device_uuid(self._index)
+        self._cache = HandleCache(enabled=handle_cache)
+        self._lock = threading.Lock()
+        self._outbox: queue.Queue[pb.SessionRequest | None] | None = None
+        self._call = None
+        self.session_id: str | None = None
+        self.identity: PoolIdentity | None = None
+        self.refused: str | None = None
+        self.fallbacks = 0
+
+    def counters(self) -> dict[str, int]:
+        stats = self._cache.stats
+        return {"opens": stats.opens, "closes": stats.closes, "open_failures": stats.open_failures,
+                "fallbacks": self.fallbacks}  # fmt: skip
+
+    def _session(self) -> str | None:
+        """Open (or reopen after the server restarted) the session; None when IPC is refused."""
+        with self._lock:
+            if self.session_id is not None and self._call is not None and self._call.is_active():
+                return self.session_id
+            if self.refused is not None:
+                return None
+            hostname, boot_id, pid_ns = node_identity()
+            hello = pb.SessionHello(
+                pid=os.getpid(), hostname=hostname, boot_id=boot_id, pid_namespace=pid_ns, device_uuid=self._uuid
+            )
+            outbox: queue.Queue[pb.SessionRequest | None] = queue.Queue()
+            outbox.put(pb.SessionRequest(hello=hello))
+            call = self._stub.Session(iter(outbox.get, None))
+            first = next(call)
+            if first.WhichOneof("kind") == "refused":
+                self.refused = first.refused.reason
+                logger.warning("server refused CUDA IPC (%s): using the serialized transport", self.refused)
+                outbox.put(None)
+                return None
+            opened = first.opened
+            info = opened.pool
+            self._outbox, self._call, self.session_id = outbox, call, opened.session_id
+            self.identity = PoolIdentity(
+                pool_id=info.pool_id,
+                epoch=info.epoch,
+                device_uuid=info.device_uuid,
+                ipc_handle=info.ipc_handle,
+                pool_bytes=info.pool_bytes,
+                num_word_slots=info.num_word_slots,
+                data_offset=0,
+            )
+            return self.session_id
+
+    def request(self, images: list[bytes], request_id: str, timeout: float) -> pb.EncodeImagesResponse | None:
+        session = self._session()
+        if session is None:
+            return None
+        request = pb.EncodeImagesRequest(
+            images=images,
+            request_id=request_id,
+            transport=pb.TRANSPORT_IPC,
+            consumer=pb.ConsumerInfo(session_id=session, device_uuid=self._uuid),
+        )
+        reply = self._stub.EncodeImages(request, timeout=timeout)
+        if reply.transport != pb.TRANSPORT_IPC:
+            self.fallbacks += 1
+        return reply
+
+    @contextlib.contextmanager
+    def read(self, reply: pb.EncodeImagesResponse, timeout: float) -> Iterator[list[torch.Tensor] | None]:
+        """Views of the reply's slices, ordered after the producer's writes; ack + release on exit.
+        None when the pool cannot be opened (the lease is given back unread)."""
+        assert self.identity is not None
+        descs = [_descriptor(emb.ipc) for emb in reply.embeddings]
+        lease_ids = sorted({d.lease_id for d in descs})
+        if any(emb.ipc.pool_id != self.identity.pool_id for emb in reply.embeddings):
+            raise InternalError("reply names a pool other than this session's")
+        try:
+            pool = self._cache.acquire(self.identity, self._device)  # opens on a miss, retrying once
+        except Exception as exc:
+            logger.warning("cannot open the server's IPC pool (%s): this request goes serialized", exc)
+            self.fallbacks += 1
+            self._send(pb.LeaseRelease(lease_ids=lease_ids, unread=True))
+            yield None
+            return
+        stream = torch.cuda.current_stream(self._device)
+        try:
+            pool.wait_ready(descs[0], stream, timeout)  # one lease (slot, generation) for the whole request
+            yield [
+                pool.view(d, getattr(torch, _PB_DTYPES[emb.dtype]), tuple(emb.shape))
+                for d, emb in zip(descs, reply.embeddings)
+            ]
+        finally:
+            pool.ack(descs[0], stream)
+            self._send(pb.LeaseRelease(lease_ids=lease_ids))
+            self._cache.release(pool)
+
+    def _send(self, release: pb.LeaseRelease) -> None:
+        if self._outbox is not None:
+            self._outbox.put(pb.SessionRequest(release=release))
+
+    def close(self) -> None:
+        if self._outbox is not None:
+            self._outbox.put(None)
+        if self._call is not None:
+            self._call.cancel()
+        self._cache.close_all()
+
+
+def _descriptor(ipc: pb.IpcDescriptor) -> SliceDescriptor:
+    return SliceDescriptor(
+        lease_id=ipc.lease_id,
+        generation=ipc.generation,
+        offset=ipc.offset_bytes,
+        nbytes=ipc.nbytes,
+        ready_offset=ipc.ready_offset_bytes,
+        ack_offset=ipc.ack_offset_bytes,
+    )

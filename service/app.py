@@ -22,6 +22,7 @@ from service.convert import DTYPE_TO_PB
 from service.engine import Engine, RequestLimits
 from service.grpc_server import create_server, set_serving
 from service.http_app import create_http_app
+from service.ipc_setup import setup_ipc
 from service.settings import MiB, ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -41,7 +42,7 @@ def load_model(settings: ServerSettings) -> tuple[VisionEncoder, PreprocessConfi
 
 def build_engine(settings: ServerSettings) -> Engine:
     encoder, preprocess = load_model(settings)
-    return Engine(
+    engine = Engine(
         encoder,
         preprocess,
         settings.media_limits(),
@@ -54,6 +55,8 @@ def build_engine(settings: ServerSettings) -> Engine:
         preprocess_workers=settings.preprocess_workers,
         max_inflight_requests=settings.max_inflight_requests,
     )
+    engine.ipc_status = setup_ipc(settings, engine)
+    return engine
 
 
 def build_server_info(settings: ServerSettings, engine: Engine) -> pb.ServerInfo:
@@ -84,8 +87,8 @@ def build_server_info(settings: ServerSettings, engine: Engine) -> pb.ServerInfo
             max_aspect_ratio=media.max_aspect_ratio,
             formats=sorted(media.allowed_formats),
         ),
-        transports=[pb.TRANSPORT_SERIALIZED],
-        ipc_status="IPC transport not available in this build: serialized only",
+        transports=[pb.TRANSPORT_SERIALIZED] + ([pb.TRANSPORT_IPC] if engine.pool is not None else []),
+        ipc_status=engine.ipc_status,
         max_message_bytes=settings.max_message_mb * MiB,
         stream_chunk_bytes=settings.stream_chunk_mb * MiB,
     )
@@ -165,7 +168,9 @@ class Service:
         self.engine.begin_drain()
         idle = await self.engine.wait_idle(grace)
         logger.info("drained in %.2f s (%s)", time.monotonic() - started, "clean" if idle else "grace period over")
-        await self._grpc.stop(max(0.0, grace - (time.monotonic() - started)))
+        # Admitted requests are done; what is left are replies on the wire and IPC session streams (which
+        # never end by themselves), so the rest of the grace is short.
+        await self._grpc.stop(min(2.0, max(0.0, grace - (time.monotonic() - started))))
         if self._http is not None and self._http_task is not None:
             self._http.should_exit = True
             await self._http_task

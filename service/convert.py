@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from mmproc.transport import DTYPE_NAMES, stage_to_host, tensor_to_bytes
+from mmproc.transport.ipc_pool import PoolIdentity
 from mmproc.v1 import encoder_pb2 as pb
 from service.engine import EncodedImage
 
@@ -57,3 +58,27 @@ def serialized_chunks(
                 offset=offset,
                 data=view[offset : offset + chunk_bytes].tobytes(),
             )
+
+
+def ipc_reply(request_id: str, results: list[EncodedImage], pool: PoolIdentity) -> pb.EncodeImagesResponse:
+    """Descriptors only: the embeddings stay in the pool, the consumer reads them there."""
+    reply = pb.EncodeImagesResponse(request_id=request_id, transport=pb.TRANSPORT_IPC)
+    for result in results:
+        desc = result.descriptor
+        assert desc is not None
+        header = embedding_header(result)
+        header.ipc.CopyFrom(
+            pb.IpcDescriptor(
+                pool_id=pool.pool_id,
+                epoch=pool.epoch,
+                device_uuid=pool.device_uuid,
+                lease_id=desc.lease_id,
+                generation=desc.generation,
+                offset_bytes=desc.offset,
+                nbytes=desc.nbytes,
+                ready_offset_bytes=desc.ready_offset,
+                ack_offset_bytes=desc.ack_offset,
+            )
+        )
+        reply.embeddings.append(header)
+    return reply

@@ -19,6 +19,8 @@ from mmproc.media import MediaLimits, decode_image
 from mmproc.model import VisionEncoder
 from mmproc.preprocess import PreprocessConfig, preprocess_image
 from mmproc.runner import BatchStats, EncoderRunner, RunnerConfig
+from mmproc.transport.ipc_pool import IpcPool, SliceDescriptor
+from mmproc.transport.leases import Lease, UnknownSessionError
 from mmproc.types import PreprocessedImage
 
 logger = logging.getLogger(__name__)
@@ -33,12 +35,14 @@ class RequestLimits:
 
 @dataclass(frozen=True)
 class EncodedImage:
-    """One image's result. `embedding` is (num_tokens, hidden) on the encoder's device, in its dtype."""
+    """One image's result. `embedding` is (num_tokens, hidden) on the encoder's device, in its dtype;
+    `descriptor` is set when it lies in the IPC pool (then `embedding` is a view of the pool)."""
 
     index: int
     grid_hw: tuple[int, int]
     num_tokens: int
     embedding: torch.Tensor
+    descriptor: SliceDescriptor | None = None
 
 
 def prepare_image(data: bytes, limits: MediaLimits, config: PreprocessConfig) -> PreprocessedImage:
@@ -73,6 +77,9 @@ class Engine:
         )
         self._max_inflight = max_inflight_requests
         self._inflight = 0
+        self.pool: IpcPool | None = None
+        self.ipc_fallbacks = 0
+        self.ipc_status = "IPC not set up: serialized only"
         self.ready = False
         self.draining = False
         self.batches_run = 0
@@ -109,6 +116,9 @@ class Engine:
     def close(self) -> None:
         self._runner.stop()
         self._executor.shutdown(wait=True, cancel_futures=True)
+        if self.pool is not None:
+            self._lease_waiters.shutdown(wait=True, cancel_futures=True)
+            self.pool.close()
 
     # -- requests -----------------------------------------------------------------------------------
 
@@ -131,8 +141,14 @@ class Engine:
                 reason=Reason.REQUEST_TOO_LARGE,
             )
 
-    async def encode(self, images: list[bytes], request_id: str, deadline: float | None = None) -> list[EncodedImage]:
-        """Encode all images of one request, or raise a typed mmproc error. `deadline` is time.monotonic()."""
+    async def encode(
+        self, images: list[bytes], request_id: str, deadline: float | None = None, *, ipc_session: str | None = None
+    ) -> list[EncodedImage]:
+        """Encode all images of one request, or raise a typed mmproc error. `deadline` is time.monotonic().
+
+        With `ipc_session` (and a pool attached) the embeddings are written into a pool lease owned by that
+        consumer session and carry descriptors; without a lease they come back as plain device tensors.
+        """
         if not self.ready or self.draining:
             raise UnavailableError("server is draining" if self.draining else "server is not ready")
         self.check_request(images)
@@ -147,15 +163,83 @@ class Engine:
                     f"request needs {total_patches} patches, limit {self.request_limits.max_patches}",
                     reason=Reason.TOO_MANY_PATCHES,
                 )
-            future = self._runner.submit(prepared, deadline)
-            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            lease = await self._lease(ipc_session, prepared, deadline, request_id) if ipc_session else None
             try:
-                embeddings = await asyncio.wait_for(asyncio.wrap_future(future), timeout)
-            except asyncio.TimeoutError:
-                raise DeadlineExceededError(f"request {request_id} did not finish before its deadline") from None
-            return [EncodedImage(i, p.grid_hw, p.num_tokens, e) for i, (p, e) in enumerate(zip(prepared, embeddings))]
+                embeddings = await self._run(prepared, deadline, request_id, lease)
+            except BaseException:
+                if lease is not None:  # the runner's writes to it are stream-ordered before any later lease's
+                    self.pool.leases.abandon(lease)
+                raise
+            descriptors = self._descriptors(prepared, lease) if lease is not None else [None] * len(prepared)
+            return [
+                EncodedImage(i, p.grid_hw, p.num_tokens, e, d)
+                for i, (p, e, d) in enumerate(zip(prepared, embeddings, descriptors))
+            ]
         finally:
             self._inflight -= 1
+
+    async def _run(
+        self, prepared: list[PreprocessedImage], deadline: float | None, request_id: str, lease: Lease | None
+    ) -> list[torch.Tensor]:
+        output = on_written = None
+        if lease is not None:
+            pool, hidden, dtype = self.pool, self.encoder.output_dim, self.encoder.dtype
+            output = lambda rows: pool.destination(lease, rows, hidden, dtype)  # noqa: E731
+            on_written = lambda: pool.mark_ready(lease)  # noqa: E731
+        future = self._runner.submit(prepared, deadline, output=output, on_written=on_written)
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        try:
+            return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+        except asyncio.TimeoutError:
+            raise DeadlineExceededError(f"request {request_id} did not finish before its deadline") from None
+
+    # -- IPC ----------------------------------------------------------------------------------------
+
+    def attach_ipc_pool(self, pool: IpcPool, *, fallback: bool) -> None:
+        """Serve IPC requests from `pool`. fallback: when the pool stays full, reply serialized instead of
+        RESOURCE_EXHAUSTED."""
+        self.pool = pool
+        self._ipc_fallback = fallback
+        self._lease_waiters = ThreadPoolExecutor(max_workers=8, thread_name_prefix="mmproc-lease")
+
+    async def _lease(
+        self, session: str, prepared: list[PreprocessedImage], deadline: float | None, request_id: str
+    ) -> Lease | None:
+        """A pool lease for the whole request, or None to reply serialized.
+
+        Waits for space at most half of the time left before the deadline (the other half is for the work),
+        off the event loop; then falls back (counted, logged once) or refuses, as configured.
+        """
+        if self.pool is None:
+            return None
+        nbytes = sum(p.num_tokens for p in prepared) * self.encoder.output_dim * self.encoder.dtype.itemsize
+        now = time.monotonic()
+        wait_until = now + (deadline - now) / 2 if deadline is not None else now + 1.0
+        loop = asyncio.get_running_loop()
+        try:
+            lease = await loop.run_in_executor(
+                self._lease_waiters, lambda: self.pool.leases.acquire(session, nbytes, deadline=wait_until)
+            )
+        except UnknownSessionError:
+            logger.info("request %s: IPC session %s is unknown or closed; replying serialized", request_id, session)
+            self.ipc_fallbacks += 1
+            return None
+        if lease is not None:
+            return lease
+        if not self._ipc_fallback:
+            raise ResourceExhaustedError(f"IPC pool full: no {nbytes}-byte slice freed in time")
+        self.ipc_fallbacks += 1
+        if self.ipc_fallbacks == 1:
+            logger.warning("IPC pool full past the wait: replying serialized (counted in ipc fallbacks; logged once)")
+        return None
+
+    def _descriptors(self, prepared: list[PreprocessedImage], lease: Lease) -> list[SliceDescriptor]:
+        row_bytes = self.encoder.output_dim * self.encoder.dtype.itemsize
+        out, row = [], 0
+        for image in prepared:
+            out.append(self.pool.descriptor(lease, row, image.num_tokens, row_bytes))
+            row += image.num_tokens
+        return out
 
     async def _prepare_all(self, images: list[bytes]) -> list[PreprocessedImage]:
         loop = asyncio.get_running_loop()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import time
@@ -14,13 +15,19 @@ from grpc_reflection.v1alpha import reflection
 from mmproc.errors import ResourceExhaustedError
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
-from service.convert import serialized_chunks, serialized_payloads, serialized_reply
+from service.convert import ipc_reply, serialized_chunks, serialized_payloads, serialized_reply
 from service.engine import EncodedImage, Engine
 from service.errors import map_error, to_grpc_status
+from service.session import run_session
 
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Encoder"].full_name
+
+
+async def _off_loop(fn, *args):
+    """Blocking work (device-to-host staging, byte copies) runs in the default executor, not on the loop."""
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
 class ReplyTooLargeError(ResourceExhaustedError):
@@ -39,7 +46,13 @@ class EncoderServicer(pb_grpc.EncoderServicer):
         request_id = request.request_id or uuid.uuid4().hex[:16]
         remaining = context.time_remaining()
         budget = self._default_deadline_s if remaining is None else remaining
-        results = await self._engine.encode(list(request.images), request_id, time.monotonic() + budget)
+        wants_ipc = request.transport != pb.TRANSPORT_SERIALIZED and bool(request.consumer.session_id)
+        results = await self._engine.encode(
+            list(request.images),
+            request_id,
+            time.monotonic() + budget,
+            ipc_session=request.consumer.session_id if wants_ipc else None,
+        )
         return request_id, results
 
     async def EncodeImages(
@@ -47,7 +60,10 @@ class EncoderServicer(pb_grpc.EncoderServicer):
     ) -> pb.EncodeImagesResponse:
         try:
             request_id, results = await self._run(request, context)
-            payloads = serialized_payloads(results)
+            if results and results[0].descriptor is not None:
+                assert self._engine.pool is not None
+                return ipc_reply(request_id, results, self._engine.pool.identity)
+            payloads = await _off_loop(serialized_payloads, results)
             size = sum(len(p) for p in payloads)
             if size > self._info.max_message_bytes - 64 * 1024:
                 raise ReplyTooLargeError(
@@ -62,7 +78,7 @@ class EncoderServicer(pb_grpc.EncoderServicer):
     async def EncodeImagesStream(self, request: pb.EncodeImagesRequest, context: grpc.aio.ServicerContext):
         try:
             request_id, results = await self._run(request, context)
-            payloads = serialized_payloads(results)
+            payloads = await _off_loop(serialized_payloads, results)
         except Exception as exc:
             await self._abort(context, request, exc)
             return
@@ -71,6 +87,10 @@ class EncoderServicer(pb_grpc.EncoderServicer):
 
     async def GetServerInfo(self, request: pb.GetServerInfoRequest, context: grpc.aio.ServicerContext) -> pb.ServerInfo:
         return self._info
+
+    async def Session(self, requests, context: grpc.aio.ServicerContext):
+        async for event in run_session(self._engine.pool, requests, context):
+            yield event
 
     async def _abort(
         self, context: grpc.aio.ServicerContext, request: pb.EncodeImagesRequest, exc: BaseException

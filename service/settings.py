@@ -1,13 +1,14 @@
 """All settings of `mmproc serve`, in one pydantic-settings model.
 
 Sources, highest priority first: CLI flags, `MMPROC_*` environment variables (e.g. MMPROC_DEVICE=cuda:0,
-MMPROC_IPC_POOL_MB=1024), an optional JSON config file (`--config FILE` / MMPROC_CONFIG_FILE), defaults.
+MMPROC_IPC_POOL_MB=1024), an optional JSON or TOML config file (`--config FILE` / MMPROC_CONFIG_FILE), defaults.
 Built once at the edge and passed down as plain frozen dataclasses; nothing below reads the environment.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -39,6 +40,9 @@ class ServerSettings(BaseSettings):
     # Transport
     transport: Literal["auto", "ipc", "serialized"] = "auto"
     ipc_pool_mb: int = Field(512, ge=1, le=1 << 20)
+    ipc_word_slots: int = Field(1024, ge=1, le=1 << 20, description="bound on IPC leases in flight")
+    ipc_ttl_s: float = Field(60.0, gt=0, description="backstop: a lease older than this is reclaimed")
+    ipc_fallback: bool = Field(True, description="pool full past the wait: serialized reply (else RESOURCE_EXHAUSTED)")
     max_message_mb: int = Field(64, ge=1, le=2047, description="gRPC message cap, both directions")
     stream_chunk_mb: int = Field(4, ge=1, le=64)
 
@@ -61,8 +65,11 @@ class ServerSettings(BaseSettings):
 
     # Lifecycle and logs
     grace_period_s: float = Field(30.0, ge=0, le=3600, description="drain time after SIGTERM")
+    max_connection_age_s: float = Field(
+        0, ge=0, description="close gRPC connections after this age so that dns:/// clients find new replicas; 0: never"
+    )
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    log_json: bool = False
+    log_json: bool = Field(False, description="log JSON lines instead of text")
 
     @field_validator("device")
     @classmethod
@@ -109,27 +116,55 @@ class ServerSettings(BaseSettings):
 
 
 def load_settings(config_file: Path | None = None, **overrides: object) -> ServerSettings:
-    """Settings from defaults < config file < environment < explicit overrides (CLI flags).
+    """Settings from defaults < config file (JSON or TOML) < environment < explicit overrides (CLI flags).
 
-    Raises ConfigError naming the bad setting(s).
+    Raises ConfigError naming each bad setting the way it was given (--flag, MMPROC_* variable or file key).
     """
     from pydantic import ValidationError
 
-    file_values: dict[str, object] = {}
-    if config_file is not None:
-        try:
-            file_values = json.loads(Path(config_file).read_text())
-        except (OSError, ValueError) as exc:
-            raise ConfigError(f"config file {config_file}: {exc}") from exc
-        if not isinstance(file_values, dict):
-            raise ConfigError(f"config file {config_file}: expected a JSON object")
+    file_values = read_config_file(config_file) if config_file is not None else {}
+    given = {k: v for k, v in overrides.items() if v is not None}
     try:
         env_only = ServerSettings()  # defaults + environment
-        merged = {**file_values, **_explicit(env_only), **{k: v for k, v in overrides.items() if v is not None}}
-        return ServerSettings(**merged)
+        return ServerSettings(**{**file_values, **_explicit(env_only), **given})
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'settings'}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(
+            f"{_source(e['loc'], given, file_values, config_file)}: {e['msg']}" for e in exc.errors()
+        )
         raise ConfigError(f"invalid settings: {problems}") from None
+
+
+def read_config_file(path: Path) -> dict[str, object]:
+    """A flat JSON object or TOML table of settings; `.toml` files are TOML, anything else JSON."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+        if path.suffix == ".toml":
+            import tomllib  # Python >= 3.11
+
+            values = tomllib.loads(text)
+        else:
+            values = json.loads(text)
+    except (OSError, ValueError, ImportError) as exc:
+        raise ConfigError(f"config file {path}: {exc}") from exc
+    if not isinstance(values, dict):
+        raise ConfigError(f"config file {path}: expected a JSON object of settings")
+    return values
+
+
+def _source(loc: tuple, given: dict[str, object], file_values: dict[str, object], config_file: Path | None) -> str:
+    """Where the bad value came from, named so that the operator can find it."""
+    if not loc:
+        return "settings"
+    name = str(loc[0])
+    env = f"MMPROC_{name.upper()}"
+    if name in given:
+        return f"--{name.replace('_', '-')} ({name})"
+    if any(key.upper() == env for key in os.environ):
+        return f"{env} ({name})"
+    if name in file_values:
+        return f"config file {config_file}: {name}"
+    return name
 
 
 def _explicit(settings: ServerSettings) -> dict[str, object]:

@@ -65,6 +65,8 @@ class ServiceThread:
         return f"http://127.0.0.1:{self.service.http_port}"
 
     def stop(self, timeout: float = 60) -> None:
+        if not self._thread.is_alive():
+            return
         if self._loop is not None and self.service is not None:
             self._loop.call_soon_threadsafe(self.service.stop)
         self._thread.join(timeout)

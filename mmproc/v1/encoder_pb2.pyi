@@ -28,16 +28,80 @@ DTYPE_BFLOAT16: DType
 DTYPE_FLOAT16: DType
 
 class ConsumerInfo(_message.Message):
-    __slots__ = ("session_id", "device_uuid", "pid", "hostname")
+    __slots__ = ("session_id", "device_uuid")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
-    PID_FIELD_NUMBER: _ClassVar[int]
-    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     device_uuid: str
+    def __init__(self, session_id: _Optional[str] = ..., device_uuid: _Optional[str] = ...) -> None: ...
+
+class SessionHello(_message.Message):
+    __slots__ = ("pid", "hostname", "boot_id", "pid_namespace", "device_uuid")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    HOSTNAME_FIELD_NUMBER: _ClassVar[int]
+    BOOT_ID_FIELD_NUMBER: _ClassVar[int]
+    PID_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
     pid: int
     hostname: str
-    def __init__(self, session_id: _Optional[str] = ..., device_uuid: _Optional[str] = ..., pid: _Optional[int] = ..., hostname: _Optional[str] = ...) -> None: ...
+    boot_id: str
+    pid_namespace: int
+    device_uuid: str
+    def __init__(self, pid: _Optional[int] = ..., hostname: _Optional[str] = ..., boot_id: _Optional[str] = ..., pid_namespace: _Optional[int] = ..., device_uuid: _Optional[str] = ...) -> None: ...
+
+class LeaseRelease(_message.Message):
+    __slots__ = ("lease_ids", "unread")
+    LEASE_IDS_FIELD_NUMBER: _ClassVar[int]
+    UNREAD_FIELD_NUMBER: _ClassVar[int]
+    lease_ids: _containers.RepeatedScalarFieldContainer[int]
+    unread: bool
+    def __init__(self, lease_ids: _Optional[_Iterable[int]] = ..., unread: _Optional[bool] = ...) -> None: ...
+
+class SessionRequest(_message.Message):
+    __slots__ = ("hello", "release")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    RELEASE_FIELD_NUMBER: _ClassVar[int]
+    hello: SessionHello
+    release: LeaseRelease
+    def __init__(self, hello: _Optional[_Union[SessionHello, _Mapping]] = ..., release: _Optional[_Union[LeaseRelease, _Mapping]] = ...) -> None: ...
+
+class PoolInfo(_message.Message):
+    __slots__ = ("pool_id", "epoch", "device_uuid", "ipc_handle", "pool_bytes", "num_word_slots")
+    POOL_ID_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    IPC_HANDLE_FIELD_NUMBER: _ClassVar[int]
+    POOL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    NUM_WORD_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    pool_id: str
+    epoch: int
+    device_uuid: str
+    ipc_handle: bytes
+    pool_bytes: int
+    num_word_slots: int
+    def __init__(self, pool_id: _Optional[str] = ..., epoch: _Optional[int] = ..., device_uuid: _Optional[str] = ..., ipc_handle: _Optional[bytes] = ..., pool_bytes: _Optional[int] = ..., num_word_slots: _Optional[int] = ...) -> None: ...
+
+class SessionOpened(_message.Message):
+    __slots__ = ("session_id", "pool")
+    SESSION_ID_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    session_id: str
+    pool: PoolInfo
+    def __init__(self, session_id: _Optional[str] = ..., pool: _Optional[_Union[PoolInfo, _Mapping]] = ...) -> None: ...
+
+class SessionRefused(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class SessionEvent(_message.Message):
+    __slots__ = ("opened", "refused")
+    OPENED_FIELD_NUMBER: _ClassVar[int]
+    REFUSED_FIELD_NUMBER: _ClassVar[int]
+    opened: SessionOpened
+    refused: SessionRefused
+    def __init__(self, opened: _Optional[_Union[SessionOpened, _Mapping]] = ..., refused: _Optional[_Union[SessionRefused, _Mapping]] = ...) -> None: ...
 
 class EncodeImagesRequest(_message.Message):
     __slots__ = ("images", "request_id", "transport", "consumer")

@@ -49,6 +49,11 @@ class EncoderStub:
                 request_serializer=mmproc_dot_v1_dot_encoder__pb2.GetServerInfoRequest.SerializeToString,
                 response_deserializer=mmproc_dot_v1_dot_encoder__pb2.ServerInfo.FromString,
                 _registered_method=True)
+        self.Session = channel.stream_stream(
+                '/mmproc.v1.Encoder/Session',
+                request_serializer=mmproc_dot_v1_dot_encoder__pb2.SessionRequest.SerializeToString,
+                response_deserializer=mmproc_dot_v1_dot_encoder__pb2.SessionEvent.FromString,
+                _registered_method=True)
 
 
 class EncoderServicer:
@@ -76,6 +81,15 @@ class EncoderServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Session(self, request_iterator, context):
+        """A consumer process's IPC session, held open for the life of the process. The first message is a
+        SessionHello; the server answers SessionOpened (pool identity and handle) or SessionRefused. Later
+        messages release leases. When the stream ends, every lease of the session is reclaimed.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EncoderServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -93,6 +107,11 @@ def add_EncoderServicer_to_server(servicer, server):
                     servicer.GetServerInfo,
                     request_deserializer=mmproc_dot_v1_dot_encoder__pb2.GetServerInfoRequest.FromString,
                     response_serializer=mmproc_dot_v1_dot_encoder__pb2.ServerInfo.SerializeToString,
+            ),
+            'Session': grpc.stream_stream_rpc_method_handler(
+                    servicer.Session,
+                    request_deserializer=mmproc_dot_v1_dot_encoder__pb2.SessionRequest.FromString,
+                    response_serializer=mmproc_dot_v1_dot_encoder__pb2.SessionEvent.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -176,6 +195,33 @@ class Encoder:
             '/mmproc.v1.Encoder/GetServerInfo',
             mmproc_dot_v1_dot_encoder__pb2.GetServerInfoRequest.SerializeToString,
             mmproc_dot_v1_dot_encoder__pb2.ServerInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Session(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/mmproc.v1.Encoder/Session',
+            mmproc_dot_v1_dot_encoder__pb2.SessionRequest.SerializeToString,
+            mmproc_dot_v1_dot_encoder__pb2.SessionEvent.FromString,
             options,
             channel_credentials,
             insecure,

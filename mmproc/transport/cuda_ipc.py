@@ -1,0 +1,116 @@
+"""Thin wrappers over the CUDA runtime calls the IPC transport needs (through CuPy, imported lazily).
+
+Kept in one file so the rest of the transport reads as Python and so that a machine without CUDA or
+CuPy can import everything else. Device numbering: every function takes the *local* device index of
+the calling process; GPUs are matched across processes by UUID, never by index, because two processes
+can see different CUDA_VISIBLE_DEVICES.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+IPC_HANDLE_BYTES = 64
+
+
+def cupy_or_none() -> Any | None:
+    try:
+        import cupy  # noqa: PLC0415 - optional, CUDA hosts only
+    except Exception:  # ImportError, or a CuPy that cannot find its CUDA libraries
+        return None
+    return cupy
+
+
+def ipc_unavailable_reason() -> str | None:
+    """None when CUDA IPC can be attempted here, else why not (for logs and GetServerInfo)."""
+    if not torch.cuda.is_available():
+        return "CUDA is not available"
+    if cupy_or_none() is None:
+        return "CuPy is not installed (pip install 'mmproc[cuda]')"
+    return None
+
+
+def device_uuid(index: int) -> str:
+    """The GPU's UUID in nvidia-smi's spelling ("GPU-xxxxxxxx-...")."""
+    uuid = str(torch.cuda.get_device_properties(index).uuid)
+    return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
+
+
+def device_index_by_uuid(uuid: str) -> int | None:
+    for index in range(torch.cuda.device_count()):
+        if device_uuid(index) == uuid:
+            return index
+    return None
+
+
+def malloc_exportable(nbytes: int, index: int) -> tuple[int, bytes]:
+    """cudaMalloc on device `index` (not through torch's caching allocator, so the pointer is the base of
+    its own allocation and the handle maps exactly it) and its IPC handle."""
+    cupy = cupy_or_none()
+    assert cupy is not None, "CuPy is required for CUDA IPC"
+    with cupy.cuda.Device(index):
+        ptr = cupy.cuda.runtime.malloc(nbytes)
+        handle = bytes(cupy.cuda.runtime.ipcGetMemHandle(ptr))
+    return ptr, handle
+
+
+def free(ptr: int, index: int) -> None:
+    cupy = cupy_or_none()
+    assert cupy is not None
+    with cupy.cuda.Device(index):
+        cupy.cuda.runtime.free(ptr)
+
+
+def open_handle(handle: bytes, index: int) -> int:
+    """Map another process's allocation into this process, on OUR device `index` (peer access enabled
+    lazily when the memory lives on another GPU). Never touches the producer's device index, so no
+    context is created on the producer's GPU."""
+    cupy = cupy_or_none()
+    assert cupy is not None, "CuPy is required for CUDA IPC"
+    if len(handle) != IPC_HANDLE_BYTES:
+        raise ValueError(f"an IPC handle has {IPC_HANDLE_BYTES} bytes, got {len(handle)}")
+    with cupy.cuda.Device(index):
+        return int(cupy.cuda.runtime.ipcOpenMemHandle(handle, cupy.cuda.runtime.cudaIpcMemLazyEnablePeerAccess))
+
+
+def close_handle(ptr: int, index: int) -> None:
+    cupy = cupy_or_none()
+    assert cupy is not None
+    with cupy.cuda.Device(index):
+        cupy.cuda.runtime.ipcCloseMemHandle(ptr)
+
+
+def wrap(ptr: int, nbytes: int, index: int, owner: object) -> torch.Tensor:
+    """A zero-copy (nbytes,) uint8 torch tensor over device memory at `ptr`; `owner` is kept alive by it."""
+    cupy = cupy_or_none()
+    assert cupy is not None
+    memory = cupy.cuda.UnownedMemory(ptr, nbytes, owner, device_id=index)
+    array = cupy.ndarray((nbytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(memory, 0))
+    return torch.as_tensor(array, device=torch.device("cuda", index))
+
+
+def stream_wait_value64(stream: torch.cuda.Stream, address: int, value: int) -> bool:
+    """Make `stream` wait (on the GPU, no host block) until the int64 at `address` equals `value`.
+
+    Uses the driver's cuStreamWaitValue64 through cuda-python when it is installed; returns False when it
+    is not, and the caller polls instead.
+    """
+    try:
+        from cuda.bindings import driver  # noqa: PLC0415 - optional
+    except Exception:
+        return False
+    (err,) = driver.cuStreamWaitValue64(
+        driver.CUstream(stream.cuda_stream),
+        driver.CUdeviceptr(address),
+        driver.cuuint64_t(value),
+        driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_EQ,
+    )
+    if err != driver.CUresult.CUDA_SUCCESS:
+        logger.warning("cuStreamWaitValue64 failed (%s); polling instead", err)
+        return False
+    return True

@@ -1,0 +1,137 @@
+"""The consumer side of the CUDA IPC transport: the handle cache and stream-ordered read/ack.
+
+A consumer process opens the producer's pool once per (pool id, epoch, its own GPU) and keeps the mapping:
+opening costs ~0.1 ms on one GPU and ~9 ms across GPUs, and per-request opens cut SGLang's TP4 throughput
+2.7x. The pool is opened on the consumer's own device (never the producer's index, which may not even
+mean the same GPU here). A new pool id or epoch (the producer restarted) misses the cache; the old
+mapping is closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from mmproc.errors import DeadlineExceededError
+from mmproc.transport import cuda_ipc
+from mmproc.transport.ipc_pool import WORD_BYTES, PoolIdentity, SliceDescriptor
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class HandleCacheStats:
+    opens: int = 0
+    closes: int = 0
+    open_failures: int = 0
+
+
+class OpenedPool:
+    """A producer pool mapped into this process on `device`."""
+
+    def __init__(self, identity: PoolIdentity, device: torch.device) -> None:
+        self.identity = identity
+        self.device = device
+        self._index = device.index if device.index is not None else torch.cuda.current_device()
+        self._ptr = cuda_ipc.open_handle(identity.ipc_handle, self._index)
+        self.memory = cuda_ipc.wrap(self._ptr, identity.pool_bytes, self._index, owner=self)
+        self.words = self.memory[: identity.num_word_slots * 2 * WORD_BYTES].view(torch.int64).view(-1, 2)
+        self.closed = False
+
+    def view(self, desc: SliceDescriptor, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        """Zero-copy view of one embedding; only valid between wait_ready and ack."""
+        return self.memory[desc.offset : desc.offset + desc.nbytes].view(dtype).view(shape)
+
+    def wait_ready(self, desc: SliceDescriptor, stream: torch.cuda.Stream, timeout_s: float) -> None:
+        """Order `stream` after the producer's ready write for this lease generation.
+
+        On the GPU (cuStreamWaitValue64) when cuda-python is present; else the host polls the word, bounded
+        by `timeout_s`.
+        """
+        slot = desc.ready_offset // (2 * WORD_BYTES)
+        if cuda_ipc.stream_wait_value64(stream, self._ptr + desc.ready_offset, desc.generation):
+            return
+        deadline = time.monotonic() + timeout_s
+        word = self.words[slot, 0]
+        with torch.cuda.stream(stream):
+            while int(word.item()) != desc.generation:
+                if time.monotonic() > deadline:
+                    raise DeadlineExceededError(f"lease {desc.lease_id} was not ready within {timeout_s:.1f} s")
+                time.sleep(20e-6)
+
+    def ack(self, desc: SliceDescriptor, stream: torch.cuda.Stream) -> None:
+        """Enqueue ack[slot] = generation on `stream`, after every read of the slice already enqueued there."""
+        slot = desc.ack_offset // (2 * WORD_BYTES)
+        with torch.cuda.stream(stream):
+            self.words[slot, 1].fill_(desc.generation)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            torch.cuda.synchronize(self.device)
+            del self.words, self.memory
+            cuda_ipc.close_handle(self._ptr, self._index)
+
+
+@dataclass
+class HandleCache:
+    """Opened pools by (pool id, epoch, consumer GPU uuid). `enabled=False` opens and closes per request
+    (only for the A/B benchmark: it is what the peers shipped)."""
+
+    enabled: bool = True
+    stats: HandleCacheStats = field(default_factory=HandleCacheStats)
+    _pools: dict[tuple[str, int, str], OpenedPool] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def acquire(self, identity: PoolIdentity, device: torch.device) -> OpenedPool:
+        """The open pool for `identity` on `device`; opens it (retrying once) on a miss."""
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        key = (identity.pool_id, identity.epoch, cuda_ipc.device_uuid(index))
+        with self._lock:
+            pool = self._pools.get(key) if self.enabled else None
+            if pool is not None:
+                return pool
+            for stale in [k for k in self._pools if k[2] == key[2] and k[:2] != key[:2]]:
+                self._close(stale)  # the producer restarted: its old mapping is dead
+            pool = self._open(identity, device)
+            if self.enabled:
+                self._pools[key] = pool
+            return pool
+
+    def release(self, pool: OpenedPool) -> None:
+        """Per-request mode only: close what `acquire` opened."""
+        if not self.enabled:
+            pool.close()
+            self.stats.closes += 1
+
+    def invalidate(self, pool_id: str) -> None:
+        with self._lock:
+            for key in [k for k in self._pools if k[0] == pool_id]:
+                self._close(key)
+
+    def close_all(self) -> None:
+        with self._lock:
+            for key in list(self._pools):
+                self._close(key)
+
+    def _open(self, identity: PoolIdentity, device: torch.device) -> OpenedPool:
+        for attempt in (1, 2):
+            try:
+                pool = OpenedPool(identity, device)
+            except Exception as exc:
+                self.stats.open_failures += 1
+                logger.warning("opening IPC pool %s failed (attempt %d): %s", identity.pool_id, attempt, exc)
+                if attempt == 2:
+                    raise
+            else:
+                self.stats.opens += 1
+                return pool
+        raise AssertionError("unreachable")
+
+    def _close(self, key: tuple[str, int, str]) -> None:
+        self._pools.pop(key).close()
+        self.stats.closes += 1

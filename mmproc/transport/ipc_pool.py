@@ -1,0 +1,192 @@
+"""The producer side of the CUDA IPC transport: one pool, exported once, handed out in leases.
+
+Layout of the single allocation (`pool_bytes`, never grows):
+
+    [0, words_bytes)            num_word_slots x (ready: int64, ack: int64)
+    [words_bytes, pool_bytes)   data, cut into slices by the SliceAllocator (LeaseTable)
+
+Hand-off of one lease (generation g, word slot s), all ordering on the GPU, none on the host:
+1. The runner writes the request's embeddings into the slice, then `mark_ready` enqueues `ready[s] = g`
+   on the same stream: it lands after the data.
+2. The reply carries (offset, nbytes, s, g). The consumer's stream waits until ready[s] == g, copies (or
+   reads), then writes ack[s] = g on its stream: it lands after its reads.
+3. The consumer's host sends "released" over its session; that alone frees nothing. The reclaimer reads
+   the ack words (one 8 KiB device read on a side stream) and frees a released lease only when
+   ack[s] == g. A consumer process that dies takes its GPU work with it: its session's leases are freed
+   when its session stream ends. A TTL is the last resort.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+
+import torch
+
+from mmproc.transport import cuda_ipc
+from mmproc.transport.allocator import SliceAllocator
+from mmproc.transport.leases import Lease, LeaseStats, LeaseTable
+
+logger = logging.getLogger(__name__)
+
+WORD_BYTES = 8
+_PAGE = 4096
+
+
+@dataclass(frozen=True)
+class PoolConfig:
+    pool_bytes: int = 512 << 20
+    num_word_slots: int = 1024  # bound on leases in flight
+    alignment: int = 256
+    ttl_s: float = 60.0
+    max_sessions: int = 1024
+    reclaim_interval_s: float = 0.0005  # how often pending acks are read while any are pending
+
+    def __post_init__(self) -> None:
+        if self.pool_bytes < self.words_bytes + self.alignment:
+            raise ValueError(f"ipc pool of {self.pool_bytes} bytes is too small for {self.num_word_slots} word slots")
+
+    @property
+    def words_bytes(self) -> int:
+        raw = self.num_word_slots * 2 * WORD_BYTES
+        return (raw + _PAGE - 1) // _PAGE * _PAGE
+
+
+@dataclass(frozen=True)
+class PoolIdentity:
+    """What a consumer needs to open the pool once (the gRPC layer copies it into PoolInfo)."""
+
+    pool_id: str
+    epoch: int
+    device_uuid: str
+    ipc_handle: bytes
+    pool_bytes: int
+    num_word_slots: int
+    data_offset: int
+
+
+@dataclass(frozen=True)
+class SliceDescriptor:
+    """Where one image's embedding lies in the pool (absolute byte offsets)."""
+
+    lease_id: int
+    generation: int
+    offset: int
+    nbytes: int
+    ready_offset: int
+    ack_offset: int
+
+
+class IpcPool:
+    """Owns the pool memory on `device`, its lease table and the reclaimer thread."""
+
+    def __init__(self, device: torch.device, config: PoolConfig) -> None:
+        if device.type != "cuda":
+            raise ValueError("the IPC pool lives on a CUDA device")
+        self.device = device
+        self.config = config
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        self._index = index
+        self._ptr, handle = cuda_ipc.malloc_exportable(config.pool_bytes, index)
+        self.memory = cuda_ipc.wrap(self._ptr, config.pool_bytes, index, owner=self)  # (pool_bytes,) uint8
+        self.words = self.memory[: config.words_bytes].view(torch.int64)[: 2 * config.num_word_slots].view(-1, 2)
+        self.words.zero_()
+        torch.cuda.synchronize(device)
+        self.identity = PoolIdentity(
+            pool_id=uuid.uuid4().hex,
+            epoch=time.time_ns(),
+            device_uuid=cuda_ipc.device_uuid(index),
+            ipc_handle=handle,
+            pool_bytes=config.pool_bytes,
+            num_word_slots=config.num_word_slots,
+            data_offset=config.words_bytes,
+        )
+        allocator = SliceAllocator(config.pool_bytes - config.words_bytes, alignment=config.alignment)
+        self.leases = LeaseTable(
+            allocator, num_word_slots=config.num_word_slots, ttl_s=config.ttl_s, max_sessions=config.max_sessions
+        )
+        self._ack_host = torch.empty(config.num_word_slots, dtype=torch.int64, pin_memory=True)
+        self._reader = torch.cuda.Stream(device)
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._reclaim_loop, name="mmproc-ipc-reclaim", daemon=True)
+        self._thread.start()
+        logger.info(
+            "IPC pool %s: %d MiB on %s (%s), %d word slots",
+            self.identity.pool_id,
+            config.pool_bytes >> 20,
+            device,
+            self.identity.device_uuid,
+            config.num_word_slots,
+        )
+
+    # -- producer API (runner thread / request path) ------------------------------------------------
+
+    def destination(self, lease: Lease, rows: int, hidden: int, dtype: torch.dtype) -> torch.Tensor:
+        """The lease's slice as a contiguous (rows, hidden) tensor of `dtype` (zero copy)."""
+        nbytes = rows * hidden * torch.empty((), dtype=dtype).element_size()
+        if nbytes > lease.nbytes:
+            raise ValueError(f"lease {lease.lease_id} holds {lease.nbytes} bytes, {nbytes} needed")
+        start = self.identity.data_offset + lease.offset
+        return self.memory[start : start + nbytes].view(dtype).view(rows, hidden)
+
+    def mark_ready(self, lease: Lease) -> None:
+        """Enqueue ready[slot] = generation on the current stream, after the writes already enqueued."""
+        self.words[lease.slot, 0].fill_(lease.generation)
+
+    def descriptor(self, lease: Lease, row_start: int, rows: int, row_bytes: int) -> SliceDescriptor:
+        return SliceDescriptor(
+            lease_id=lease.lease_id,
+            generation=lease.generation,
+            offset=self.identity.data_offset + lease.offset + row_start * row_bytes,
+            nbytes=rows * row_bytes,
+            ready_offset=lease.slot * 2 * WORD_BYTES,
+            ack_offset=lease.slot * 2 * WORD_BYTES + WORD_BYTES,
+        )
+
+    def notify_released(self) -> None:
+        """A consumer said it released leases: read the ack words soon."""
+        self._wake.set()
+
+    def stats(self) -> LeaseStats:
+        return self.leases.stats()
+
+    # -- reclaimer ----------------------------------------------------------------------------------
+
+    def reclaim_once(self) -> int:
+        """Read the ack words of released leases and free those whose ack matches; expire past the TTL."""
+        freed = 0
+        pending = self.leases.pending_ack_slots()
+        if pending:
+            with torch.cuda.stream(self._reader):  # a side stream: never waits for the encoder's work
+                self._ack_host.copy_(self.words[:, 1], non_blocking=True)
+            self._reader.synchronize()
+            acks = self._ack_host.tolist()
+            freed += len(self.leases.confirm_acks({slot: acks[slot] for slot in pending}))
+        freed += len(self.leases.expire())
+        return freed
+
+    def _reclaim_loop(self) -> None:
+        last_expire = time.monotonic()
+        while not self._stopping:
+            pending = bool(self.leases.pending_ack_slots())
+            self._wake.wait(self.config.reclaim_interval_s if pending else 1.0)
+            self._wake.clear()
+            try:
+                if pending or self.leases.pending_ack_slots() or time.monotonic() - last_expire > 1.0:
+                    self.reclaim_once()
+                    last_expire = time.monotonic()
+            except Exception:  # never let the reclaimer die silently; the TTL still bounds leaks
+                logger.exception("IPC reclaimer failed; retrying")
+                time.sleep(0.1)
+
+    def close(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join(5)
+        torch.cuda.synchronize(self.device)
+        del self.words, self.memory
+        cuda_ipc.free(self._ptr, self._index)

@@ -1,0 +1,83 @@
+"""The consumer-session stream of the IPC transport (gRPC `Session`): hello -> pool identity, releases,
+and reclaim of every lease of the session when its stream ends (the consumer exited or was killed)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+
+import grpc
+
+from mmproc.transport.ipc_pool import IpcPool
+from mmproc.transport.leases import LeaseNotOwnedError, UnknownLeaseError
+from mmproc.transport.node import node_identity
+from mmproc.v1 import encoder_pb2 as pb
+
+logger = logging.getLogger(__name__)
+
+
+def refusal(hello: pb.SessionHello) -> str | None:
+    """Why this consumer cannot use CUDA IPC with us, or None. Legacy CUDA IPC handles need the same node
+    and, under containers, a shared PID namespace (Kubernetes: shareProcessNamespace: true)."""
+    hostname, boot_id, pid_ns = node_identity()
+    if hello.boot_id and boot_id and hello.boot_id != boot_id:
+        return f"consumer runs on another node ({hello.hostname}), not {hostname}"
+    if hello.pid_namespace and pid_ns and hello.pid_namespace != pid_ns:
+        return "consumer is in a different PID namespace; share it (shareProcessNamespace: true) or use serialized"
+    return None
+
+
+def pool_info(pool: IpcPool) -> pb.PoolInfo:
+    ident = pool.identity
+    return pb.PoolInfo(
+        pool_id=ident.pool_id,
+        epoch=ident.epoch,
+        device_uuid=ident.device_uuid,
+        ipc_handle=ident.ipc_handle,
+        pool_bytes=ident.pool_bytes,
+        num_word_slots=ident.num_word_slots,
+    )
+
+
+async def run_session(
+    pool: IpcPool | None, requests: AsyncIterator[pb.SessionRequest], context: grpc.aio.ServicerContext
+) -> AsyncIterator[pb.SessionEvent]:
+    first = await anext(requests, None)
+    if first is None or first.WhichOneof("kind") != "hello":
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first Session message must be a hello")
+        return
+    hello = first.hello
+    reason = "this server has no IPC pool" if pool is None else refusal(hello)
+    if reason is not None:
+        logger.info("IPC session from pid %d@%s refused: %s", hello.pid, hello.hostname, reason)
+        yield pb.SessionEvent(refused=pb.SessionRefused(reason=reason))
+        return
+    assert pool is not None
+    session_id = pool.leases.open_session(f"pid {hello.pid}@{hello.hostname} on {hello.device_uuid}")
+    logger.info("IPC session %s opened for pid %d@%s (%s)", session_id, hello.pid, hello.hostname, hello.device_uuid)
+    try:
+        yield pb.SessionEvent(opened=pb.SessionOpened(session_id=session_id, pool=pool_info(pool)))
+        async for message in requests:
+            if message.WhichOneof("kind") != "release":
+                continue
+            for lease_id in message.release.lease_ids:
+                try:
+                    if message.release.unread:
+                        _abandon_unread(pool, session_id, lease_id)
+                    else:
+                        pool.leases.release(session_id, lease_id)
+                except (UnknownLeaseError, LeaseNotOwnedError) as exc:
+                    logger.warning("IPC session %s: bad release of lease %d: %s", session_id, lease_id, exc)
+            pool.notify_released()
+    finally:
+        reclaimed = pool.leases.close_session(session_id)
+        logger.info("IPC session %s closed; %d leases reclaimed", session_id, len(reclaimed))
+
+
+def _abandon_unread(pool: IpcPool, session_id: str, lease_id: int) -> None:
+    """The consumer never mapped the pool, so nothing of it can still be reading: free at once."""
+    for lease in pool.leases.live_leases():
+        if lease.lease_id == lease_id and lease.session_id == session_id:
+            pool.leases.abandon(lease)
+            return
+    raise UnknownLeaseError(lease_id)
