@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Transport benchmarks on the GPU host: a K2.5-shaped server (random weights, bf16) and `mmproc bench serve`
+# in its own process. 4 seeded 512x512 images per request -> 4 x 361 tokens x 7168 x bf16 = 20.7 MB.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+PORT=${PORT:-50151}
+python3 -m service.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto \
+  --grpc-address 127.0.0.1:$PORT --http-address "" --ipc-pool-mb 1024 > "$OUT/server.log" 2>&1 &
+server=$!
+trap 'kill -TERM $server 2>/dev/null; wait $server' EXIT
+python3 - "$PORT" <<'PY'
+import sys, time, grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(f"127.0.0.1:{sys.argv[1]}"))
+for _ in range(600):
+    try:
+        if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
+            print("server SERVING"); break
+    except grpc.RpcError:
+        pass
+    time.sleep(0.5)
+else:
+    sys.exit("server never became SERVING")
+PY
+common=(--target 127.0.0.1:$PORT --device cuda:0 --images-per-request 4 --resolutions 512x512 --format jpeg
+        --requests 200 --warmup 20 --concurrency 1 --quiet)
+python3 -m service.bench.serve "${common[@]}" --compare transport --rounds 2 --json "$OUT/serve_transport.json"
+python3 -m service.bench.serve "${common[@]}" --transport ipc --compare handle-cache --rounds 2 \
+  --json "$OUT/serve_handle_cache.json"
+python3 -m service.bench.serve "${common[@]}" --transport ipc --concurrency 8 --requests 400 \
+  --json "$OUT/serve_ipc_c8.json"
+python3 -m service.bench.serve --transport-microbench --device cuda:0 --microbench-mb 20 --reps 50 \
+  --json "$OUT/d2h.json"
+grep -E "IPC|transport|reclaimed|ERROR" "$OUT/server.log" | head -20
