@@ -10,7 +10,7 @@ if [ -d .whl ]; then
   export PYTHONPATH=/tmp/site:$PWD
 fi
 {
-  date -u; git rev-parse HEAD 2>/dev/null || true; nvidia-smi --query-gpu=name,uuid,driver_version --format=csv
+  date -u; echo "commit ${MMPROC_COMMIT:-unknown}"; nvidia-smi --query-gpu=name,uuid,driver_version --format=csv
   python3 -c "import torch, cupy, google.protobuf, grpc; print('torch', torch.__version__, 'cupy', cupy.__version__, 'protobuf', google.protobuf.__version__, 'grpc', grpc.__version__)"
   python3 -c "from cuda.bindings import driver; print('cuda-python driver bindings: ok')" || echo "no cuda-python: consumers poll the ready word"
 } 2>&1 | tee "$OUT/ipc_tests.log"
