@@ -9,6 +9,11 @@
 (a ValueError with .index, .reason, .http_status == 400), ResourceExhaustedError, UnavailableError,
 DeadlineExceededError, InternalError. Serialized replies are received as a stream of chunks, so replies
 larger than one gRPC message still arrive.
+
+Several servers: pass a list of targets (calls rotate over them) or one name that resolves to several
+addresses, e.g. "dns:///mmproc-pool:50051" (gRPC's round_robin policy spreads calls over all of them).
+UNAVAILABLE is retried — on the next target — with exponential backoff and jitter within the call's
+timeout; INVALID_ARGUMENT never is. See `mmproc.client_retry.RetryPolicy` (`retry=NO_RETRY` turns it off).
 """
 
 from __future__ import annotations
@@ -19,19 +24,24 @@ import os
 import queue
 import threading
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
+from typing import TypeVar
 
 import grpc
 import torch
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
+from mmproc.client_auth import aio_bearer, bearer_channel
+from mmproc.client_retry import RetryPolicy, Rotation, acall_with_retry, call_with_retry
 from mmproc.errors import (
     DeadlineExceededError,
     InternalError,
     InvalidMediaError,
     MmprocError,
     ResourceExhaustedError,
+    StaleSessionError,
+    UnauthenticatedError,
     UnavailableError,
 )
 from mmproc.transport import bytes_to_tensor, tensor_nbytes
@@ -49,13 +59,16 @@ _ERRORS_BY_CODE: dict[grpc.StatusCode, type[MmprocError]] = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
     grpc.StatusCode.UNAVAILABLE: UnavailableError,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
+    grpc.StatusCode.FAILED_PRECONDITION: StaleSessionError,
+    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
 }
 
 
-def _channel_options(max_message_bytes: int) -> list[tuple[str, int]]:
+def _channel_options(max_message_bytes: int) -> list[tuple[str, int | str]]:
     return [
         ("grpc.max_receive_message_length", max_message_bytes),
         ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.lb_policy_name", "round_robin"),  # every address a name resolves to, not just the first
     ]
 
 
@@ -114,6 +127,49 @@ def _request(images: Sequence[bytes], request_id: str | None, transport: str) ->
     )
 
 
+T = TypeVar("T")
+
+
+class _Targets:
+    """One channel per target; each call goes to the next target and is retried per `RetryPolicy`
+    (mmproc.client_retry). `make_channel` is grpc.insecure_channel or grpc.aio.insecure_channel."""
+
+    def __init__(self, target: str | Sequence[str], make_channel: Callable, retry: RetryPolicy | None) -> None:
+        targets = [target] if isinstance(target, str) else list(target)
+        if not targets:
+            raise ValueError("no target given")
+        self.channels = [make_channel(t) for t in targets]
+        self.stubs = [pb_grpc.EncoderStub(channel) for channel in self.channels]
+        self._rotation = Rotation(self.stubs)
+        self.retry = retry or RetryPolicy()
+
+    def _failed(self, index: int, err: grpc.RpcError) -> MmprocError:
+        error = error_from_rpc(err)
+        if isinstance(error, UnavailableError):
+            self._rotation.failed(index)
+        return error
+
+    def call(self, fn: Callable[[pb_grpc.EncoderStub, float], T], timeout: float) -> T:
+        def attempt(seconds: float) -> T:
+            index, stub = self._rotation.pick()
+            try:
+                return fn(stub, seconds)
+            except grpc.RpcError as err:
+                raise self._failed(index, err) from None
+
+        return call_with_retry(attempt, self.retry, timeout)
+
+    async def acall(self, fn: Callable[[pb_grpc.EncoderStub, float], Awaitable[T]], timeout: float) -> T:
+        async def attempt(seconds: float) -> T:
+            index, stub = self._rotation.pick()
+            try:
+                return await fn(stub, seconds)
+            except grpc.RpcError as err:
+                raise self._failed(index, err) from None
+
+        return await acall_with_retry(attempt, self.retry, timeout)
+
+
 def _check_images(images: Iterable[bytes]) -> list[bytes]:
     images = list(images)
     for i, data in enumerate(images):
@@ -127,24 +183,29 @@ class EncoderClient:
 
     def __init__(
         self,
-        target: str,
+        target: str | Sequence[str],
         *,
         device: str | torch.device = "cpu",
         transport: str = "auto",
         timeout: float = 60.0,
         max_message_bytes: int = 64 << 20,
         handle_cache: bool = True,
+        retry: RetryPolicy | None = None,
+        token: str | None = None,
     ) -> None:
         """transport: "auto" (CUDA IPC when this process and the server share a node, a PID namespace and
         CUDA, else serialized), "ipc" (the same, but say so loudly when it falls back) or "serialized".
-        handle_cache=False opens and closes the server's pool for every request (A/B benchmarks only)."""
+        handle_cache=False opens and closes the server's pool for every request (A/B benchmarks only).
+        token: the server's `auth_token`, sent as `authorization: Bearer <token>` on every call."""
         if transport not in _TRANSPORTS:
             raise ValueError(f"transport must be one of {sorted(_TRANSPORTS)}, got {transport!r}")
         self.device = torch.device(device)
         self.transport = transport
         self.timeout = timeout
-        self._channel = grpc.insecure_channel(target, options=_channel_options(max_message_bytes))
-        self._stub = pb_grpc.EncoderStub(self._channel)
+        options = _channel_options(max_message_bytes)
+        channel = lambda t: bearer_channel(grpc.insecure_channel(t, options=options), token)  # noqa: E731
+        self._targets = _Targets(target, channel, retry)
+        self._stub = self._targets.stubs[0]  # the IPC session talks to the first target (IPC is same-node)
         self._ipc = _IpcClient(self._stub, self.device, handle_cache) if self._wants_ipc() else None
 
     def _wants_ipc(self) -> bool:
@@ -218,10 +279,16 @@ class EncoderClient:
         self, images: list[bytes], request_id: str | None, timeout: float | None
     ) -> Iterator[list[torch.Tensor] | None]:
         assert self._ipc is not None
-        try:
-            reply = self._ipc.request(images, request_id or uuid.uuid4().hex[:16], timeout or self.timeout)
-        except grpc.RpcError as err:
-            raise error_from_rpc(err) from None
+        request_id = request_id or uuid.uuid4().hex[:16]
+        for attempt in (1, 2):
+            try:
+                reply = self._ipc.request(images, request_id, timeout or self.timeout)
+                break
+            except grpc.RpcError as err:
+                error = error_from_rpc(err)
+                if not isinstance(error, StaleSessionError) or attempt == 2:
+                    raise error from None
+                self._ipc.reset()  # the server restarted or dropped our session: open a new one, once
         if reply is None:  # no session (refused, or the server has no pool)
             yield None
             return
@@ -235,24 +302,25 @@ class EncoderClient:
         self, images: list[bytes], request_id: str | None, timeout: float | None
     ) -> list[torch.Tensor]:
         request = _request(images, request_id, "serialized")
-        assembler = _Assembler(len(images), self.device)
-        try:
-            for chunk in self._stub.EncodeImagesStream(request, timeout=timeout or self.timeout):
+
+        def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> list[torch.Tensor]:
+            assembler = _Assembler(len(images), self.device)
+            for chunk in stub.EncodeImagesStream(request, timeout=seconds):
                 assembler.add(chunk)
-        except grpc.RpcError as err:
-            raise error_from_rpc(err) from None
-        return assembler.tensors()
+            return assembler.tensors()
+
+        return self._targets.call(attempt, timeout or self.timeout)
 
     def server_info(self, timeout: float | None = None) -> pb.ServerInfo:
-        try:
-            return self._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=timeout or self.timeout)
-        except grpc.RpcError as err:
-            raise error_from_rpc(err) from None
+        request = pb.GetServerInfoRequest()
+        timeout = timeout or self.timeout
+        return self._targets.call(lambda stub, seconds: stub.GetServerInfo(request, timeout=seconds), timeout)
 
     def close(self) -> None:
         if self._ipc is not None:
             self._ipc.close()
-        self._channel.close()
+        for channel in self._targets.channels:
+            channel.close()
 
     def __enter__(self) -> EncoderClient:
         return self
@@ -266,40 +334,48 @@ class AsyncEncoderClient:
 
     def __init__(
         self,
-        target: str,
+        target: str | Sequence[str],
         *,
         device: str | torch.device = "cpu",
         transport: str = "auto",
         timeout: float = 60.0,
         max_message_bytes: int = 64 << 20,
+        retry: RetryPolicy | None = None,
+        token: str | None = None,
     ) -> None:
         self.device = torch.device(device)
         self.transport = transport
         self.timeout = timeout
-        self._channel = grpc.aio.insecure_channel(target, options=_channel_options(max_message_bytes))
-        self._stub = pb_grpc.EncoderStub(self._channel)
+        options = _channel_options(max_message_bytes)
+        interceptors = aio_bearer(token)
+        channel = lambda t: grpc.aio.insecure_channel(t, options=options, interceptors=interceptors)  # noqa: E731
+        self._targets = _Targets(target, channel, retry)
 
     async def encode_images(
         self, images: Sequence[bytes], *, request_id: str | None = None, timeout: float | None = None
     ) -> list[torch.Tensor]:
         images = _check_images(images)
         request = _request(images, request_id, self.transport)
-        assembler = _Assembler(len(images), self.device)
-        try:
-            async for chunk in self._stub.EncodeImagesStream(request, timeout=timeout or self.timeout):
+
+        async def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> list[torch.Tensor]:
+            assembler = _Assembler(len(images), self.device)
+            async for chunk in stub.EncodeImagesStream(request, timeout=seconds):
                 assembler.add(chunk)
-        except grpc.RpcError as err:
-            raise error_from_rpc(err) from None
-        return assembler.tensors()
+            return assembler.tensors()
+
+        return await self._targets.acall(attempt, timeout or self.timeout)
 
     async def server_info(self, timeout: float | None = None) -> pb.ServerInfo:
-        try:
-            return await self._stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=timeout or self.timeout)
-        except grpc.RpcError as err:
-            raise error_from_rpc(err) from None
+        request = pb.GetServerInfoRequest()
+
+        async def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> pb.ServerInfo:
+            return await stub.GetServerInfo(request, timeout=seconds)
+
+        return await self._targets.acall(attempt, timeout or self.timeout)
 
     async def close(self) -> None:
-        await self._channel.close()
+        for channel in self._targets.channels:
+            await channel.close()
 
     async def __aenter__(self) -> AsyncEncoderClient:
         return self
@@ -363,6 +439,8 @@ class _IpcClient:
             opened = first.opened
             info = opened.pool
             self._outbox, self._call, self.session_id = outbox, call, opened.session_id
+            # The stream only ends when the server goes away; notice it at once rather than on the next request.
+            threading.Thread(target=self._watch, args=(call,), name="mmproc-ipc-session", daemon=True).start()
             self.identity = PoolIdentity(
                 pool_id=info.pool_id,
                 epoch=info.epoch,
@@ -373,6 +451,23 @@ class _IpcClient:
                 data_offset=0,
             )
             return self.session_id
+
+    def _watch(self, call) -> None:
+        with contextlib.suppress(grpc.RpcError):
+            for _ in call:
+                pass
+        with self._lock:
+            if self._call is call:
+                self._call = None
+
+    def reset(self) -> None:
+        """Forget the session (the server no longer holds it); the next request opens a new one."""
+        with self._lock:
+            if self._outbox is not None:
+                self._outbox.put(None)
+            if self._call is not None:
+                self._call.cancel()
+            self._outbox = self._call = self.session_id = None
 
     def request(self, images: list[bytes], request_id: str, timeout: float) -> pb.EncodeImagesResponse | None:
         session = self._session()

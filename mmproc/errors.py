@@ -58,6 +58,14 @@ class InvalidMediaError(MmprocError, ValueError):
         """The same error, naming the image's position in its request."""
         return InvalidMediaError(self.message, reason=self.reason, index=index)
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keyword-only arguments defeat BaseException's default pickling; decode workers send these back.
+        return _rebuild_invalid_media, (self.message, self.reason, self.index)
+
+
+def _rebuild_invalid_media(message: str, reason: str, index: int) -> InvalidMediaError:
+    return InvalidMediaError(message, reason=reason, index=index)
+
 
 class ResourceExhaustedError(MmprocError):
     """Queue or pool full past the deadline: HTTP 429 / RESOURCE_EXHAUSTED. Safe to retry later."""
@@ -71,10 +79,24 @@ class UnavailableError(MmprocError):
     http_status = 503
 
 
+class UnauthenticatedError(MmprocError):
+    """The server wants a bearer token (`auth_token`) and the call had none or a wrong one: HTTP 401 /
+    UNAUTHENTICATED."""
+
+    http_status = 401
+
+
 class DeadlineExceededError(MmprocError, TimeoutError):
     """The request's deadline passed before its embeddings were ready: HTTP 504 / DEADLINE_EXCEEDED."""
 
     http_status = 504
+
+
+class StaleSessionError(MmprocError):
+    """The request names an IPC session the server does not hold (it restarted, or the session stream
+    ended): HTTP 409 / FAILED_PRECONDITION. The client opens a new session and sends the request again."""
+
+    http_status = 409
 
 
 class InternalError(MmprocError):

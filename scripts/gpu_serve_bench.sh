@@ -22,13 +22,16 @@ for _ in range(600):
 else:
     sys.exit("server never became SERVING")
 PY
+REQUESTS=${REQUESTS:-200}
 common=(--target 127.0.0.1:$PORT --device cuda:0 --images-per-request 4 --resolutions 512x512 --format jpeg
-        --requests 200 --warmup 20 --concurrency 1 --quiet)
+        --requests "$REQUESTS" --warmup 20 --concurrency 1 --quiet)
 python3 -m service.bench.serve "${common[@]}" --compare transport --rounds 2 --json "$OUT/serve_transport.json"
 python3 -m service.bench.serve "${common[@]}" --transport ipc --compare handle-cache --rounds 2 \
   --json "$OUT/serve_handle_cache.json"
+if [ -z "${QUICK:-}" ]; then
 python3 -m service.bench.serve "${common[@]}" --transport ipc --concurrency 8 --requests 400 \
   --json "$OUT/serve_ipc_c8.json"
+fi
 python3 -m service.bench.serve --transport-microbench --device cuda:0 --microbench-mb 20 --reps 50 \
   --json "$OUT/d2h.json"
 grep -E "IPC|transport|reclaimed|ERROR" "$OUT/server.log" | head -20

@@ -1,7 +1,8 @@
 """The request pipeline, free of gRPC/HTTP: bytes -> validate/decode -> preprocess -> runner -> embeddings.
 
 Both front ends (gRPC and HTTP) call `Engine.encode`. Decoding and preprocessing run off the event loop
-in a bounded thread pool; the model runs on the runner's single thread that owns the device.
+in the decode pool (isolated worker processes or threads, service/decode_pool.py); the model runs on the
+runner's single thread that owns the device.
 """
 
 from __future__ import annotations
@@ -14,14 +15,25 @@ from dataclasses import dataclass
 
 import torch
 
-from mmproc.errors import DeadlineExceededError, InvalidMediaError, Reason, ResourceExhaustedError, UnavailableError
-from mmproc.media import MediaLimits, decode_image
+from mmproc.errors import (
+    DeadlineExceededError,
+    InvalidMediaError,
+    Reason,
+    ResourceExhaustedError,
+    StaleSessionError,
+    UnavailableError,
+)
+from mmproc.media import MediaLimits
 from mmproc.model import VisionEncoder
 from mmproc.preprocess import PreprocessConfig, preprocess_image
 from mmproc.runner import BatchStats, EncoderRunner, RunnerConfig
 from mmproc.transport.ipc_pool import IpcPool, SliceDescriptor
 from mmproc.transport.leases import Lease, UnknownSessionError
 from mmproc.types import PreprocessedImage
+from service.admission import check_patch_budget
+from service.decode_pool import DecodePool, DecodePoolConfig
+from service.decode_worker import Prepared, prepare_image  # noqa: F401 - moved there (runs in a worker process)
+from service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +57,6 @@ class EncodedImage:
     descriptor: SliceDescriptor | None = None
 
 
-def prepare_image(data: bytes, limits: MediaLimits, config: PreprocessConfig) -> PreprocessedImage:
-    """Validate, decode and preprocess one image (runs in a worker thread)."""
-    return preprocess_image(decode_image(data, limits).image, config)
-
-
 class Engine:
     def __init__(
         self,
@@ -61,12 +68,14 @@ class Engine:
         *,
         preprocess_workers: int = 2,
         max_inflight_requests: int = 256,
+        metrics: Metrics | None = None,
+        decode: DecodePoolConfig | None = None,
     ) -> None:
         self.encoder = encoder
         self.preprocess = preprocess
         self.media_limits = media_limits
         self.request_limits = request_limits
-        self._executor = ThreadPoolExecutor(max_workers=preprocess_workers, thread_name_prefix="mmproc-decode")
+        self.decode_pool = DecodePool(media_limits, preprocess, decode or DecodePoolConfig(workers=preprocess_workers))
         self._runner = EncoderRunner(
             encoder,
             runner_config,
@@ -83,11 +92,14 @@ class Engine:
         self.ready = False
         self.draining = False
         self.batches_run = 0
+        self.metrics = metrics or Metrics()
+        self.metrics.track(queue_images=lambda: self._runner.queued_images, inflight_requests=lambda: self._inflight)
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
     def start(self, warmup: bool = True) -> None:
         """Start the runner and run one forward so that the first request pays no lazy set-up."""
+        self.decode_pool.start()
         self._runner.start()
         if warmup:
             started = time.monotonic()
@@ -115,7 +127,7 @@ class Engine:
 
     def close(self) -> None:
         self._runner.stop()
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        self.decode_pool.close()
         if self.pool is not None:
             self._lease_waiters.shutdown(wait=True, cancel_futures=True)
             self.pool.close()
@@ -131,7 +143,7 @@ class Engine:
             )
 
     def check_request(self, images: list[bytes]) -> None:
-        """Request-level limits, checked before any image is touched."""
+        """Request-level limits, checked before any image is decoded (patches: from the headers)."""
         limits = self.request_limits
         self.check_image_count(len(images))
         total = sum(len(data) for data in images)
@@ -140,6 +152,7 @@ class Engine:
                 f"request carries {total} bytes of images, limit {limits.max_request_bytes}",
                 reason=Reason.REQUEST_TOO_LARGE,
             )
+        check_patch_budget(images, self.preprocess, limits.max_patches)
 
     async def encode(
         self, images: list[bytes], request_id: str, deadline: float | None = None, *, ipc_session: str | None = None
@@ -156,7 +169,7 @@ class Engine:
             raise ResourceExhaustedError(f"too many requests in flight (limit {self._max_inflight})")
         self._inflight += 1
         try:
-            prepared = await self._prepare_all(images)
+            prepared = await self._prepare_all(images, deadline)
             total_patches = sum(p.num_patches for p in prepared)
             if total_patches > self.request_limits.max_patches:
                 raise InvalidMediaError(
@@ -182,14 +195,25 @@ class Engine:
         self, prepared: list[PreprocessedImage], deadline: float | None, request_id: str, lease: Lease | None
     ) -> list[torch.Tensor]:
         output = on_written = None
+        written: list[torch.cuda.Event] = []
         if lease is not None:
             pool, hidden, dtype = self.pool, self.encoder.output_dim, self.encoder.dtype
             output = lambda rows: pool.destination(lease, rows, hidden, dtype)  # noqa: E731
-            on_written = lambda: pool.mark_ready(lease)  # noqa: E731
+
+            def on_written() -> None:  # runner thread, right after the request's last forward was enqueued
+                pool.mark_ready(lease)
+                written.append(torch.cuda.Event())
+                written[0].record()
+
         future = self._runner.submit(prepared, deadline, output=output, on_written=on_written)
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+            embeddings = await asyncio.wait_for(asyncio.wrap_future(future), timeout)
+            if written:
+                # Reply once the slice is written, so the consumer's wait on the ready word never stalls its
+                # stream on our compute; the ready word stays the stream-ordered guarantee.
+                await asyncio.get_running_loop().run_in_executor(self._lease_waiters, written[0].synchronize)
+            return embeddings
         except asyncio.TimeoutError:
             raise DeadlineExceededError(f"request {request_id} did not finish before its deadline") from None
 
@@ -221,9 +245,7 @@ class Engine:
                 self._lease_waiters, lambda: self.pool.leases.acquire(session, nbytes, deadline=wait_until)
             )
         except UnknownSessionError:
-            logger.info("request %s: IPC session %s is unknown or closed; replying serialized", request_id, session)
-            self.ipc_fallbacks += 1
-            return None
+            raise StaleSessionError(f"IPC session {session} is unknown or closed; open a new one") from None
         if lease is not None:
             return lease
         if not self._ipc_fallback:
@@ -241,19 +263,15 @@ class Engine:
             row += image.num_tokens
         return out
 
-    async def _prepare_all(self, images: list[bytes]) -> list[PreprocessedImage]:
-        loop = asyncio.get_running_loop()
-        tasks = [
-            loop.run_in_executor(self._executor, prepare_image, data, self.media_limits, self.preprocess)
-            for data in images
-        ]
-        results = await asyncio.gather(*tasks, return_exceptions=True)
-        for index, result in enumerate(results):  # report the first bad image by position
-            if isinstance(result, InvalidMediaError):
-                raise result.at_index(index)
-            if isinstance(result, BaseException):
-                raise result
-        return list(results)  # type: ignore[arg-type]
+    async def _prepare_all(self, images: list[bytes], deadline: float | None) -> list[PreprocessedImage]:
+        results = await self.decode_pool.prepare_all(images, deadline)  # the first bad image, by position
+        decode, preprocess = self.metrics.stage("decode"), self.metrics.stage("preprocess")
+        for result in results:
+            decode.observe(result.decode_s)
+            preprocess.observe(result.preprocess_s)
+        return [result.image for result in results]
 
     def _observe_batch(self, stats: BatchStats) -> None:
         self.batches_run += 1
+        if self.ready:  # the warm-up forward is not traffic
+            self.metrics.observe_batch(stats)

@@ -4,13 +4,19 @@ invalid media / bad request -> INVALID_ARGUMENT (400) with google.rpc.BadRequest
 queue or pool full          -> RESOURCE_EXHAUSTED (429)
 not ready / draining        -> UNAVAILABLE (503)
 deadline                    -> DEADLINE_EXCEEDED (504)
+missing/wrong bearer token  -> UNAUTHENTICATED (401), see service/auth.py
 anything else               -> INTERNAL (500), generic message; the traceback goes to the log only
+
+Every mapped failure is counted in `mmproc_rejections_total{reason}` and logged here, once: expected ones
+(4xx, 503, 504) as one INFO line without a traceback, unexpected ones as ERROR with it. The request id
+comes from the logging context (service.logs).
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import grpc
 from google.protobuf import any_pb2
@@ -22,8 +28,13 @@ from mmproc.errors import (
     InvalidMediaError,
     MmprocError,
     ResourceExhaustedError,
+    StaleSessionError,
+    UnauthenticatedError,
     UnavailableError,
 )
+
+if TYPE_CHECKING:
+    from service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
@@ -51,18 +62,31 @@ _CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
     (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
     (UnavailableError, grpc.StatusCode.UNAVAILABLE),
     (DeadlineExceededError, grpc.StatusCode.DEADLINE_EXCEEDED),
+    (UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
+    (StaleSessionError, grpc.StatusCode.FAILED_PRECONDITION),
 )
 
 
-def map_error(exc: BaseException, request_id: str = "-") -> MappedError:
-    """Classify any exception. Unexpected ones are logged here with their traceback, once."""
+def map_error(exc: BaseException, *, metrics: Metrics | None = None) -> MappedError:
+    """Classify any exception; count it as a rejection and log it (see the module docstring)."""
+    mapped = _classify(exc)
+    if mapped.grpc_code is grpc.StatusCode.INTERNAL:
+        logger.error("unexpected error", exc_info=exc)
+    else:
+        where = f" (image {mapped.index})" if mapped.index >= 0 else ""
+        logger.info("refused: %s %s%s: %s", mapped.grpc_code.name, mapped.reason, where, mapped.message)
+    if metrics is not None:
+        metrics.rejections.labels(mapped.reason).inc()
+    return mapped
+
+
+def _classify(exc: BaseException) -> MappedError:
     if isinstance(exc, InvalidMediaError):
         return MappedError(grpc.StatusCode.INVALID_ARGUMENT, 400, exc.message, exc.reason, exc.index)
     for cls, code in _CODES:
         if isinstance(exc, cls):
             assert isinstance(exc, MmprocError)
             return MappedError(code, exc.http_status, str(exc), code.name.lower())
-    logger.error("request %s: unexpected error", request_id, exc_info=exc)
     return MappedError(grpc.StatusCode.INTERNAL, 500, INTERNAL_MESSAGE, "internal")
 
 

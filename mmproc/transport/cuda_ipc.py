@@ -94,7 +94,7 @@ def wrap(ptr: int, nbytes: int, index: int, owner: object) -> torch.Tensor:
     return torch.as_tensor(array, device=torch.device("cuda", index))
 
 
-def stream_wait_value64(stream: torch.cuda.Stream, address: int, value: int) -> bool:
+def stream_wait_value64(stream: torch.cuda.Stream, address: int, value: int, index: int) -> bool:
     """Make `stream` wait (on the GPU, no host block) until the int64 at `address` equals `value`.
 
     Uses the driver's cuStreamWaitValue64 through cuda-python when it is installed; returns False when it
@@ -104,6 +104,9 @@ def stream_wait_value64(stream: torch.cuda.Stream, address: int, value: int) -> 
         from cuda.bindings import driver  # noqa: PLC0415 - optional
     except Exception:
         return False
+    cupy = cupy_or_none()
+    if cupy is not None:
+        cupy.cuda.runtime.setDevice(index)  # the driver call needs the device's primary context current here
     (err,) = driver.cuStreamWaitValue64(
         driver.CUstream(stream.cuda_stream),
         driver.CUdeviceptr(address),

@@ -53,7 +53,7 @@ class OpenedPool:
         by `timeout_s`.
         """
         slot = desc.ready_offset // (2 * WORD_BYTES)
-        if cuda_ipc.stream_wait_value64(stream, self._ptr + desc.ready_offset, desc.generation):
+        if cuda_ipc.stream_wait_value64(stream, self._ptr + desc.ready_offset, desc.generation, self._index):
             return
         deadline = time.monotonic() + timeout_s
         word = self.words[slot, 0]
