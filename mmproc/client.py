@@ -402,7 +402,7 @@ class _IpcClient:
         self._device = device
         self._index = device.index if device.index is not None else torch.cuda.current_device()
         self._uuid = device_uuid(self._index)
-        self._cache = HandleCache(enabled=handle_cache)
+        self._cache = HandleCache.process_wide() if handle_cache else HandleCache(enabled=False)
         self._lock = threading.Lock()
         self._outbox: queue.Queue[pb.SessionRequest | None] | None = None
         self._call = None
@@ -522,7 +522,8 @@ class _IpcClient:
             self._outbox.put(None)
         if self._call is not None:
             self._call.cancel()
-        self._cache.close_all()
+        if not self._cache.enabled:
+            self._cache.close_all()  # the process-wide cache lives as long as the process
 
 
 def _descriptor(ipc: pb.IpcDescriptor) -> SliceDescriptor:

@@ -202,7 +202,14 @@ class EncoderRunner:
                 )
             self._queue.extend(_Item(job, i, image) for i, image in enumerate(images))
             self._cond.notify()
+        future.add_done_callback(self._drop_if_cancelled)
         return future
+
+    def _drop_if_cancelled(self, future: Future) -> None:
+        """A cancelled request's queued images leave the queue at once, freeing their slots (and memory)."""
+        if future.cancelled():
+            with self._cond:
+                self._queue = deque(item for item in self._queue if item.job.future is not future)
 
     # -- worker -------------------------------------------------------------------------------------
 

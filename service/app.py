@@ -1,4 +1,5 @@
-"""`mmproc serve`: build the engine from settings, run gRPC + HTTP, drain on SIGTERM/SIGINT."""
+"""`mmproc serve`: bind gRPC + HTTP (NOT_SERVING), load and warm up the model in a thread, then SERVING;
+on SIGTERM/SIGINT report NOT_SERVING first, drain in-flight work within the grace period, and stop."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import json
 import logging
 import signal
 import socket
-import sys
+import threading
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 import torch
 import uvicorn
@@ -18,12 +21,15 @@ import mmproc
 from mmproc.model import VisionEncoder, load_encoder
 from mmproc.preprocess import PreprocessConfig, load_preprocess_config
 from mmproc.v1 import encoder_pb2 as pb
+from service.auth import BearerToken, require_bearer_token
 from service.convert import DTYPE_TO_PB
 from service.engine import Engine, RequestLimits
 from service.grpc_server import create_server, set_serving
 from service.http_app import create_http_app
 from service.ipc_setup import setup_ipc
+from service.metrics import Metrics
 from service.settings import MiB, ServerSettings
+from service.state import ServingState
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +46,7 @@ def load_model(settings: ServerSettings) -> tuple[VisionEncoder, PreprocessConfi
     return encoder, preprocess
 
 
-def build_engine(settings: ServerSettings) -> Engine:
+def build_engine(settings: ServerSettings, metrics: Metrics | None = None) -> Engine:
     encoder, preprocess = load_model(settings)
     engine = Engine(
         encoder,
@@ -54,6 +60,8 @@ def build_engine(settings: ServerSettings) -> Engine:
         settings.runner_config(),
         preprocess_workers=settings.preprocess_workers,
         max_inflight_requests=settings.max_inflight_requests,
+        metrics=metrics,
+        decode=settings.decode_config(),
     )
     engine.ipc_status = setup_ipc(settings, engine)
     return engine
@@ -112,74 +120,171 @@ def _http_socket(address: str) -> socket.socket:
     return sock
 
 
-class Service:
-    """A running server. `start()` binds both addresses; `run_until_stopped()` serves until `stop()`."""
+T = TypeVar("T")
+EngineFactory = Callable[[ServerSettings, Metrics], Engine]
 
-    def __init__(self, settings: ServerSettings, engine: Engine) -> None:
+
+async def _in_daemon_thread(fn: Callable[[], T], name: str) -> T:
+    """`fn()` on its own daemon thread: a model load still running at exit never holds the process up
+    (the default executor would be joined at loop shutdown)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(setter: Callable[[object], None], value: object) -> None:
+        if not future.done():
+            setter(value)
+
+    def work() -> None:
+        try:
+            result = fn()
+        except BaseException as exc:
+            outcome: tuple[Callable, object] = (future.set_exception, exc)
+        else:
+            outcome = (future.set_result, result)
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=work, name=name, daemon=True).start()
+    return await future
+
+
+class Service:
+    """A running server. `start()` binds both addresses, reporting NOT_SERVING (/readyz 503), and loads the
+    model in a thread; once it is loaded and warmed up, health turns SERVING (`wait_ready()`).
+    `run_until_stopped()` serves until `stop()`, then drains (see `shutdown`)."""
+
+    def __init__(self, settings: ServerSettings, *, engine_factory: EngineFactory = build_engine) -> None:
         self.settings = settings
-        self.engine = engine
-        self.info = build_server_info(settings, engine)
+        self.metrics = Metrics()
+        self.state = ServingState(self.metrics)
+        self.metrics.ready.set_function(lambda: float(self.state.status == "ready"))
+        self._engine_factory = engine_factory
         self.grpc_port = 0
         self.http_port = 0
         self._stop = asyncio.Event()
+        self._loading: asyncio.Task | None = None
         self._http: _EmbeddedUvicorn | None = None
         self._http_task: asyncio.Task | None = None
 
+    @property
+    def engine(self) -> Engine:
+        return self.state.engine()
+
+    @property
+    def info(self) -> pb.ServerInfo:
+        return self.state.info()
+
     async def start(self) -> None:
         s = self.settings
+        token = BearerToken(s.auth_token.get_secret_value()) if s.auth_token is not None else None
         self._grpc, self.grpc_port, self._health = await create_server(
-            self.engine, self.info, s.grpc_address, default_deadline_s=s.default_deadline_s
+            self.state,
+            s.grpc_address,
+            max_message_bytes=s.max_message_mb * MiB,
+            default_deadline_s=s.default_deadline_s,
+            max_connection_age_s=s.max_connection_age_s,
+            auth_token=token,
+            # Room for health probes and IPC session streams above the engine's own in-flight limit.
+            max_concurrent_rpcs=2 * s.max_inflight_requests + 64,
         )
         if s.http_address:
             sock = _http_socket(s.http_address)
             self.http_port = sock.getsockname()[1]
             app = create_http_app(
-                self.engine, self.info, default_deadline_s=s.default_deadline_s, max_body_bytes=s.max_message_mb * MiB
+                self.state,
+                version=mmproc.__version__,
+                default_deadline_s=s.default_deadline_s,
+                max_body_bytes=s.max_message_mb * MiB,
             )
+            if token is not None:
+                require_bearer_token(app, token, self.metrics)
             config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
             self._http = _EmbeddedUvicorn(config)
             self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]))
-        await asyncio.get_running_loop().run_in_executor(None, self.engine.start)
-        await set_serving(self._health, True)
+            while not self._http.started and not self._http_task.done():
+                await asyncio.sleep(0.005)
         logger.info(
-            "serving %s (%s, %s on %s): gRPC %s (port %d), HTTP %s, transport %s",
-            self.info.model_name,
-            self.info.model_layout,
-            s.torch_dtype_name,
-            self.info.device,
+            "listening: gRPC %s (port %d), HTTP %s; NOT_SERVING until the model is loaded and warmed up",
             s.grpc_address,
             self.grpc_port,
             f"port {self.http_port}" if s.http_address else "off",
-            self.info.ipc_status,
         )
+        self._loading = asyncio.create_task(self._load())
+
+    async def _load(self) -> None:
+        def build_and_warm_up() -> Engine:
+            engine = self._engine_factory(self.settings, self.metrics)
+            engine.start()
+            return engine
+
+        started = time.monotonic()
+        engine = await _in_daemon_thread(build_and_warm_up, "mmproc-load")
+        self.state.publish(engine, build_server_info(self.settings, engine))
+        if self.state.draining:  # stopped while loading: never report SERVING
+            return
+        await set_serving(self._health, True)
+        info = self.info
+        logger.info(
+            "serving %s (%s, %s on %s) after %.1f s; transport %s",
+            info.model_name,
+            info.model_layout,
+            self.settings.torch_dtype_name,
+            info.device,
+            time.monotonic() - started,
+            info.ipc_status,
+        )
+
+    async def wait_ready(self) -> None:
+        """Return once SERVING; raise what loading the model raised."""
+        assert self._loading is not None, "start() first"
+        await asyncio.shield(self._loading)
 
     def stop(self) -> None:
         self._stop.set()
 
     async def run_until_stopped(self) -> None:
-        await self._stop.wait()
+        """Serve until stop(); drain; then re-raise a failed model load (so that `serve` exits non-zero)."""
+        assert self._loading is not None, "start() first"
+        stopping = asyncio.create_task(self._stop.wait())
+        await asyncio.wait({stopping, self._loading}, return_when=asyncio.FIRST_COMPLETED)
+        failed = self._loading.done() and not self._loading.cancelled() and self._loading.exception() is not None
+        if failed:
+            logger.error("loading the model failed: %s", self._loading.exception())
+        else:
+            await stopping
+        stopping.cancel()
         await self.shutdown()
+        if failed:
+            raise self._loading.exception()  # type: ignore[misc]
 
     async def shutdown(self) -> None:
         """Drain: NOT_SERVING first, refuse new work, finish in-flight work within the grace period."""
         grace = self.settings.grace_period_s
         started = time.monotonic()
+        self.state.draining = True
         await self._health.enter_graceful_shutdown()
-        self.engine.begin_drain()
-        idle = await self.engine.wait_idle(grace)
-        logger.info("drained in %.2f s (%s)", time.monotonic() - started, "clean" if idle else "grace period over")
+        engine = self.state.current
+        if engine is not None:
+            engine.begin_drain()
+            idle = await engine.wait_idle(grace)
+            logger.info("drained in %.2f s (%s)", time.monotonic() - started, "clean" if idle else "grace period over")
+        elif self._loading is not None and not self._loading.done():
+            logger.info("stopping while the model is still loading")
+            self._loading.cancel()
         # Admitted requests are done; what is left are replies on the wire and IPC session streams (which
         # never end by themselves), so the rest of the grace is short.
         await self._grpc.stop(min(2.0, max(0.0, grace - (time.monotonic() - started))))
         if self._http is not None and self._http_task is not None:
             self._http.should_exit = True
             await self._http_task
-        await asyncio.get_running_loop().run_in_executor(None, self.engine.close)
+        if engine is not None:  # a forward still running past the grace period is left to the process exit
+            left = max(0.5, grace - (time.monotonic() - started))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(_in_daemon_thread(engine.close, "mmproc-close"), left)
 
 
 async def serve(settings: ServerSettings) -> int:
-    engine = build_engine(settings)
-    service = Service(settings, engine)
+    service = Service(settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, service.stop)
@@ -187,27 +292,3 @@ async def serve(settings: ServerSettings) -> int:
     await service.run_until_stopped()
     logger.info("stopped")
     return 0
-
-
-def configure_logging(level: str, as_json: bool) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if as_json:
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel(level)
-
-
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "time": self.formatTime(record),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry)

@@ -1,4 +1,4 @@
-"""The `mmproc` command: serve, encode, config (and bench, see service/bench/)."""
+"""The `mmproc` command: serve, encode, config, health (and bench, see service/bench/)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -14,51 +15,30 @@ from mmproc.errors import ConfigError, MmprocError
 
 
 def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
-    add = parser.add_argument
-    add("--config", type=Path, dest="config_file", help="JSON file of settings (below env vars and flags)")
-    add("--model-path", type=Path, help="local Hugging Face checkpoint directory (Kimi-VL or Kimi K2.5)")
-    add("--model", help="embedded preset when no --model-path (default: tiny)")
-    add("--device", help="cpu | cuda | cuda:N")
-    add("--dtype", choices=["float32", "bfloat16", "float16"])
-    add("--grpc-address", help="HOST:PORT or unix:PATH (default 127.0.0.1:50051)")
-    add("--http-address", help="HOST:PORT (default 127.0.0.1:8080; empty string disables)")
-    add("--transport", choices=["auto", "ipc", "serialized"])
-    add("--ipc-pool-mb", type=int)
-    add("--max-batch-patches", type=int)
-    add("--preprocess-workers", type=int)
-    add("--grace-period-s", type=float)
-    add("--log-level", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
-    add("--log-json", action="store_const", const=True, default=None)
+    from service.flags import add_setting_flags
+
+    add_setting_flags(parser)  # one flag per ServerSettings field, plus --config
 
 
-_SETTING_FLAGS = [
-    "model_path",
-    "model",
-    "device",
-    "dtype",
-    "grpc_address",
-    "http_address",
-    "transport",
-    "ipc_pool_mb",
-    "max_batch_patches",
-    "preprocess_workers",
-    "grace_period_s",
-    "log_level",
-    "log_json",
-]
+def _config_file(args: argparse.Namespace) -> Path | None:
+    path = getattr(args, "config_file", None) or os.environ.get("MMPROC_CONFIG_FILE")
+    return Path(path) if path else None
 
 
 def _settings(args: argparse.Namespace):
+    from service.flags import setting_overrides
     from service.settings import load_settings
 
-    return load_settings(args.config_file, **{name: getattr(args, name) for name in _SETTING_FLAGS})
+    return load_settings(_config_file(args), **setting_overrides(args))
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from service.app import configure_logging, serve
+    from service.logs import configure_logging
 
-    settings = _settings(args)
+    settings = _settings(args)  # validated before the heavy imports: a bad setting fails in a blink
     configure_logging(settings.log_level, settings.log_json)
+    from service.app import serve
+
     return asyncio.run(serve(settings))
 
 
@@ -74,7 +54,8 @@ def cmd_encode(args: argparse.Namespace) -> int:
     from mmproc.transport import tensor_to_bytes
 
     images = [Path(p).read_bytes() for p in args.images]
-    with EncoderClient(args.target, timeout=args.timeout) as client:
+    token = args.token or os.environ.get("MMPROC_AUTH_TOKEN") or None  # the edge may read the environment
+    with EncoderClient(args.target, timeout=args.timeout, token=token) as client:
         try:
             embeddings = client.encode_images(images)
         except InvalidMediaError as err:
@@ -86,6 +67,39 @@ def cmd_encode(args: argparse.Namespace) -> int:
         dtype = str(emb.dtype).removeprefix("torch.")
         print(f"{path}\ttokens={emb.shape[0]}\tshape={tuple(emb.shape)}\tdtype={dtype}\tsha256={digest}")
     return 0
+
+
+def local_target(address: str) -> str:
+    """The address a local probe dials for a listening address: wildcard hosts become loopback."""
+    if address.startswith("unix:"):
+        return address
+    host, _, port = address.rpartition(":")
+    if host in ("", "0.0.0.0"):
+        return f"127.0.0.1:{port}"
+    if host in ("[::]", "::"):
+        return f"[::1]:{port}"
+    return address
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    """Exit 0 when the server reports SERVING, else 1 (a container HEALTHCHECK / exec probe)."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    from service.settings import load_settings
+
+    target = args.target or local_target(load_settings(_config_file(args)).grpc_address)
+    with grpc.insecure_channel(target) as channel:
+        try:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout
+            )
+        except grpc.RpcError as err:
+            print(f"{target}: {err.code().name}: {err.details()}", file=sys.stderr)
+            return 1
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    print(f"{target}: {status}")
+    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
 BENCHMARKS = ("rope", "encoder", "serve")
@@ -114,7 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
     encode.add_argument("images", nargs="+", help="image files")
     encode.add_argument("--target", default="127.0.0.1:50051", help="server address (HOST:PORT or unix:PATH)")
     encode.add_argument("--timeout", type=float, default=60.0)
+    encode.add_argument("--token", help="the server's auth token (default: env MMPROC_AUTH_TOKEN)")
     encode.set_defaults(func=cmd_encode)
+
+    health = sub.add_parser("health", help="exit 0 when the server's gRPC health reports SERVING (probes)")
+    health.add_argument("--target", help="server address (default: the configured --grpc-address, on loopback)")
+    health.add_argument("--service", default="", help="health service name (default: the whole server)")
+    health.add_argument("--timeout", type=float, default=3.0)
+    health.set_defaults(func=cmd_health)
 
     bench = sub.add_parser("bench", help="benchmarks: rope | encoder | serve (`mmproc bench NAME --help`)")
     bench.add_argument("name", choices=BENCHMARKS)

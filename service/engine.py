@@ -86,6 +86,8 @@ class Engine:
         )
         self._max_inflight = max_inflight_requests
         self._inflight = 0
+        self._max_queued_images = runner_config.max_queued_images
+        self._decoding_images = 0  # admitted, not yet queued: counted against the runner queue's limit
         self.pool: IpcPool | None = None
         self.ipc_fallbacks = 0
         self.ipc_status = "IPC not set up: serialized only"
@@ -167,6 +169,7 @@ class Engine:
         self.check_request(images)
         if self._inflight >= self._max_inflight:
             raise ResourceExhaustedError(f"too many requests in flight (limit {self._max_inflight})")
+        self._reserve_queue(len(images))
         self._inflight += 1
         try:
             prepared = await self._prepare_all(images, deadline)
@@ -263,8 +266,20 @@ class Engine:
             row += image.num_tokens
         return out
 
+    def _reserve_queue(self, count: int) -> None:
+        """Refuse before decoding when the runner queue could not take the images anyway (fast 429), counting
+        images still being decoded for admitted requests; released by `_prepare_all`."""
+        queued = self._runner.queued_images + self._decoding_images
+        if queued + count > self._max_queued_images:
+            limit = self._max_queued_images
+            raise ResourceExhaustedError(f"encoder queue full ({queued} images queued or decoding, limit {limit})")
+        self._decoding_images += count
+
     async def _prepare_all(self, images: list[bytes], deadline: float | None) -> list[PreprocessedImage]:
-        results = await self.decode_pool.prepare_all(images, deadline)  # the first bad image, by position
+        try:
+            results = await self.decode_pool.prepare_all(images, deadline)  # the first bad image, by position
+        finally:
+            self._decoding_images -= len(images)
         decode, preprocess = self.metrics.stage("decode"), self.metrics.stage("preprocess")
         for result in results:
             decode.observe(result.decode_s)

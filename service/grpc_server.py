@@ -15,10 +15,13 @@ from grpc_reflection.v1alpha import reflection
 from mmproc.errors import ResourceExhaustedError
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
+from service.auth import BearerToken, TokenInterceptor
 from service.convert import ipc_reply, serialized_chunks, serialized_payloads, serialized_reply
 from service.engine import EncodedImage, Engine
 from service.errors import map_error, to_grpc_status
+from service.grpc_observe import ObserveInterceptor
 from service.session import run_session
+from service.state import ServingState
 
 logger = logging.getLogger(__name__)
 
@@ -35,10 +38,21 @@ class ReplyTooLargeError(ResourceExhaustedError):
 
 
 class EncoderServicer(pb_grpc.EncoderServicer):
-    def __init__(self, engine: Engine, info: pb.ServerInfo, *, default_deadline_s: float) -> None:
-        self._engine = engine
-        self._info = info
+    def __init__(self, state: ServingState, *, default_deadline_s: float) -> None:
+        self._state = state
         self._default_deadline_s = default_deadline_s
+
+    @property
+    def _engine(self) -> Engine:  # UnavailableError while the model loads
+        return self._state.engine()
+
+    @property
+    def _info(self) -> pb.ServerInfo:
+        return self._state.info()
+
+    async def _serialize(self, results: list[EncodedImage]) -> list[bytes]:
+        with self._state.metrics.time_stage("transport"):
+            return await _off_loop(serialized_payloads, results)
 
     async def _run(
         self, request: pb.EncodeImagesRequest, context: grpc.aio.ServicerContext
@@ -63,7 +77,7 @@ class EncoderServicer(pb_grpc.EncoderServicer):
             if results and results[0].descriptor is not None:
                 assert self._engine.pool is not None
                 return ipc_reply(request_id, results, self._engine.pool.identity)
-            payloads = await _off_loop(serialized_payloads, results)
+            payloads = await self._serialize(results)
             size = sum(len(p) for p in payloads)
             if size > self._info.max_message_bytes - 64 * 1024:
                 raise ReplyTooLargeError(
@@ -78,7 +92,7 @@ class EncoderServicer(pb_grpc.EncoderServicer):
     async def EncodeImagesStream(self, request: pb.EncodeImagesRequest, context: grpc.aio.ServicerContext):
         try:
             request_id, results = await self._run(request, context)
-            payloads = await _off_loop(serialized_payloads, results)
+            payloads = await self._serialize(results)
         except Exception as exc:
             await self._abort(context, request, exc)
             return
@@ -86,40 +100,64 @@ class EncoderServicer(pb_grpc.EncoderServicer):
             yield chunk
 
     async def GetServerInfo(self, request: pb.GetServerInfoRequest, context: grpc.aio.ServicerContext) -> pb.ServerInfo:
-        return self._info
+        try:
+            return self._info
+        except Exception as exc:  # not loaded yet: UNAVAILABLE
+            await self._abort(context, request, exc)
+            raise
 
     async def Session(self, requests, context: grpc.aio.ServicerContext):
-        async for event in run_session(self._engine.pool, requests, context):
+        try:
+            pool = self._engine.pool
+        except Exception as exc:  # the model is still loading: UNAVAILABLE, not UNKNOWN
+            await self._abort(context, None, exc)
+            return
+        async for event in run_session(pool, requests, context):
             yield event
 
     async def _abort(
-        self, context: grpc.aio.ServicerContext, request: pb.EncodeImagesRequest, exc: BaseException
+        self, context: grpc.aio.ServicerContext, request: object, exc: BaseException
     ) -> None:
-        request_id = request.request_id or "-"
-        mapped = map_error(exc, request_id)
-        if mapped.http_status < 500:
-            logger.info("request %s refused: %s %s", request_id, mapped.grpc_code.name, mapped.message)
+        mapped = map_error(exc, metrics=self._state.metrics)  # counted and logged there, with the request id
         await context.abort_with_status(to_grpc_status(mapped))
 
 
 async def create_server(
-    engine: Engine, info: pb.ServerInfo, address: str, *, default_deadline_s: float = 60.0
+    state: ServingState,
+    address: str,
+    *,
+    max_message_bytes: int,
+    default_deadline_s: float = 60.0,
+    max_connection_age_s: float = 0,
+    auth_token: BearerToken | None = None,
+    max_concurrent_rpcs: int | None = None,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build and start (bind) the server; returns (server, bound port, health servicer).
 
     `address` is HOST:PORT (port 0 picks a free one) or unix:PATH (the socket is made mode 0600).
-    Health starts NOT_SERVING; the caller flips it to SERVING once warm-up is done.
+    Health starts NOT_SERVING; the caller flips it to SERVING once the model is loaded and warmed up.
+    max_connection_age_s > 0 closes connections (gracefully) at that age, so that dns:/// clients re-resolve
+    and spread onto replicas added since they connected. auth_token: see service/auth.py.
+    max_concurrent_rpcs: past it gRPC answers RESOURCE_EXHAUSTED before reading the request, which bounds the
+    memory that concurrent (up to max-message-sized) requests can hold; None: unbounded.
     """
-    cap = int(info.max_message_bytes)
+    options: list[tuple[str, int]] = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ]
+    if max_connection_age_s > 0:
+        options += [
+            ("grpc.max_connection_age_ms", int(max_connection_age_s * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(default_deadline_s * 1000)),
+        ]
     server = grpc.aio.server(
-        options=[
-            ("grpc.max_receive_message_length", cap),
-            ("grpc.max_send_message_length", cap),
-            ("grpc.so_reuseport", 0),
-        ],
-        maximum_concurrent_rpcs=None,
+        options=options,
+        interceptors=[ObserveInterceptor(state.metrics, SERVICE_NAME)]
+        + ([TokenInterceptor(auth_token, state.metrics)] if auth_token is not None else []),
+        maximum_concurrent_rpcs=max_concurrent_rpcs,
     )
-    pb_grpc.add_EncoderServicer_to_server(EncoderServicer(engine, info, default_deadline_s=default_deadline_s), server)
+    pb_grpc.add_EncoderServicer_to_server(EncoderServicer(state, default_deadline_s=default_deadline_s), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
@@ -128,9 +166,9 @@ async def create_server(
     port = server.add_insecure_port(address)
     if port == 0 and not address.startswith("unix:"):
         raise OSError(f"could not bind gRPC address {address}")
-    await server.start()
-    if address.startswith("unix:"):
+    if address.startswith("unix:"):  # bound but not listening yet: nobody can connect before the chmod
         os.chmod(address.removeprefix("unix:").removeprefix("//"), 0o600)
+    await server.start()
     return server, port, health_servicer
 
 

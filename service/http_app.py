@@ -2,6 +2,7 @@
 
 GET /healthz   liveness: 200 while the process serves
 GET /readyz    readiness: 200 once weights are loaded and warm-up ran, 503 before and while draining
+GET /metrics   Prometheus text format (service/metrics.py)
 GET /v1/info   the same facts as gRPC GetServerInfo, as JSON
 POST /v1/encode  {"images": ["<base64 or data: URI>", ...], "return_embeddings": false, "request_id": "..."}
                -> 200 {"request_id", "embeddings": [{"index", "num_tokens", "grid_hw", "shape", "dtype",
@@ -14,20 +15,20 @@ import base64
 import binascii
 import hashlib
 import time
-import uuid
 from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel, Field
 
 from mmproc.errors import InvalidMediaError, Reason
 from mmproc.transport import DTYPE_NAMES, stage_to_host, tensor_to_bytes
-from mmproc.v1 import encoder_pb2 as pb
-from service.engine import Engine
+from service.engine import EncodedImage
 from service.errors import map_error
+from service.logs import new_request_id, request_context
+from service.state import ServingState
 
 
 class EncodeBody(BaseModel):
@@ -52,12 +53,28 @@ def decode_image_field(value: str, index: int) -> bytes:
         raise InvalidMediaError("image is not valid base64", reason=Reason.BAD_REQUEST, index=index) from None
 
 
-def create_http_app(engine: Engine, info: pb.ServerInfo, *, default_deadline_s: float, max_body_bytes: int) -> FastAPI:
-    app = FastAPI(title="mmproc", version=info.version, docs_url=None, redoc_url=None)
-    info_json = MessageToDict(info, preserving_proto_field_name=True)
+def embedding_json(result: EncodedImage, with_data: bool) -> dict[str, object]:
+    data = tensor_to_bytes(stage_to_host(result.embedding))
+    item: dict[str, object] = {
+        "index": result.index,
+        "num_tokens": result.num_tokens,
+        "grid_hw": list(result.grid_hw),
+        "shape": list(result.embedding.shape),
+        "dtype": DTYPE_NAMES[result.embedding.dtype],
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    if with_data:
+        item["data"] = base64.b64encode(data).decode("ascii")
+    return item
+
+
+def create_http_app(state: ServingState, *, version: str, default_deadline_s: float, max_body_bytes: int) -> FastAPI:
+    """The HTTP app; it answers /healthz, /readyz and /metrics from the start, the rest once the model is loaded."""
+    app = FastAPI(title="mmproc", version=version, docs_url=None, redoc_url=None)
+    metrics = state.metrics
 
     def error_response(exc: BaseException, request_id: str) -> JSONResponse:
-        mapped = map_error(exc, request_id)
+        mapped = map_error(exc, metrics=metrics)
         return JSONResponse(mapped.http_body(request_id), status_code=mapped.http_status)
 
     @app.exception_handler(RequestValidationError)
@@ -72,6 +89,9 @@ def create_http_app(engine: Engine, info: pb.ServerInfo, *, default_deadline_s: 
         if length is not None and length.isdigit() and int(length) > max_body_bytes:
             exc = InvalidMediaError(f"request body over {max_body_bytes} bytes", reason=Reason.REQUEST_TOO_LARGE)
             return error_response(exc, "-")
+        if length is None and request.method in ("POST", "PUT", "PATCH"):  # chunked: no size to check up front
+            exc = InvalidMediaError("a Content-Length header is required", reason=Reason.BAD_REQUEST)
+            return error_response(exc, "-")
         return await call_next(request)
 
     @app.get("/healthz")
@@ -80,37 +100,40 @@ def create_http_app(engine: Engine, info: pb.ServerInfo, *, default_deadline_s: 
 
     @app.get("/readyz")
     async def readyz() -> JSONResponse:
-        ready = engine.ready and not engine.draining
-        state = "ready" if ready else ("draining" if engine.draining else "starting")
-        return JSONResponse({"status": state}, status_code=200 if ready else 503)
+        status = state.status
+        return JSONResponse({"status": status}, status_code=200 if status == "ready" else 503)
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        body, content_type = metrics.render()
+        return Response(body, media_type=content_type)
 
     @app.get("/v1/info")
-    async def server_info() -> dict:
-        return info_json
+    async def server_info() -> JSONResponse:
+        try:
+            return JSONResponse(MessageToDict(state.info(), preserving_proto_field_name=True))
+        except Exception as exc:
+            return error_response(exc, "-")
 
     @app.post("/v1/encode")
     async def encode(body: EncodeBody) -> JSONResponse:
-        request_id = body.request_id or uuid.uuid4().hex[:16]
+        started = time.perf_counter()
+        with request_context(body.request_id or new_request_id()) as request_id:
+            code, response = await encode_request(body, request_id)
+        metrics.observe_request("http:/v1/encode", code, time.perf_counter() - started)
+        return response
+
+    async def encode_request(body: EncodeBody, request_id: str) -> tuple[str, JSONResponse]:
         try:
+            engine = state.engine()
             engine.check_image_count(len(body.images))  # before decoding any base64
             images = [decode_image_field(value, i) for i, value in enumerate(body.images)]
             results = await engine.encode(images, request_id, time.monotonic() + default_deadline_s)
         except Exception as exc:
-            return error_response(exc, request_id)
-        embeddings = []
-        for result in results:
-            data = tensor_to_bytes(stage_to_host(result.embedding))
-            item = {
-                "index": result.index,
-                "num_tokens": result.num_tokens,
-                "grid_hw": list(result.grid_hw),
-                "shape": list(result.embedding.shape),
-                "dtype": DTYPE_NAMES[result.embedding.dtype],
-                "sha256": hashlib.sha256(data).hexdigest(),
-            }
-            if body.return_embeddings:
-                item["data"] = base64.b64encode(data).decode("ascii")
-            embeddings.append(item)
-        return JSONResponse({"request_id": request_id, "embeddings": embeddings})
+            mapped = map_error(exc, metrics=metrics)
+            return mapped.grpc_code.name, JSONResponse(mapped.http_body(request_id), status_code=mapped.http_status)
+        with metrics.time_stage("transport"):
+            embeddings = [embedding_json(result, body.return_embeddings) for result in results]
+        return "OK", JSONResponse({"request_id": request_id, "embeddings": embeddings})
 
     return app

@@ -10,14 +10,17 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mmproc.errors import ConfigError
-from mmproc.media import MediaLimits
-from mmproc.runner import RunnerConfig
+
+if TYPE_CHECKING:  # imported where used: the settings alone (`mmproc health`, `mmproc config`) need no torch
+    from mmproc.media import MediaLimits
+    from mmproc.runner import RunnerConfig
+    from service.decode_pool import DecodePoolConfig
 
 MiB = 1 << 20
 
@@ -63,6 +66,20 @@ class ServerSettings(BaseSettings):
     max_queued_images: int = Field(2048, ge=1)
     default_deadline_s: float = Field(60.0, gt=0, description="used when a request has no deadline")
 
+    # Decode isolation (docs/reliability.md): where hostile bytes are decoded
+    decode_isolation: Literal["process", "thread"] = Field(
+        "process", description="process: a decoder crash or runaway allocation ends a worker, never the service"
+    )
+    decode_worker_memory_mb: int | None = Field(
+        None, ge=0, le=1 << 20, description="address space a decode worker may add; default ~24 B/pixel; 0: no cap"
+    )
+    decode_timeout_s: float = Field(30.0, gt=0, le=3600, description="one image's decode time in a worker; then 400")
+
+    # Security
+    auth_token: SecretStr | None = Field(
+        None, description="shared secret: clients send `authorization: Bearer <token>` (gRPC metadata / HTTP header)"
+    )
+
     # Lifecycle and logs
     grace_period_s: float = Field(30.0, ge=0, le=3600, description="drain time after SIGTERM")
     max_connection_age_s: float = Field(
@@ -76,6 +93,16 @@ class ServerSettings(BaseSettings):
     def _check_device(cls, value: str) -> str:
         if value != "cpu" and value != "cuda" and not (value.startswith("cuda:") and value[5:].isdigit()):
             raise ValueError(f"device must be cpu, cuda or cuda:N, got {value!r}")
+        return value
+
+    @field_validator("auth_token")
+    @classmethod
+    def _check_auth_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or value.get_secret_value() == "":
+            return None  # MMPROC_AUTH_TOKEN="" means no token
+        secret = value.get_secret_value()
+        if len(secret) < 16 or not secret.isprintable() or secret != secret.strip():
+            raise ValueError("auth_token must be at least 16 printable characters without surrounding spaces")
         return value
 
     @field_validator("grpc_address")
@@ -102,11 +129,30 @@ class ServerSettings(BaseSettings):
         return "float32" if self.device == "cpu" else "bfloat16"
 
     def media_limits(self) -> MediaLimits:
+        from mmproc.media import MediaLimits
+
         return MediaLimits(
             max_image_bytes=self.max_image_mb * MiB, max_pixels=self.max_pixels, max_aspect_ratio=self.max_aspect_ratio
         )
 
+    def decode_config(self) -> DecodePoolConfig:
+        from service.decode_pool import DecodePoolConfig
+
+        memory_mb = self.decode_worker_memory_mb
+        if memory_mb is None:  # peak measured at ~11.5 B per decoded pixel (docs/reliability.md); 2x margin
+            memory_mb = (24 * self.max_pixels) // MiB + 128
+        return DecodePoolConfig(
+            isolation=self.decode_isolation,
+            workers=self.preprocess_workers,
+            worker_memory_mb=memory_mb,
+            timeout_s=self.decode_timeout_s,
+            log_level=self.log_level,
+            log_json=self.log_json,
+        )
+
     def runner_config(self) -> RunnerConfig:
+        from mmproc.runner import RunnerConfig
+
         return RunnerConfig(
             max_batch_patches=self.max_batch_patches,
             max_batch_images=self.max_batch_images,

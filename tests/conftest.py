@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from service.app import Service, build_engine
+from service.app import EngineFactory, Service, build_engine
 from service.settings import ServerSettings, load_settings
 
 
@@ -25,8 +25,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 class ServiceThread:
     """Runs `Service` on its own event loop in a background thread, like `mmproc serve` does."""
 
-    def __init__(self, settings: ServerSettings) -> None:
+    def __init__(
+        self, settings: ServerSettings, *, engine_factory: EngineFactory = build_engine, wait_ready: bool = True
+    ) -> None:
         self.settings = settings
+        self._engine_factory = engine_factory
+        self._wait_ready = wait_ready  # False: start() returns once both ports listen (NOT_SERVING)
         self.service: Service | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._started = threading.Event()
@@ -36,8 +40,10 @@ class ServiceThread:
     def _main(self) -> None:
         async def run() -> None:
             self._loop = asyncio.get_running_loop()
-            self.service = Service(self.settings, build_engine(self.settings))
+            self.service = Service(self.settings, engine_factory=self._engine_factory)
             await self.service.start()
+            if self._wait_ready:
+                await self.service.wait_ready()
             self._started.set()
             await self.service.run_until_stopped()
 

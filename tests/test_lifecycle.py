@@ -84,3 +84,56 @@ def test_sigterm_finishes_in_flight_work_refuses_new_work_and_exits_zero(server_
     result = outcome.get("result")
     assert result is not None and len(result) == 6, "the in-flight request was lost"
     assert all(t.shape == (1089, 256) for t in result)
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live process below `pid` (decode workers, the forkserver, the resource tracker ...)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    ppid = int(stat.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(ppid, []).append(int(entry))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found
+
+
+def test_sigterm_under_load_leaves_no_process_or_file_behind(server_process) -> None:
+    """Decode workers, the forkserver and the tmpfs transfer directory all go with the server."""
+    proc, target = server_process
+    helpers = descendants(proc.pid)
+    assert helpers, "process isolation (the default) runs decode workers"
+    images = [make_image_bytes(512, 512, fmt="JPEG", seed=i) for i in range(4)]
+    results: list[object] = []
+
+    def caller() -> None:
+        with EncoderClient(target, timeout=30) as client:
+            for _ in range(20):
+                try:
+                    results.append(len(client.encode_images(images)))
+                except UnavailableError:
+                    results.append("unavailable")
+                    return
+
+    callers = [threading.Thread(target=caller) for _ in range(3)]
+    for thread in callers:
+        thread.start()
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    for thread in callers:
+        thread.join(60)
+    assert proc.wait(60) == 0
+    assert results and set(results) <= {4, "unavailable"}, results  # answers were whole or a clean refusal
+    deadline = time.monotonic() + 10
+    while (alive := {pid for pid in helpers if os.path.exists(f"/proc/{pid}")}) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive, f"helper processes outlived the server: {alive}"
+    assert not [p for p in os.listdir("/dev/shm") if p.startswith(f"mmproc-decode-{proc.pid}-")]

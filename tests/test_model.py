@@ -291,3 +291,14 @@ def test_cuda_bfloat16_matches_cpu_float32(tensors):
     got = gpu(batch, out=out)
     assert got.data_ptr() == out.data_ptr()
     assert rel_err(got.cpu(), cpu(batch)) < 2e-2
+
+
+def test_sdpa_uniform_equals_per_segment():
+    from mmproc.model.attention import sdpa_uniform
+
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = torch.randn(3, 4 * 6, 3, 8, generator=gen).unbind(0)  # 4 segments of 6, (L, H, dh)
+    meta = VarlenMeta.from_cu_seqlens(torch.tensor([0, 6, 12, 18, 24], dtype=torch.int32), 6)
+    assert meta.uniform == 6
+    torch.testing.assert_close(sdpa_uniform(q, k, v, meta), sdpa_segments(q, k, v, meta), atol=1e-6, rtol=1e-5)
+    assert VarlenMeta.from_cu_seqlens(torch.tensor([0, 6, 13], dtype=torch.int32), 7).uniform == 0

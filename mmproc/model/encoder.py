@@ -15,17 +15,17 @@ from torch import Tensor, nn
 
 from mmproc.model.attention import VarlenMeta
 from mmproc.model.config import VisionConfig
-from mmproc.model.moonvit import MoonViT, TowerInputs
+from mmproc.model.moonvit import KernelOptions, MoonViT, TowerInputs
 from mmproc.model.projector import Projector, merge_gather_index
 from mmproc.model.rope import gather_rope, rope_row_index
 from mmproc.types import PackedBatch
 
 
 class VisionEncoder(nn.Module):
-    def __init__(self, config: VisionConfig) -> None:
+    def __init__(self, config: VisionConfig, options: KernelOptions | None = None) -> None:
         super().__init__()
         self.config = config
-        self.tower = MoonViT(config)
+        self.tower = MoonViT(config, options)
         self.projector = Projector(
             config.hidden_size, config.merge_kernel_size, config.text_hidden_size, config.projector_ln_eps
         )
@@ -75,14 +75,12 @@ class VisionEncoder(nn.Module):
 
         pixels = batch.pixel_values.to(device, non_blocking=True).to(dtype)  # (L, 3, P, P); cast on the device
         cos, sin = gather_rope(cos_table, sin_table, rope_rows)  # (L, dh/2) each
-        attn_fn, rope_fn = self.tower.kernels(device, dtype)
         inputs = TowerInputs(
             grid_hws=grids,
             cos=cos,
             sin=sin,
             attn=VarlenMeta.from_cu_seqlens(batch.cu_seqlens, batch.max_seqlen, cu_dev),
-            attn_fn=attn_fn,
-            rope_fn=rope_fn,
+            kernels=self.tower.kernels(device, dtype),
         )
         hidden = self.tower(pixels, inputs)  # (L, D)
         return self.projector(hidden, merge_idx, out)

@@ -6,20 +6,23 @@ encoder.blocks.{i}.{norm0,norm1,wqkv,wo,mlp.fc0,mlp.fc1}, encoder.final_layernor
 Per block (pre-LN, LayerNorm eps 1e-5):
     x = x + wo(attn(rope(wqkv(norm0(x)))))        wqkv output viewed as (L, 3, H, dh)
     x = x + mlp.fc1(gelu_tanh(mlp.fc0(norm1(x))))
+
+Optional fast paths (`KernelOptions`, fixed at construction; each with a plain fallback): fused Triton RoPE,
+a varlen attention kernel, and fc0 + bias + GELU(tanh) as one cuBLASLt matmul with a GELU epilogue.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmproc.model import rope_triton
-from mmproc.model.attention import AttentionFn, VarlenMeta, select_attention
+from mmproc.model.attention import LONG_SEGMENT, AttentionFn, VarlenMeta, select_attention
 from mmproc.model.config import VisionConfig
 from mmproc.model.pos_emb import Learnable2DInterpPosEmb
 from mmproc.model.rope import apply_rope, build_rope_table
@@ -44,20 +47,80 @@ def select_rope(device: torch.device) -> tuple[str, RopeFn]:
     return "eager", apply_rope
 
 
+# (x (L, D_in), weight (D_out, D_in), bias (D_out,)) -> gelu_tanh(x @ weight.T + bias) (L, D_out)
+LinearGeluFn = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+
+def linear_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """Plain path: matmul (+ bias in the epilogue), then a separate GELU(tanh) pass over the (L, D_out) output."""
+    return F.gelu(F.linear(x, weight, bias), approximate="tanh")
+
+
+def addmm_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """Fused path: cuBLASLt's GELU_BIAS epilogue (the tanh approximation, on the float32 accumulator), so the
+    (L, D_out) output is written once instead of written, read and written again."""
+    return torch._addmm_activation(bias, x, weight.t(), use_gelu=True)
+
+
+@dataclass(frozen=True)
+class KernelOptions:
+    """Which optional fast paths the tower may use where the device/dtype allows; chosen once, never per call.
+
+    fused_rope: Triton RoPE (CUDA). fused_gelu: cuBLASLt bias+GELU epilogue for mlp.fc0 (CUDA, fp16/bf16).
+    uniform_attention: a batch of equal-size images runs one batched SDPA call instead of the varlen kernel.
+    long_segment: patches from which a segment leaves the varlen kernel for its own SDPA call.
+    sdpa_backend: "auto" or the SDPA backend to try first ("cudnn", "flash", "efficient"; CUDA only).
+    Defaults measured on an H200 (docs/benchmarks/encoder.md): uniform_attention +3-7% end to end.
+    """
+
+    fused_rope: bool = True
+    fused_gelu: bool = True
+    uniform_attention: bool = True
+    long_segment: int = LONG_SEGMENT
+    sdpa_backend: str = "auto"
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """The functions selected for one (device, dtype) under `KernelOptions`, with names for logs and benches."""
+
+    attn_fn: AttentionFn
+    rope_fn: RopeFn
+    fc0_gelu: LinearGeluFn
+    names: tuple[str, str, str]  # (attention, rope, fc0+gelu)
+
+
+def select_kernels(
+    device: torch.device, dtype: torch.dtype, num_heads: int, head_dim: int, options: KernelOptions
+) -> Kernels:
+    attn_name, attn_fn = select_attention(
+        device,
+        dtype,
+        num_heads,
+        head_dim,
+        long_segment=options.long_segment,
+        uniform_batched=options.uniform_attention,
+        sdpa_backend=options.sdpa_backend,
+    )
+    rope_name, rope_fn = select_rope(device) if options.fused_rope else ("eager", apply_rope)
+    fused_gelu = options.fused_gelu and device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
+    gelu_name, gelu_fn = ("addmm_gelu", addmm_gelu_tanh) if fused_gelu else ("eager", linear_gelu_tanh)
+    return Kernels(attn_fn, rope_fn, gelu_fn, (attn_name, rope_name, gelu_name))
+
+
 @dataclass(frozen=True)
 class TowerInputs:
     """Per-batch inputs of the tower, all on the compute device except the Python-int metadata.
 
-    cos, sin: (L, dh/2) float32 RoPE factors per patch. attn: segment metadata. attn_fn, rope_fn: the kernels
-    chosen for this device and dtype.
+    cos, sin: (L, dh/2) float32 RoPE factors per patch. attn: segment metadata. kernels: the functions chosen
+    for this device and dtype.
     """
 
     grid_hws: tuple[tuple[int, int], ...]
     cos: Tensor
     sin: Tensor
     attn: VarlenMeta
-    attn_fn: AttentionFn
-    rope_fn: RopeFn
+    kernels: Kernels
 
 
 class PatchEmbed(nn.Module):
@@ -82,9 +145,9 @@ class MLP(nn.Module):
         self.fc0 = nn.Linear(dim, hidden)
         self.fc1 = nn.Linear(hidden, dim)
 
-    def forward(self, x: Tensor) -> Tensor:
-        # Kimi-VL uses gelu_pytorch_tanh in the tower (the projector uses exact GELU).
-        return self.fc1(F.gelu(self.fc0(x), approximate="tanh"))
+    def forward(self, x: Tensor, fc0_gelu: LinearGeluFn = linear_gelu_tanh) -> Tensor:
+        # x (L, D) -> (L, D). Kimi-VL uses gelu_pytorch_tanh in the tower (the projector uses exact GELU).
+        return self.fc1(fc0_gelu(x, self.fc0.weight, self.fc0.bias))
 
 
 class EncoderLayer(nn.Module):
@@ -104,10 +167,11 @@ class EncoderLayer(nn.Module):
         seq = x.shape[0]
         qkv = self.wqkv(self.norm0(x)).view(seq, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.unbind(1)  # each (L, H, dh)
-        q, k = inputs.rope_fn(q, k, inputs.cos, inputs.sin)
-        attn = inputs.attn_fn(q, k, v, inputs.attn)  # (L, H, dh)
+        kernels = inputs.kernels
+        q, k = kernels.rope_fn(q, k, inputs.cos, inputs.sin)
+        attn = kernels.attn_fn(q, k, v, inputs.attn)  # (L, H, dh)
         x = x + self.wo(attn.reshape(seq, -1))
-        return x + self.mlp(self.norm1(x))
+        return x + self.mlp(self.norm1(x), kernels.fc0_gelu)
 
 
 class Encoder(nn.Module):
@@ -125,13 +189,20 @@ class Encoder(nn.Module):
 class MoonViT(nn.Module):
     """Patch embedding + encoder. Holds two lazily built caches: the RoPE table and the attention backend."""
 
-    def __init__(self, config: VisionConfig) -> None:
+    def __init__(self, config: VisionConfig, options: KernelOptions | None = None) -> None:
         super().__init__()
         self.config = config
+        self.options = options or KernelOptions()
         self.patch_embed = PatchEmbed(config)
         self.encoder = Encoder(config)
         self._rope: tuple[torch.device, Tensor, Tensor] | None = None  # (device, cos, sin)
-        self._kernels: tuple[tuple[torch.device, torch.dtype], AttentionFn, RopeFn] | None = None
+        self._kernels: tuple[tuple[torch.device, torch.dtype], Kernels] | None = None
+
+    def set_options(self, **changes: object) -> KernelOptions:
+        """Switch fast paths (benchmarks, tests); the kernels are selected again on the next forward."""
+        self.options = replace(self.options, **changes)
+        self._kernels = None
+        return self.options
 
     def rope_table(self, device: torch.device, max_h: int, max_w: int) -> tuple[Tensor, Tensor]:
         """cos, sin (Th, Tw, dh/2) float32 on `device` covering a max_h x max_w grid (grown on demand)."""
@@ -152,15 +223,15 @@ class MoonViT(nn.Module):
         self._rope = (device, cos, sin)
         return cos, sin
 
-    def kernels(self, device: torch.device, dtype: torch.dtype) -> tuple[AttentionFn, RopeFn]:
-        """Attention backend and RoPE implementation for this device/dtype, selected once and then reused."""
+    def kernels(self, device: torch.device, dtype: torch.dtype) -> Kernels:
+        """Attention, RoPE and fc0+GELU implementations for this device/dtype, selected once and then reused."""
         key = (device, dtype)
         if self._kernels is None or self._kernels[0] != key:
-            _, attn_fn = select_attention(device, dtype, self.config.num_heads, self.config.head_dim)
-            rope_name, rope_fn = select_rope(device)
-            logger.info("RoPE: %s on %s", rope_name, device)
-            self._kernels = (key, attn_fn, rope_fn)
-        return self._kernels[1], self._kernels[2]
+            cfg = self.config
+            kernels = select_kernels(device, dtype, cfg.num_heads, cfg.head_dim, self.options)
+            logger.info("kernels on %s/%s: attention %s, RoPE %s, fc0+GELU %s", device, dtype, *kernels.names)
+            self._kernels = (key, kernels)
+        return self._kernels[1]
 
     def forward(self, pixels: Tensor, inputs: TowerInputs) -> Tensor:
         # pixels (L, 3, P, P) in model dtype on the model device -> hidden states (L, D)

@@ -9,6 +9,7 @@ mapping is closed.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -86,6 +87,13 @@ class HandleCache:
     stats: HandleCacheStats = field(default_factory=HandleCacheStats)
     _pools: dict[tuple[str, int, str], OpenedPool] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @staticmethod
+    @functools.cache
+    def process_wide() -> HandleCache:
+        """The one cache of this process: a pool mapping is a per-process resource, so every client in the
+        process (one per worker thread, say) shares it and the pool is opened once per process."""
+        return HandleCache(enabled=True)
 
     def acquire(self, identity: PoolIdentity, device: torch.device) -> OpenedPool:
         """The open pool for `identity` on `device`; opens it (retrying once) on a miss."""

@@ -1,0 +1,327 @@
+"""`mmproc bench encoder`: packed MoonViT + projector throughput on CUDA vs the eager per-image baseline.
+
+Full-size model from a preset (default `kimi-k2.5`: 27 layers, width 1152, 16 heads, mlp 4304, projector to
+7168) with random weights in bf16. Inputs are random pixel patches packed straight into a pinned `PackedBatch`
+(no JPEG decode); the timed region is one whole forward, H2D copy of the pixels included. Each figure is the
+median of `--reps` forwards timed with CUDA events after `--warmup` forwards. FLOPs are counted exactly:
+2*M*N*K per matmul plus 4*L^2*D per image per layer for attention; MFU is against `--peak` TFLOP/s.
+
+    python -m service.bench.encoder [--preset kimi-k2.5] [--workloads 448x64 1024x16 mixed48]
+                                    [--reps 10] [--warmup 3] [--variants] [--no-baseline] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import platform
+import random
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from mmproc.model import PRESETS, VisionConfig, VisionEncoder
+from mmproc.preprocess import PreprocessConfig, target_grid
+from mmproc.types import PackedBatch
+
+PEAK_TFLOPS = 790.0  # dense bf16 matmul rate measured on one H200 (see docs/benchmarks/encoder.md)
+MIXED_SIDES = (224, 1536)  # mixed workload: each side drawn uniformly in this range (pixels)
+# Our encoder with one fast path changed; `--variants` times each against the default in the same run.
+VARIANTS: dict[str, dict[str, object]] = {
+    "no-fused-gelu": {"fused_gelu": False},
+    "no-fused-rope": {"fused_rope": False},
+    "no-uniform": {"uniform_attention": False},
+    "all-varlen": {"long_segment": 1 << 30, "uniform_attention": False},
+    "all-sdpa": {"long_segment": 1},
+    "sdpa@cudnn": {"sdpa_backend": "cudnn"},
+    "sdpa@flash": {"sdpa_backend": "flash"},
+    "sdpa@cudnn+all": {"sdpa_backend": "cudnn", "long_segment": 1},
+}
+ATTN_SEQS = (1024, 5476, 11660)  # 448^2, 1024^2 and the largest mixed-set image, in patches
+Forward = Callable[[PackedBatch], Tensor]
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="mmproc bench encoder", description=__doc__.split("\n")[0])
+    p.add_argument("--preset", choices=sorted(PRESETS), default="kimi-k2.5")
+    p.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
+    p.add_argument("--workloads", nargs="+", default=["448x64", "1024x16", "mixed48"], help="SIDExCOUNT | mixedN")
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--peak", type=float, default=PEAK_TFLOPS, help="TFLOP/s for MFU")
+    p.add_argument("--variants", action="store_true", help="also time our encoder with each fast path switched")
+    p.add_argument("--no-baseline", action="store_true", help="skip the eager per-image baseline")
+    p.add_argument("--attention", action="store_true", help="also time one image's SDPA per backend and layout")
+    p.add_argument("--json", type=Path, default=None, help="write machine-readable results here")
+    return p.parse_args(argv)
+
+
+def workload_grids(name: str, seed: int) -> list[tuple[int, int]]:
+    """Patch grids of a workload under Kimi K2.5 preprocessing: 'SIDExCOUNT' (square) or 'mixedN' (seeded)."""
+    rules = PreprocessConfig.kimi_k25()
+    if name.startswith("mixed"):
+        rng = random.Random(seed)
+        sizes = [(rng.randint(*MIXED_SIDES), rng.randint(*MIXED_SIDES)) for _ in range(int(name[5:]))]
+        return [target_grid(w, h, rules) for w, h in sizes]
+    side, count = (int(v) for v in name.split("x"))
+    return [target_grid(side, side, rules)] * count
+
+
+def encoder_flops(config: VisionConfig, grids: Sequence[tuple[int, int]]) -> dict[str, int]:
+    """Exact FLOPs of one forward over images with these grids: 2*M*N*K per matmul, 4*L^2*D attention."""
+    d, inter, text = config.hidden_size, config.intermediate_size, config.text_hidden_size
+    kk = config.merge_kernel_size[0] * config.merge_kernel_size[1]
+    patch_in = 3 * config.patch_size**2
+    per_patch_layer = 2 * d * (3 * d + d + 2 * inter)  # wqkv, wo, fc0, fc1
+    matmul = attention = 0
+    for h, w in grids:
+        seq, tokens = h * w, h * w // kk
+        matmul += 2 * seq * patch_in * d + config.num_layers * seq * per_patch_layer
+        matmul += 2 * tokens * (kk * d) * (kk * d + text)  # projector linear_1, linear_2
+        attention += config.num_layers * 4 * seq * seq * d  # QK^T and PV
+    return {"matmul": matmul, "attention": attention, "total": matmul + attention}
+
+
+def random_batch(grids: Sequence[tuple[int, int]], patch: int, kernel: tuple[int, int], seed: int) -> PackedBatch:
+    """Pinned (sum L, 3, P, P) float32 pixels uniform in [-1, 1) and CPU metadata, as `pack_images` builds it."""
+    offsets = [0]
+    for h, w in grids:
+        offsets.append(offsets[-1] + h * w)
+    gen = torch.Generator().manual_seed(seed)
+    pixels = torch.empty(offsets[-1], 3, patch, patch, pin_memory=torch.cuda.is_available())
+    pixels.copy_(torch.rand(pixels.shape, generator=gen)).mul_(2).sub_(1)
+    tokens = tuple((h // kernel[0]) * (w // kernel[1]) for h, w in grids)
+    cu = torch.tensor(offsets, dtype=torch.int32)
+    return PackedBatch(pixels, tuple(grids), cu, max(h * w for h, w in grids), tokens)
+
+
+def random_encoder(config: VisionConfig, dtype: torch.dtype, seed: int) -> VisionEncoder:
+    """The model with random weights drawn on the GPU (std 0.02; LayerNorm weight 1 + noise): seconds, not minutes."""
+    with torch.device("meta"):
+        model = VisionEncoder(config)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    state = {}
+    for name, p in model.state_dict().items():
+        t = torch.randn(p.shape, device="cuda", generator=gen).mul_(0.02)
+        if "norm" in name and name.endswith(".weight"):
+            t.add_(1.0)
+        state[name] = t.to(dtype)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.requires_grad_(False).eval()
+
+
+def time_forward(fn: Forward, batch: PackedBatch, warmup: int, reps: int) -> dict[str, float]:
+    """First-call seconds, then the median/min ms of `reps` CUDA-event-timed forwards after `warmup` more."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn(batch)
+    torch.cuda.synchronize()
+    first_s = time.perf_counter() - t0
+    for _ in range(warmup):
+        fn(batch)
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn(batch)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return {"first_s": first_s, "ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times)}
+
+
+def count_syncs(fn: Forward, batch: PackedBatch) -> int:
+    """Synchronizing CUDA calls during one (already warm) forward, from torch's sync debug mode warnings."""
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn(batch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    messages = [str(w.message).lower() for w in caught]
+    return sum("synchroniz" in m and "prototype" not in m for m in messages)  # not the mode's own notice
+
+
+def attention_table(config: VisionConfig, dtype: torch.dtype, reps: int = 10) -> list[dict]:
+    """One image's attention (1, H, L, dh) per SDPA backend, on q/k/v views of a fused qkv and contiguous."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    heads, dh = config.num_heads, config.head_dim
+    rows = []
+    for seq in ATTN_SEQS:
+        qkv = torch.randn(seq, 3, heads, dh, device="cuda", dtype=dtype)
+        strided = [t.transpose(0, 1)[None] for t in qkv.unbind(1)]  # (1, H, L, dh), row stride 3*H*dh
+        dense = [t.contiguous() for t in strided]
+        flops = 4 * seq * seq * heads * dh
+        for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
+            for layout, qkv_views in (("strided", strided), ("contiguous", dense)):
+                try:
+                    with sdpa_kernel([backend]):
+                        fn = lambda b, v=qkv_views: torch.nn.functional.scaled_dot_product_attention(*v)  # noqa: E731
+                        t = time_forward(fn, None, 2, reps)
+                except RuntimeError as exc:
+                    rows.append({"seq": seq, "backend": backend.name, "layout": layout, "error": str(exc)[:80]})
+                    continue
+                rows.append({"seq": seq, "backend": backend.name, "layout": layout, "ms": t["ms"],
+                             "tflops": flops / t["ms"] / 1e9})  # fmt: skip
+        del qkv, strided, dense
+    for r in rows:
+        perf = f"{r['ms']:8.3f} ms {r['tflops']:6.1f} TFLOP/s" if "ms" in r else r["error"]
+        print(f"attention L={r['seq']:>6} {r['backend']:>20} {r['layout']:>10} {perf}")
+    return rows
+
+
+def _rel_err(a: Tensor, b: Tensor) -> float:
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def _git(*args: str) -> str:
+    try:
+        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def _commit() -> str:
+    sha = _git("rev-parse", "HEAD")  # a copied tree without git objects prints "HEAD" or nothing
+    return sha if len(sha) == 40 and all(c in "0123456789abcdef" for c in sha) else "unknown"
+
+
+def _row(impl: str, name: str, batch: PackedBatch, flops: dict[str, int], t: dict[str, float], peak: float) -> dict:
+    sec = t["ms"] * 1e-3
+    tflops = flops["total"] / sec / 1e12
+    return {
+        "workload": name,
+        "impl": impl,
+        "images": batch.num_images,
+        "patches": batch.num_patches,
+        "tokens": batch.num_tokens,
+        "flops": flops,
+        **t,
+        "images_per_s": batch.num_images / sec,
+        "tokens_per_s": batch.num_tokens / sec,
+        "tflops": tflops,
+        "mfu": tflops / peak,
+    }
+
+
+def _print_row(r: dict) -> None:
+    ratio = f"{r['vs_baseline']:.2f}x" if "vs_baseline" in r else "-"
+    print(
+        f"{r['workload']:>8} {r['impl']:>14} {r['images']:>4} {r['patches']:>6} {r['ms']:>8.2f} "
+        f"{r['images_per_s']:>8.1f} {r['tokens_per_s'] / 1e3:>8.1f}k {r['tflops']:>7.1f} {r['mfu'] * 100:>5.1f}% "
+        f"{ratio:>6} {r['first_s']:>7.2f}"
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(argv)
+    if not torch.cuda.is_available():
+        print("mmproc bench encoder: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 2
+    from service.bench.baseline import EagerBaseline  # imports torch only; kept lazy like the model
+
+    dtype = getattr(torch, args.dtype)
+    config = PRESETS[args.preset]
+    t0 = time.perf_counter()
+    model = random_encoder(config, dtype, args.seed)
+    torch.cuda.synchronize()
+    build_s = time.perf_counter() - t0
+    baseline = None if args.no_baseline else EagerBaseline(model)
+    gpu = torch.cuda.get_device_name()
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "missing"
+    print(f"# {gpu} | torch {torch.__version__} | triton {triton_version} | {args.preset} {args.dtype} | "
+          f"median of {args.reps} CUDA-event-timed forwards after {args.warmup} | peak {args.peak} TFLOP/s")  # fmt: skip
+    print(f"# model built (random weights on the GPU) in {build_s:.2f} s")
+    print(f"{'workload':>8} {'impl':>14} {'imgs':>4} {'patches':>6} {'ms':>8} {'img/s':>8} {'tok/s':>9} "
+          f"{'TFLOP/s':>7} {'MFU':>6} {'ratio':>6} {'first_s':>7}")  # fmt: skip
+    rows: list[dict] = []
+    checks: list[dict] = []
+    with torch.inference_mode():
+        for name in args.workloads:
+            grids = workload_grids(name, args.seed)
+            batch = random_batch(grids, config.patch_size, config.merge_kernel_size, args.seed)
+            flops = encoder_flops(config, grids)
+            ours = _row("mmproc", name, batch, flops, time_forward(model, batch, args.warmup, args.reps), args.peak)
+            check = {"workload": name, "syncs_per_forward": count_syncs(model, batch)}
+            group = [ours]
+            if baseline is not None:
+                base = _row(
+                    "eager-baseline", name, batch, flops, time_forward(baseline, batch, 1, args.reps), args.peak
+                )
+                ours["vs_baseline"] = base["ms"] / ours["ms"]
+                check["rel_err_vs_baseline"] = _rel_err(model(batch), baseline(batch))
+                group.append(base)
+            if args.variants:
+                default = dataclasses.asdict(model.tower.options)
+                for variant, changes in VARIANTS.items():
+                    model.tower.set_options(**changes)
+                    t = time_forward(model, batch, 1, max(3, args.reps // 2))
+                    row = _row(variant, name, batch, flops, t, args.peak)
+                    row["vs_default"] = ours["ms"] / row["ms"]
+                    group.append(row)
+                    model.tower.set_options(**default)
+            for r in group:
+                _print_row(r)
+            print(f"{'':>8} kernels {model.tower.kernels(model.device, model.dtype).names} | {check}")
+            rows += group
+            checks.append(check)
+            del batch
+            torch.cuda.empty_cache()
+    _summary(rows)
+    attention = attention_table(config, dtype) if args.attention else []
+    if args.json is not None:
+        record = {
+            "bench": "encoder",
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "commit": _commit(),
+            "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+            "command": [sys.executable, "-m", "service.bench.encoder", *(sys.argv[1:] if argv is None else argv)],
+            "gpu": gpu,
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "triton": triton_version,
+            "python": platform.python_version(),
+            "preset": args.preset,
+            "dtype": args.dtype,
+            "peak_tflops": args.peak,
+            "model_build_s": build_s,
+            "kernels": model.tower.kernels(model.device, model.dtype).names,
+            "results": rows,
+            "checks": checks,
+            "attention": attention,
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _summary(rows: list[dict]) -> None:
+    for r in rows:
+        if r["impl"] == "mmproc" and "vs_baseline" in r:
+            print(f"{r['workload']}: {r['images_per_s']:.1f} img/s, MFU {r['mfu'] * 100:.1f}%, "
+                  f"{r['vs_baseline']:.2f}x the eager baseline, first forward {r['first_s']:.2f} s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    sys.exit(main())

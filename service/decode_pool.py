@@ -1,0 +1,262 @@
+"""Decoding and preprocessing off the event loop: in isolated worker processes (default) or in threads.
+
+Why processes: Pillow's decoders are C code fed with hostile bytes. In a worker process a segfault, an abort
+or a runaway allocation (capped by RLIMIT_AS, see `decode_worker.init_worker`) ends that worker, not the
+service. The price is one pipe hop per image (bytes in, float32 patches out); docs/reliability.md has the
+measurements behind the default.
+
+Crash handling (process mode). When a worker dies, `ProcessPoolExecutor` fails *every* pending image of
+that executor with BrokenProcessPool, so the culprit cannot be told from its neighbours. The pool is
+replaced at once (new work goes to the new one) and each affected image is retried alone, one at a time, in
+a one-worker quarantine executor: an image that crashes there is certainly at fault and gets a 400
+UNDECODABLE; the innocent ones simply succeed. A worker that runs out of its memory budget exits on purpose
+and is handled the same way (a worker worn by earlier work cannot get an innocent image refused). A worker busy with one image for longer than `timeout_s` is
+ended by its own alarm (`decode_worker.run_task`), i.e. it becomes a crash, so a decoder stuck in a
+loop cannot eat the pool either; the time spent queued for a worker does not count.
+
+Thread mode runs the same code in a ThreadPoolExecutor: cheaper per image, no protection against crashes,
+and a stuck decoder keeps its thread (the request still ends at its deadline).
+
+About pickle: the executor talks to its own children over a local pipe with multiprocessing's pickle. Only
+our own structures cross it (bytes and frozen configs in; a numpy array, ints or a typed error out). It is
+not a network wire; a worker that a decoder exploit took over already runs as the same user as the service,
+so unpickling its reply adds no privilege it did not have. No network path ever unpickles anything.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import multiprocessing
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass
+from typing import Literal
+
+from mmproc.errors import ConfigError, DeadlineExceededError, InvalidMediaError, Reason, UnavailableError
+from mmproc.media import MediaLimits
+from mmproc.preprocess import PreprocessConfig
+from service import decode_worker
+from service.decode_transfer import Shipped, make_transfer_dir, remove_transfer_dir
+from service.decode_worker import Prepared, init_worker, run_task, warm_up
+from service.logs import REQUEST_ID
+
+logger = logging.getLogger(__name__)
+
+Isolation = Literal["process", "thread"]
+Task = Callable[[bytes, MediaLimits, PreprocessConfig], Prepared]
+MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class DecodePoolConfig:
+    """isolation: "process" (crash/memory isolation) or "thread". workers: parallel decodes.
+    worker_memory_mb: address space a process worker may add after start-up (0: no cap).
+    timeout_s: time one process worker may spend on one image before its alarm ends it (a crash).
+    log_level, log_json: how process workers log (to the inherited stderr), as the server does."""
+
+    isolation: Isolation = "process"
+    workers: int = 2
+    worker_memory_mb: int = 1024
+    timeout_s: float = 30.0
+    log_level: str = "WARNING"
+    log_json: bool = False
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ("process", "thread"):
+            raise ConfigError(f"decode_isolation must be 'process' or 'thread', got {self.isolation!r}")
+        if self.workers < 1 or self.worker_memory_mb < 0 or not self.timeout_s > 0:
+            raise ConfigError(f"bad decode pool config {self}")
+
+
+class DecodePool:
+    """Turns a request's image bytes into `Prepared` images, or the first bad image's InvalidMediaError.
+
+    `task` replaces the per-image function (a top-level function with the signature of
+    `decode_worker.prepare_image`, importable by name in a worker); tests use it to crash a worker on purpose.
+    Without it, thread mode looks `decode_worker.prepare_image` up at each call (tests may patch it).
+    """
+
+    def __init__(
+        self,
+        limits: MediaLimits,
+        preprocess: PreprocessConfig,
+        config: DecodePoolConfig,
+        *,
+        task: Task | None = None,
+    ) -> None:
+        self.limits = limits
+        self.preprocess = preprocess
+        self.config = config
+        self._task = task
+        self._lock = threading.Lock()
+        self._closed = False
+        self.crashes = 0  # process executors found broken (each one replaced)
+        self.quarantined = 0  # images retried alone after a crash or a timeout
+        if config.isolation == "thread":
+            self._executor: Executor = ThreadPoolExecutor(config.workers, thread_name_prefix="mmproc-decode")
+            return
+        self._context = multiprocessing.get_context("forkserver")
+        # The forkserver imports these once; every worker (and every replacement) is forked from it.
+        preload = {"service.decode_worker"} | ({task.__module__} if task is not None else set())
+        self._context.set_forkserver_preload(sorted(preload))
+        self._transfer_dir = make_transfer_dir()
+        self._executor = self._new_process_executor(config.workers)
+        self._quarantine: ProcessPoolExecutor | None = None
+        self._quarantine_thread = ThreadPoolExecutor(1, thread_name_prefix="mmproc-quarantine")
+
+    # -- lifecycle ----------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start every process worker now, so that the first requests pay no fork."""
+        if self.config.isolation == "process":
+            futures = [self._executor.submit(warm_up) for _ in range(self.config.workers)]
+            for future in futures:
+                future.result(timeout=120)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        if self.config.isolation == "process":
+            self._quarantine_thread.shutdown(wait=True, cancel_futures=True)
+            if self._quarantine is not None:
+                self._quarantine.shutdown(wait=True, cancel_futures=True)
+            remove_transfer_dir(self._transfer_dir)
+
+    def worker_pids(self) -> list[int]:
+        """Pids of the live process workers (empty in thread mode); for tests and diagnostics."""
+        processes = getattr(self._executor, "_processes", None) or {}
+        return [p.pid for p in list(processes.values()) if p.is_alive()]
+
+    # -- requests -----------------------------------------------------------------------------------
+
+    async def prepare_all(self, images: Sequence[bytes], deadline: float | None = None) -> list[Prepared]:
+        """All images of one request, in order; raises the lowest-indexed image's error.
+
+        When image i fails, images after i that have not started are cancelled (their outcome cannot change
+        the answer) while images before i still finish, so the error reported is deterministic. `deadline`
+        (time.monotonic()) ends the wait with DeadlineExceededError; cancelling the caller cancels the rest.
+        """
+        tasks = [asyncio.ensure_future(self._prepare_one(data)) for data in images]
+        try:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            return await asyncio.wait_for(_first_error_in_order(tasks), timeout)
+        except asyncio.TimeoutError:
+            raise DeadlineExceededError("deadline passed while decoding the images") from None
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _prepare_one(self, data: bytes) -> Prepared:
+        if self.config.isolation == "thread":
+            return await asyncio.wrap_future(self._submit_thread(data))
+        executor, future = self._submit_process(data)
+        try:
+            return _unship(await asyncio.wrap_future(future))
+        except BrokenProcessPool:
+            self._replace(executor)
+        self.quarantined += 1
+        loop = asyncio.get_running_loop()
+        run = contextvars.copy_context().run  # keeps the request id for the worker's log lines
+        return _unship(await loop.run_in_executor(self._quarantine_thread, run, self._run_alone, data))
+
+    def _submit_thread(self, data: bytes) -> Future:
+        run = contextvars.copy_context().run  # the decode thread's log lines carry the request id
+        try:
+            task = self._task or decode_worker.prepare_image
+            return self._executor.submit(run, task, data, self.limits, self.preprocess)
+        except RuntimeError:  # shut down
+            raise UnavailableError("decoder pool is shut down") from None
+
+    def _submit_process(self, data: bytes) -> tuple[Executor, Future]:
+        with self._lock:
+            if self._closed:
+                raise UnavailableError("decoder pool is shut down")
+            executor = self._executor
+        try:
+            return executor, self._submit_task(executor, data)
+        except BrokenProcessPool:  # broken by another image's crash before this one ever ran: not a suspect
+            self._replace(executor)
+            return self._submit_process(data)
+
+    def _submit_task(self, executor: Executor, data: bytes) -> Future:
+        task, request_id = self._task or decode_worker.prepare_image, REQUEST_ID.get()
+        future = executor.submit(
+            run_task, task, self.config.timeout_s, self._transfer_dir, request_id, data, self.limits, self.preprocess
+        )
+        future.add_done_callback(_materialize)  # before anyone waits: maps and unlinks even if nobody does
+        return future
+
+    def _replace(self, broken: Executor) -> None:
+        """Swap in a fresh process executor, once per broken one, and let the broken one go."""
+        with self._lock:
+            if self._executor is not broken or self._closed:
+                return
+            self._executor = self._new_process_executor(self.config.workers)
+            self.crashes += 1
+        logger.warning("decode pool: a worker died; replaced the workers, retrying their images one at a time")
+        broken.shutdown(wait=False, cancel_futures=True)
+
+    def _run_alone(self, data: bytes) -> Shipped:
+        """Quarantine (one image at a time, on the single quarantine thread): a crash here is this image's."""
+        if self._quarantine is None:
+            self._quarantine = self._new_process_executor(1)
+        executor = self._quarantine
+        try:
+            return self._submit_task(executor, data).result()  # bounded: the worker's alarm ends it
+        except BrokenProcessPool:
+            self._quarantine = None
+            executor.shutdown(wait=False, cancel_futures=True)
+            logger.warning("decode pool: an image crashed its decoder alone (or ran out of time or memory); refused")
+            raise InvalidMediaError(
+                "the decoder crashed, or ran out of time or memory, on this image", reason=Reason.UNDECODABLE
+            ) from None
+
+    def _new_process_executor(self, workers: int) -> ProcessPoolExecutor:
+        return ProcessPoolExecutor(
+            workers,
+            mp_context=self._context,
+            initializer=init_worker,
+            initargs=(self.config.worker_memory_mb * MiB, self.config.log_level, self.config.log_json),
+        )
+
+
+def _unship(shipped: Shipped) -> Prepared:
+    return Prepared(shipped.to_image(), *shipped.timings)
+
+
+async def _first_error_in_order(tasks: list[asyncio.Future]) -> list[Prepared]:
+    """Results of `tasks` in order, or the exception of the lowest-indexed failed task (see prepare_all)."""
+    first_bad = len(tasks)
+    pending = set(tasks)
+    while pending:
+        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            if not task.cancelled() and task.exception() is not None:
+                first_bad = min(first_bad, tasks.index(task))
+        if first_bad < len(tasks):
+            for task in tasks[first_bad + 1 :]:
+                task.cancel()
+            pending = {task for task in pending if tasks.index(task) < first_bad}
+    if first_bad < len(tasks):
+        exc = tasks[first_bad].exception()
+        assert exc is not None
+        if isinstance(exc, InvalidMediaError):
+            raise exc.at_index(first_bad)
+        raise exc
+    return [task.result() for task in tasks]
+
+
+def _materialize(future: Future) -> None:
+    """Done-callback (executor thread): turn a shipped file into a mapping now, so that no file outlives it."""
+    if future.cancelled() or future.exception() is not None:
+        return
+    try:
+        future.result().materialize()
+    except OSError:
+        logger.exception("decode pool: could not map a worker's result")  # to_image() raises it to the request

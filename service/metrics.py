@@ -1,0 +1,121 @@
+"""Prometheus metrics of one Service, in its own CollectorRegistry (never the global default registry, so
+that several servers in one process — tests — never collide). Served as `GET /metrics` on the HTTP address.
+
+Families (all defined at start, so that every one is scrapeable with zero values before traffic):
+  mmproc_requests_total{method,code}            finished RPCs/HTTP calls by final gRPC code name
+  mmproc_request_duration_seconds{method}       end-to-end latency as the server saw it
+  mmproc_rejections_total{reason}               refused requests: an InvalidMediaError reason, or the code
+                                                name (resource_exhausted, unavailable, deadline_exceeded, internal)
+  mmproc_images_encoded_total, mmproc_tokens_encoded_total
+  mmproc_stage_duration_seconds{stage}          decode (validate + decode, per image), preprocess (per image),
+                                                queue (oldest image's wait for its batch), forward (per batch),
+                                                transport (serialize/stage the reply, per request)
+  mmproc_batch_images, mmproc_batch_patches     size of every packed forward
+  mmproc_queue_images                           images waiting for the encoder (the autoscaling signal)
+  mmproc_inflight_requests, mmproc_ready
+  mmproc_ipc_pool_bytes_in_use, mmproc_ipc_pool_capacity_bytes, mmproc_ipc_leases,
+  mmproc_ipc_fallbacks_total, mmproc_ipc_handle_opens_total   (updated by the IPC transport)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+
+from mmproc.runner import BatchStats
+
+STAGES = ("decode", "preprocess", "queue", "forward", "transport")
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+IMAGE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+PATCH_BUCKETS = (256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
+
+
+class Metrics:
+    """Every metric family of one Service. Attributes are prometheus_client objects: `metrics.ipc_leases.set(3)`."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        ProcessCollector(registry=r)
+        PlatformCollector(registry=r)
+
+        self.requests = Counter(
+            "mmproc_requests", "Finished requests by method and gRPC code.", ["method", "code"], registry=r
+        )
+        self.request_seconds = Histogram(
+            "mmproc_request_duration_seconds", "Request latency seen by the server.", ["method"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.rejections = Counter("mmproc_rejections", "Refused requests by reason.", ["reason"], registry=r)
+        self.images = Counter("mmproc_images_encoded", "Images run through the encoder.", registry=r)
+        self.tokens = Counter("mmproc_tokens_encoded", "Embedding tokens produced.", registry=r)
+        self.stage_seconds = Histogram(
+            "mmproc_stage_duration_seconds", "Time spent per pipeline stage.", ["stage"],
+            buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        for stage in STAGES:  # present with zero samples from the start
+            self.stage_seconds.labels(stage)
+        self.batch_images = Histogram(
+            "mmproc_batch_images", "Images per packed forward.", buckets=IMAGE_BUCKETS, registry=r
+        )
+        self.batch_patches = Histogram(
+            "mmproc_batch_patches", "Patches per packed forward.", buckets=PATCH_BUCKETS, registry=r
+        )
+        self.queue_images = Gauge("mmproc_queue_images", "Images waiting for the encoder.", registry=r)
+        self.inflight_requests = Gauge("mmproc_inflight_requests", "Requests admitted, not finished.", registry=r)
+        self.ready = Gauge("mmproc_ready", "1 while the server reports SERVING.", registry=r)
+
+        # IPC transport: defined here, updated by mmproc's IPC pool set-up (service/ipc_setup.py).
+        self.ipc_pool_bytes = Gauge("mmproc_ipc_pool_bytes_in_use", "IPC pool bytes leased out.", registry=r)
+        self.ipc_pool_capacity_bytes = Gauge("mmproc_ipc_pool_capacity_bytes", "IPC pool size.", registry=r)
+        self.ipc_leases = Gauge("mmproc_ipc_leases", "IPC leases outstanding.", registry=r)
+        self.ipc_fallbacks = Counter(
+            "mmproc_ipc_fallbacks", "Requests that asked for IPC and got a serialized reply.", registry=r
+        )
+        self.ipc_handle_opens = Counter("mmproc_ipc_handle_opens", "IPC pool handle opens.", registry=r)
+
+    # -- helpers for the engine and the front ends ---------------------------------------------------
+
+    def stage(self, name: str) -> Histogram:
+        return self.stage_seconds.labels(name)
+
+    @contextlib.contextmanager
+    def time_stage(self, name: str) -> Iterator[None]:
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.stage_seconds.labels(name).observe(time.perf_counter() - started)
+
+    def observe_request(self, method: str, code: str, seconds: float) -> None:
+        self.requests.labels(method, code).inc()
+        self.request_seconds.labels(method).observe(seconds)
+
+    def observe_batch(self, stats: BatchStats) -> None:
+        """Called on the runner thread after every forward."""
+        self.images.inc(stats.num_images)
+        self.tokens.inc(stats.num_tokens)
+        self.batch_images.observe(stats.num_images)
+        self.batch_patches.observe(stats.num_patches)
+        self.stage_seconds.labels("queue").observe(stats.queue_wait_s)
+        self.stage_seconds.labels("forward").observe(stats.forward_s)
+
+    def track(self, *, queue_images: Callable[[], float], inflight_requests: Callable[[], float]) -> None:
+        """Gauges read at scrape time from the engine that owns the numbers."""
+        self.queue_images.set_function(queue_images)
+        self.inflight_requests.set_function(inflight_requests)
+
+    def render(self) -> tuple[bytes, str]:
+        """(body, content type) of the text exposition format."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,36 @@
+"""Decode tasks that misbehave on purpose, for fault tests of `service/decode_pool.py`.
+
+Top-level functions so that a process worker can import them by name; each behaves like
+`service.decode_worker.prepare_image` except on its magic input.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from mmproc.media import MediaLimits
+from mmproc.preprocess import PreprocessConfig
+from service.decode_worker import Prepared, prepare_image
+
+CRASH = b"CRASH-THE-DECODER"  # SIGKILL the worker (stands in for a segfault in a C decoder)
+SEGV = b"SEGFAULT-THE-DECODER"  # a real SIGSEGV
+HANG = b"HANG-THE-DECODER"  # spin forever (a decoder stuck in a loop)
+BALLOON = b"ALLOCATE-TOO-MUCH"  # allocate far past the worker's memory budget
+
+
+def misbehaving_task(data: bytes, limits: MediaLimits, config: PreprocessConfig) -> Prepared:
+    if data.startswith(CRASH):
+        os.kill(os.getpid(), signal.SIGKILL)
+    if data.startswith(SEGV):
+        import ctypes
+
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
+    if data.startswith(HANG):
+        while True:
+            time.sleep(0.01)
+    if data.startswith(BALLOON):
+        hoard = [bytearray(64 << 20) for _ in range(1024)]  # 64 GiB, far past any budget
+        del hoard
+    return prepare_image(data, limits, config)

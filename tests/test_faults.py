@@ -1,0 +1,176 @@
+"""Faults against a real server: a crashing decoder, cancelled calls, tiny deadlines, a full queue.
+
+Every fault must end in a typed status (never INTERNAL/UNKNOWN) and leave nothing behind: in-flight count 0,
+runner queue empty, decode pool serving.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+import pytest
+import torch
+
+from mmproc.client import EncoderClient
+from mmproc.errors import DeadlineExceededError, InvalidMediaError
+from mmproc.model import load_encoder
+from mmproc.runner import EncoderRunner, RunnerConfig
+from mmproc.types import PreprocessedImage
+from mmproc.v1 import encoder_pb2 as pb
+from mmproc.v1 import encoder_pb2_grpc as pb_grpc
+from service.app import build_engine
+from service.decode_pool import DecodePool
+from tests.conftest import ServiceThread, test_settings
+from tests.decode_faults import CRASH, misbehaving_task
+from tests.media_samples import make_image_bytes
+
+SMALL = make_image_bytes(64, 48, fmt="PNG", seed=1)
+HEAVY = [make_image_bytes(1024, 1024, fmt="PNG", seed=i) for i in range(4)]  # ~5.5k patches each
+
+
+def crashable_engine(settings, metrics):
+    """The normal engine, its decode workers running `misbehaving_task` (SIGKILL on the CRASH magic)."""
+    engine = build_engine(settings, metrics)
+    engine.decode_pool.close()
+    engine.decode_pool = DecodePool(
+        engine.media_limits, engine.preprocess, settings.decode_config(), task=misbehaving_task
+    )
+    return engine
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ServiceThread]:
+    settings = test_settings(max_inflight_requests=3, max_queued_images=8, decode_timeout_s=5)
+    server = ServiceThread(settings, engine_factory=crashable_engine).start()
+    yield server
+    server.stop()
+
+
+def settle(server: ServiceThread, timeout: float = 10.0) -> None:
+    """Wait until no request is in flight and the runner queue is empty; fail if that never happens."""
+    engine = server.service.engine
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if engine.inflight == 0 and engine._runner.queued_images == 0:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"not idle: inflight={engine.inflight}, queued={engine._runner.queued_images}")
+
+
+def channel(server: ServiceThread) -> grpc.Channel:
+    return grpc.insecure_channel(server.grpc_target, options=[("grpc.max_receive_message_length", 64 << 20)])
+
+
+def request(images: list[bytes], request_id: str = "") -> pb.EncodeImagesRequest:
+    return pb.EncodeImagesRequest(images=images, request_id=request_id, transport=pb.TRANSPORT_SERIALIZED)
+
+
+def test_a_decoder_crash_is_that_requests_400_and_the_next_request_is_fine(server: ServiceThread) -> None:
+    pool = server.service.engine.decode_pool
+    crashes, pids = pool.crashes, set(pool.worker_pids())
+    with EncoderClient(server.grpc_target) as client:
+        with pytest.raises(InvalidMediaError) as info:
+            client.encode_images([SMALL, CRASH, SMALL])
+        assert (info.value.index, info.value.reason) == (1, "undecodable")
+        (embedding,) = client.encode_images([SMALL])
+    assert embedding.shape[1] == 256
+    assert pool.crashes == crashes + 1
+    assert not pids & set(pool.worker_pids()), "the crashed pool's workers were replaced"
+    settle(server)
+
+
+def test_cancelled_call_frees_its_work(server: ServiceThread) -> None:
+    engine = server.service.engine
+    with channel(server) as chan:
+        stub = pb_grpc.EncoderStub(chan)
+        call = stub.EncodeImages.future(request(HEAVY, "cancel-me"), timeout=60)
+        deadline = time.monotonic() + 10
+        while engine.inflight == 0 and time.monotonic() < deadline:
+            time.sleep(0.002)
+        assert engine.inflight == 1, "the request never arrived"
+        time.sleep(0.1)  # let it reach decoding or the runner queue
+        call.cancel()
+        with pytest.raises(grpc.FutureCancelledError):
+            call.result()
+    settle(server, timeout=5)
+    with EncoderClient(server.grpc_target) as client:  # and the server still serves
+        assert len(client.encode_images([SMALL])) == 1
+
+
+class HeldEncoder:
+    """The tiny encoder behind a gate: the runner's worker blocks in forward until the gate opens."""
+
+    def __init__(self) -> None:
+        self.encoder = load_encoder(None, preset="tiny")
+        self.device, self.dtype, self.output_dim = self.encoder.device, self.encoder.dtype, self.encoder.output_dim
+        self.gate = threading.Event()
+
+    def __call__(self, batch, out) -> None:
+        self.gate.wait(10)
+        self.encoder(batch, out=out)
+
+
+def test_runner_drops_a_cancelled_requests_queued_images_at_once() -> None:
+    held = HeldEncoder()
+    gate = held.gate
+    runner = EncoderRunner(held, RunnerConfig(max_batch_images=1, max_wait_ms=0), max_patches_per_image=64)
+    image = PreprocessedImage(torch.zeros(4, 3, 14, 14), (2, 2), 1)
+    runner.start()
+    try:
+        first = runner.submit([image])
+        deadline = time.monotonic() + 5
+        while runner.queued_images and time.monotonic() < deadline:  # the worker took it and waits at the gate
+            time.sleep(0.001)
+        second = runner.submit([image] * 5)
+        assert runner.queued_images == 5
+        assert second.cancel()
+        assert runner.queued_images == 0  # gone before the worker ever looks at them
+        gate.set()
+        assert len(first.result(10)) == 1
+    finally:
+        gate.set()
+        runner.stop(10)
+
+
+def test_a_tiny_deadline_is_deadline_exceeded(server: ServiceThread) -> None:
+    with channel(server) as chan:
+        stub = pb_grpc.EncoderStub(chan)
+        for timeout in (0.001, 0.05):
+            with pytest.raises(grpc.RpcError) as info:
+                stub.EncodeImages(request(HEAVY), timeout=timeout)
+            assert info.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    with EncoderClient(server.grpc_target, timeout=0.001) as client, pytest.raises(DeadlineExceededError):
+        client.encode_images(HEAVY)
+    settle(server)
+
+
+def test_overload_is_resource_exhausted_quickly(server: ServiceThread) -> None:
+    """3 requests may be in flight and 8 images queued: a burst of 12 four-image requests must see
+    RESOURCE_EXHAUSTED, fast, and everything admitted must succeed."""
+    outcomes: list[tuple[str, float]] = []
+
+    def one(stub: pb_grpc.EncoderStub) -> tuple[str, float]:
+        started = time.monotonic()
+        try:
+            reply = stub.EncodeImages(request(HEAVY), timeout=60)
+            assert len(reply.embeddings) == 4
+            return "ok", time.monotonic() - started
+        except grpc.RpcError as err:
+            return err.code().name, time.monotonic() - started
+
+    with channel(server) as chan, concurrent.futures.ThreadPoolExecutor(12) as pool:
+        stub = pb_grpc.EncoderStub(chan)
+        outcomes = list(pool.map(lambda _: one(stub), range(12)))
+    codes = {code for code, _ in outcomes}
+    assert codes <= {"ok", "RESOURCE_EXHAUSTED"}, outcomes
+    assert "ok" in codes and "RESOURCE_EXHAUSTED" in codes, outcomes
+    refused = [seconds for code, seconds in outcomes if code == "RESOURCE_EXHAUSTED"]
+    served = [seconds for code, seconds in outcomes if code == "ok"]
+    # Refused at the door (in-flight limit) or before decoding (queue reservation), never after waiting for
+    # work: only the 12 MB upload itself takes time, on a busy 2-core machine.
+    assert max(refused) < min(2.5, max(served)), outcomes
+    settle(server)

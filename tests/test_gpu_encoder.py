@@ -1,0 +1,138 @@
+"""The encoder on a CUDA GPU: no host syncs, bf16 parity with the CPU float32 path, `out=` into a byte pool.
+
+Run on the GPU host with `bash scripts/gpu_encoder_check.sh` (or `pytest --noconftest tests/test_gpu_encoder.py`).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mmproc.batching import pack_images
+from mmproc.model import VisionConfig, VisionEncoder
+from mmproc.model.init import random_state_dict
+from mmproc.model.loader import build_encoder, expected_shapes
+from mmproc.model.moonvit import addmm_gelu_tanh, linear_gelu_tanh
+from mmproc.types import PreprocessedImage
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+# Full-width tower (1152 wide, 16 heads of 72, mlp 4304) cut to 2 layers; projector to a small LLM width.
+CONFIG = VisionConfig(hidden_size=1152, num_layers=2, num_heads=16, intermediate_size=4304, text_hidden_size=512)
+# Short segments (varlen), one >= 2048 patches (own SDPA call), odd sizes; a second batch of equal segments.
+GRIDS = [(4, 4), (32, 32), (6, 10), (48, 48), (2, 2), (8, 14)]
+UNIFORM = [(16, 16)] * 4
+
+
+def make_images(grids, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [
+        PreprocessedImage(torch.rand(h * w, 3, 14, 14, generator=gen) * 2 - 1, (h, w), (h // 2) * (w // 2))
+        for h, w in grids
+    ]
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.float().cpu(), b.float().cpu()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def make_encoder(device: str, dtype: torch.dtype) -> VisionEncoder:
+    return build_encoder(CONFIG, random_state_dict(expected_shapes(CONFIG), seed=3), device=device, dtype=dtype)
+
+
+@pytest.fixture(scope="module")
+def gpu() -> VisionEncoder:
+    return make_encoder("cuda", torch.bfloat16)
+
+
+@pytest.fixture(scope="module")
+def batch():
+    return pack_images(make_images(GRIDS), pin_memory=True)
+
+
+@torch.inference_mode()
+def test_no_device_to_host_sync_in_forward(gpu, batch):
+    uniform = pack_images(make_images(UNIFORM, seed=1), pin_memory=True)
+    out = torch.empty(batch.num_tokens, CONFIG.text_hidden_size, device="cuda", dtype=torch.bfloat16)
+    assert gpu.tower.options.uniform_attention  # the default: equal segments take the batched SDPA route
+    for b in (batch, uniform):
+        gpu(b)  # warm-up: RoPE table, pos-emb cache, attention probe, Triton compile may sync once
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        gpu(batch)
+        gpu(batch, out=out)
+        gpu(uniform)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+
+
+@torch.inference_mode()
+def test_bfloat16_matches_cpu_float32(gpu, batch):
+    cpu = make_encoder("cpu", torch.float32)
+    want = cpu(batch)
+    assert rel_err(gpu(batch), want) < 2e-2
+    gpu.tower.set_options(fused_gelu=False, fused_rope=False)
+    try:
+        assert rel_err(gpu(batch), want) < 2e-2  # the plain GPU path too
+    finally:
+        gpu.tower.set_options(fused_gelu=True, fused_rope=True)
+
+
+@torch.inference_mode()
+def test_out_into_a_uint8_pool_slice(gpu, batch):
+    want = gpu(batch)
+    nbytes = want.numel() * want.element_size()
+    pool = torch.zeros(nbytes + 8192, dtype=torch.uint8, device="cuda")
+    view = pool[4096 : 4096 + nbytes].view(torch.bfloat16).view(want.shape)  # a contiguous (T, hidden) slice
+    got = gpu(batch, out=view)
+    assert got.data_ptr() == view.data_ptr()
+    assert torch.equal(view, want) and torch.equal(got, want)
+    assert not pool[:4096].any() and not pool[4096 + nbytes :].any()
+
+
+@torch.inference_mode()
+def test_packed_equals_per_image(gpu, batch):
+    packed = gpu(batch)
+    singles = torch.cat([gpu(pack_images([im], pin_memory=True)) for im in make_images(GRIDS)])
+    assert rel_err(packed, singles) < 1e-2
+
+
+@torch.inference_mode()
+def test_uniform_batched_attention_equals_varlen(gpu):
+    uniform = pack_images(make_images(UNIFORM, seed=2), pin_memory=True)
+    batched = gpu(uniform)
+    gpu.tower.set_options(uniform_attention=False)
+    try:
+        assert rel_err(batched, gpu(uniform)) < 1e-2
+    finally:
+        gpu.tower.set_options(uniform_attention=True)
+
+
+@torch.inference_mode()
+@pytest.mark.parametrize("backend", ["cudnn", "flash"])
+def test_preferred_sdpa_backend_gives_the_same_result(gpu, batch, backend):
+    want = gpu(batch)
+    gpu.tower.set_options(sdpa_backend=backend)
+    try:
+        assert rel_err(gpu(batch), want) < 1e-2
+    finally:
+        gpu.tower.set_options(sdpa_backend="auto")
+
+
+@torch.inference_mode()
+def test_fused_gelu_epilogue_matches_plain():
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    x = torch.randn(3000, 1152, device="cuda", generator=gen).bfloat16()
+    w = (torch.randn(4304, 1152, device="cuda", generator=gen) * 0.03).bfloat16()
+    b = (torch.randn(4304, device="cuda", generator=gen) * 0.1).bfloat16()
+    exact = torch.nn.functional.gelu(x.double() @ w.double().t() + b.double(), approximate="tanh")
+    fused, plain = addmm_gelu_tanh(x, w, b), linear_gelu_tanh(x, w, b)
+    assert fused.shape == plain.shape == (3000, 4304) and fused.dtype == torch.bfloat16
+    assert rel_err(fused, exact) < 1e-2 and rel_err(plain, exact) < 1e-2
+    assert rel_err(fused, plain) < 1e-2

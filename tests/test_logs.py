@@ -1,0 +1,99 @@
+"""Logs: one request id on every line of a request (worker threads included), no traceback for client errors."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+import service.decode_worker
+from mmproc.client import EncoderClient
+from mmproc.errors import InvalidMediaError
+from service.logs import JsonFormatter, RequestIdFilter, request_context
+from tests.conftest import ServiceThread, test_settings
+from tests.media_samples import make_image_bytes
+
+
+@pytest.fixture(scope="module")
+def tiny_server() -> Iterator[ServiceThread]:
+    """Decoding in threads: the test patches the per-image function, which a worker process would not see."""
+    server = ServiceThread(test_settings(decode_isolation="thread")).start()
+    yield server
+    server.stop()
+
+
+class Capture(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.addFilter(RequestIdFilter())
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@pytest.fixture
+def captured(monkeypatch) -> Iterator[Capture]:
+    """Root-logger records at INFO and above, stamped by the same filter `mmproc serve` installs; the decode
+    worker logs one line per image, so that the test can see which request id a worker thread carries."""
+    original = service.decode_worker.prepare_image
+
+    def logging_prepare_image(*args):
+        logging.getLogger("test.worker").info("decoding one image")
+        return original(*args)
+
+    monkeypatch.setattr(service.decode_worker, "prepare_image", logging_prepare_image)
+    handler, root = Capture(), logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.INFO)
+    try:
+        yield handler
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+
+
+def test_one_request_id_on_every_line_including_worker_threads(tiny_server, captured) -> None:
+    good = make_image_bytes(40, 40, fmt="PNG")
+    with EncoderClient(tiny_server.grpc_target) as client:
+        client.encode_images([good, good], request_id="req-good-1")
+        with pytest.raises(InvalidMediaError):
+            client.encode_images([good, b"GIF89a-garbage"], request_id="req-bad-2")
+
+    workers = [r for r in captured.records if r.name == "test.worker"]
+    assert {r.request_id for r in workers} == {"req-good-1", "req-bad-2"}
+    assert all(r.threadName.startswith("mmproc-decode") for r in workers)
+    refused = [r for r in captured.records if "refused" in r.getMessage()]
+    assert len(refused) == 1
+    assert refused[0].request_id == "req-bad-2"
+    assert refused[0].levelno == logging.INFO and refused[0].exc_info is None  # expected: no traceback
+    assert all(r.exc_info is None for r in captured.records)
+
+
+def test_a_request_without_an_id_gets_one(tiny_server, captured) -> None:
+    with EncoderClient(tiny_server.grpc_target) as client:
+        client.encode_images([make_image_bytes(40, 40, fmt="PNG")])
+    (line,) = [r for r in captured.records if r.name == "test.worker"]
+    assert line.request_id not in ("", "-")
+
+
+def test_http_requests_carry_their_id(tiny_server, captured) -> None:
+    import httpx
+
+    reply = httpx.post(f"{tiny_server.http_url}/v1/encode", json={"images": ["@@"], "request_id": "http-7"})
+    assert reply.status_code == 400
+    (refused,) = [r for r in captured.records if "refused" in r.getMessage()]
+    assert refused.request_id == "http-7"
+
+
+def test_json_lines_name_the_request() -> None:
+    record = logging.LogRecord("mmproc.x", logging.INFO, __file__, 1, "hello %s", ("world",), None)
+    with request_context("abc123"):
+        RequestIdFilter().filter(record)
+    entry = json.loads(JsonFormatter().format(record))
+    assert entry["request_id"] == "abc123"
+    assert entry["message"] == "hello world"
+    assert entry["level"] == "INFO"

@@ -1,0 +1,202 @@
+"""Soak: mixed valid, invalid and cancelled requests at about twice the service's capacity, over loopback.
+
+Afterwards every valid answer that came back is correct (against the library, one image per forward), every
+refusal is a typed one the load explains, queues are empty, nothing is in flight, and the server's resident
+memory grew less than 5 % after warm-up. The short run is part of the normal suite (~15 s); the long one is
+marked slow and lasts MMPROC_SOAK_SECONDS (default 300):
+
+    MMPROC_SOAK_SECONDS=600 python3 -m pytest -q -m slow tests/test_soak.py -s
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import ctypes
+import gc
+import os
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import grpc
+import pytest
+import torch
+
+from mmproc.batching import pack_images
+from mmproc.client import error_from_rpc
+from mmproc.errors import InvalidMediaError
+from mmproc.media import decode_image
+from mmproc.preprocess import preprocess_image
+from mmproc.transport import bytes_to_tensor
+from mmproc.v1 import encoder_pb2 as pb
+from mmproc.v1 import encoder_pb2_grpc as pb_grpc
+from tests.conftest import ServiceThread, test_settings
+from tests.corpus import build_corpus
+from tests.media_samples import make_image_bytes
+
+VALID = [
+    make_image_bytes(28 * (1 + i % 4), 28 * (1 + i % 3), fmt=("PNG", "JPEG", "WEBP")[i % 3], seed=i) for i in range(8)
+]
+INVALID = {
+    case.data: next(iter(case.expect)) for case in build_corpus() if len(case.expect) == 1 and "ok" not in case.expect
+}
+INVALID_SAMPLE = list(INVALID.items())[:: max(1, len(INVALID) // 24)]
+OVERLOAD = {"RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"}  # what 2x capacity may legitimately answer
+DEADLINE_S = 2.0
+OPTIONS = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
+
+
+@dataclass
+class Tally:
+    outcomes: collections.Counter = field(default_factory=collections.Counter)
+    wrong: list[str] = field(default_factory=list)
+    verified: int = 0
+
+
+def resident_bytes() -> int:
+    """This process's RSS after a full GC and returning freed heap to the OS (leaks survive both)."""
+    gc.collect()
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@pytest.fixture(scope="module")
+def soak_server() -> Iterator[ServiceThread]:
+    server = ServiceThread(test_settings(max_inflight_requests=32, max_queued_images=64)).start()
+    yield server
+    server.stop()
+
+
+def references(server: ServiceThread) -> dict[bytes, torch.Tensor]:
+    engine = server.service.engine
+    out = {}
+    for data in VALID:
+        pre = preprocess_image(decode_image(data, engine.media_limits).image, engine.preprocess)
+        with torch.inference_mode():
+            out[data] = engine.encoder(pack_images([pre])).clone()
+    return out
+
+
+async def one(stub, kind: str, rng: random.Random, expected: dict[bytes, torch.Tensor], tally: Tally) -> None:
+    if kind == "invalid":
+        data, reason = rng.choice(INVALID_SAMPLE)
+    else:
+        data, reason = rng.choice(VALID), "ok"
+    request = pb.EncodeImagesRequest(images=[data], transport=pb.TRANSPORT_SERIALIZED)
+    call = stub.EncodeImages(request, timeout=DEADLINE_S)
+    if kind == "cancel":
+        await asyncio.sleep(rng.uniform(0, 0.03))
+        call.cancel()
+    try:
+        reply = await call
+    except asyncio.CancelledError:
+        tally.outcomes[f"{kind}:CANCELLED"] += 1
+        return
+    except grpc.RpcError as err:
+        code = err.code().name
+        tally.outcomes[f"{kind}:{code}"] += 1
+        if code == "INVALID_ARGUMENT":
+            error = error_from_rpc(err)
+            if kind != "invalid" or not isinstance(error, InvalidMediaError) or error.reason != reason:
+                tally.wrong.append(f"{kind} refused as {error}")
+        elif code not in OVERLOAD and not (kind == "cancel" and code == "CANCELLED"):
+            tally.wrong.append(f"{kind}: {code} {err.details()}")
+        return
+    tally.outcomes[f"{kind}:OK"] += 1
+    if kind == "invalid":
+        tally.wrong.append("an invalid image was encoded")
+        return
+    (embedding,) = reply.embeddings
+    got = bytes_to_tensor(embedding.data, "float32", tuple(embedding.shape), torch.device("cpu"))
+    try:
+        torch.testing.assert_close(got, expected[data], rtol=1e-4, atol=1e-5)
+        tally.verified += 1
+    except AssertionError as exc:
+        tally.wrong.append(f"wrong embedding: {str(exc)[:200]}")
+
+
+async def closed_loop_rate(target: str, seconds: float, concurrency: int = 4) -> float:
+    """Valid requests per second the server sustains with `concurrency` callers: its capacity."""
+    done = 0
+    stop = time.monotonic() + seconds
+    async with grpc.aio.insecure_channel(target, options=OPTIONS) as channel:
+        stub = pb_grpc.EncoderStub(channel)
+
+        async def caller(seed: int) -> None:
+            nonlocal done
+            rng = random.Random(seed)
+            while time.monotonic() < stop:
+                await stub.EncodeImages(pb.EncodeImagesRequest(images=[rng.choice(VALID)]), timeout=30)
+                done += 1
+
+        await asyncio.gather(*(caller(i) for i in range(concurrency)))
+    return done / seconds
+
+
+async def open_loop(target: str, rate: float, seconds: float, expected, tally: Tally, seed: int) -> None:
+    """Arrivals at `rate`/s for `seconds`, released every 10 ms whatever the answers do (open loop):
+    70 % valid, 20 % invalid, 10 % cancelled mid-flight."""
+    rng = random.Random(seed)
+    tasks: set[asyncio.Task] = set()
+    tick, owed = 0.01, 0.0
+    async with grpc.aio.insecure_channel(target, options=OPTIONS) as channel:
+        stub = pb_grpc.EncoderStub(channel)
+        started = time.monotonic()
+        while (now := time.monotonic()) < started + seconds:
+            owed += rate * tick
+            while owed >= 1:
+                owed -= 1
+                kind = rng.choices(["valid", "invalid", "cancel"], [70, 20, 10])[0]
+                task = asyncio.create_task(one(stub, kind, rng, expected, tally))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+            await asyncio.sleep(max(0.0, tick - (time.monotonic() - now)))
+        await asyncio.gather(*tasks)
+
+
+def wait_idle(server: ServiceThread, timeout: float = 10) -> None:
+    engine = server.service.engine
+    deadline = time.monotonic() + timeout
+    while (engine.inflight or engine._runner.queued_images) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.inflight == 0 and engine._runner.queued_images == 0
+
+
+def soak(server: ServiceThread, seconds: float) -> dict[str, object]:
+    expected = references(server)
+    capacity = asyncio.run(closed_loop_rate(server.grpc_target, 1.5))
+    rate = 2 * capacity
+    warmup = max(3.0, seconds * 0.25)
+    tally = Tally()
+    asyncio.run(open_loop(server.grpc_target, rate, warmup, expected, tally, seed=1))
+    wait_idle(server)
+    baseline = resident_bytes()
+    asyncio.run(open_loop(server.grpc_target, rate, seconds - warmup, expected, tally, seed=2))
+    wait_idle(server)
+    final = resident_bytes()
+    pool = server.service.engine.decode_pool
+    summary = {
+        "capacity_rps": round(capacity, 1), "offered_rps": round(rate, 1), "seconds": seconds,
+        "requests": sum(tally.outcomes.values()), "sent_rps": round(sum(tally.outcomes.values()) / seconds, 1),
+        "verified": tally.verified, "outcomes": dict(tally.outcomes),
+        "rss_mb": (round(baseline / 2**20, 1), round(final / 2**20, 1)), "growth": round(final / baseline - 1, 4),
+        "decode_crashes": pool.crashes,
+    }  # fmt: skip
+    print(f"\nsoak: {summary}")
+    assert tally.wrong == [], tally.wrong[:10]
+    assert tally.verified >= 10 and tally.outcomes["invalid:INVALID_ARGUMENT"] >= 5, summary
+    assert final < baseline * 1.05, summary
+    assert pool.crashes == 0 and os.listdir(pool._transfer_dir) == []
+    return summary
+
+
+def test_soak_short(soak_server: ServiceThread) -> None:
+    soak(soak_server, seconds=10.0)
+
+
+@pytest.mark.slow
+def test_soak_long(soak_server: ServiceThread) -> None:
+    soak(soak_server, seconds=float(os.environ.get("MMPROC_SOAK_SECONDS", "300")))
