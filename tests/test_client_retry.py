@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from mmproc.client import AsyncEncoderClient, EncoderClient
-from mmproc.client_retry import RetryPolicy, Rotation, call_with_retry
+from mmproc.client.retry import RetryPolicy, Rotation, call_with_retry
 from mmproc.errors import DeadlineExceededError, InvalidMediaError, ResourceExhaustedError, UnavailableError
 from service.app import build_engine
 from tests.conftest import ServiceThread, test_settings
@@ -115,10 +115,9 @@ def test_requests_keep_succeeding_when_one_of_two_servers_stops(two_servers, for
         [s.grpc_target for s in two_servers] if form == "list" else f"ipv4:127.0.0.1:{ports[0]},127.0.0.1:{ports[1]}"
     )
     with EncoderClient(target, timeout=20, retry=FAST) as client:
-        for _ in range(30):
+        deadline = time.monotonic() + 20  # round_robin only uses subchannels once they connect: allow for load
+        while not (served(a) and served(b)) and time.monotonic() < deadline:
             client.encode_images([IMAGE])
-            if served(a) and served(b):
-                break
         assert served(a) > 0 and served(b) > 0  # spread over both
         a.stop()
         before = served(b)

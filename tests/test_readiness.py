@@ -15,7 +15,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from mmproc.client import EncoderClient
-from mmproc.client_retry import NO_RETRY
+from mmproc.client.retry import NO_RETRY
 from mmproc.errors import ConfigError, UnavailableError
 from service.app import build_engine, serve
 from service.cli import main

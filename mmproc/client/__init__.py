@@ -1,0 +1,23 @@
+"""The consumer API an LLM worker imports.
+
+    from mmproc.client import EncoderClient
+    from mmproc.errors import InvalidMediaError
+    with EncoderClient("127.0.0.1:50051", device="cuda:0") as client:
+        embeddings = client.encode_images([jpeg_bytes, png_bytes])  # list[Tensor (tokens_i, hidden)]
+
+`AsyncEncoderClient` is the same for asyncio code. Server errors come back typed: InvalidMediaError
+(a ValueError with .index, .reason, .http_status == 400), ResourceExhaustedError, UnavailableError,
+DeadlineExceededError, InternalError. Serialized replies are received as a stream of chunks, so replies
+larger than one gRPC message still arrive.
+
+Several servers: pass a list of targets (calls rotate over them) or one name that resolves to several
+addresses, e.g. "dns:///mmproc-pool:50051" (gRPC's round_robin policy spreads calls over all of them).
+UNAVAILABLE is retried — on the next target — with exponential backoff and jitter within the call's
+timeout; INVALID_ARGUMENT never is. See `mmproc.client.retry.RetryPolicy` (`retry=NO_RETRY` turns it off).
+"""
+
+from mmproc.client.encoder import AsyncEncoderClient, EncoderClient
+from mmproc.client.retry import NO_RETRY, RetryPolicy
+from mmproc.client.wire import error_from_rpc
+
+__all__ = ["NO_RETRY", "AsyncEncoderClient", "EncoderClient", "RetryPolicy", "error_from_rpc"]

@@ -1,0 +1,237 @@
+"""`EncoderClient` (blocking, serialized and CUDA IPC transports) and `AsyncEncoderClient` (asyncio, serialized)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import Iterator, Sequence
+
+import grpc
+import torch
+
+from mmproc.client.auth import aio_bearer, bearer_channel
+from mmproc.client.ipc import IpcClient
+from mmproc.client.retry import RetryPolicy
+from mmproc.client.targets import Targets
+from mmproc.client.wire import (
+    TRANSPORTS,
+    Assembler,
+    channel_options,
+    check_images,
+    embedding_from_bytes,
+    error_from_rpc,
+    make_request,
+)
+from mmproc.errors import StaleSessionError
+from mmproc.transport.cuda_ipc import ipc_unavailable_reason
+from mmproc.v1 import encoder_pb2 as pb
+from mmproc.v1 import encoder_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+
+class EncoderClient:
+    """Blocking client. Thread-safe (one channel, shared)."""
+
+    def __init__(
+        self,
+        target: str | Sequence[str],
+        *,
+        device: str | torch.device = "cpu",
+        transport: str = "auto",
+        timeout: float = 60.0,
+        max_message_bytes: int = 64 << 20,
+        handle_cache: bool = True,
+        retry: RetryPolicy | None = None,
+        token: str | None = None,
+    ) -> None:
+        """transport: "auto" (CUDA IPC when this process and the server share a node, a PID namespace and
+        CUDA, else serialized), "ipc" (the same, but say so loudly when it falls back) or "serialized".
+        handle_cache=False opens and closes the server's pool for every request (A/B benchmarks only).
+        token: the server's `auth_token`, sent as `authorization: Bearer <token>` on every call."""
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {sorted(TRANSPORTS)}, got {transport!r}")
+        self.device = torch.device(device)
+        self.transport = transport
+        self.timeout = timeout
+        options = channel_options(max_message_bytes)
+        channel = lambda t: bearer_channel(grpc.insecure_channel(t, options=options), token)  # noqa: E731
+        self._targets = Targets(target, channel, retry)
+        self._stub = self._targets.stubs[0]  # the IPC session talks to the first target (IPC is same-node)
+        self._ipc = IpcClient(self._stub, self.device, handle_cache) if self._wants_ipc() else None
+
+    def _wants_ipc(self) -> bool:
+        if self.transport == "serialized":
+            return False
+        reason = "the client device is not CUDA" if self.device.type != "cuda" else ipc_unavailable_reason()
+        if reason is not None:
+            log = logger.warning if self.transport == "ipc" else logger.debug
+            log("CUDA IPC unavailable in this process (%s): using the serialized transport", reason)
+            return False
+        return True
+
+    @property
+    def ipc_stats(self) -> dict[str, int] | None:
+        """Handle-cache and fallback counters (None when IPC is not in use)."""
+        return None if self._ipc is None else self._ipc.counters()
+
+    def encode_images(
+        self, images: Sequence[bytes], *, request_id: str | None = None, timeout: float | None = None
+    ) -> list[torch.Tensor]:
+        """One (tokens_i, hidden) tensor per image, on this client's device, in the server's dtype.
+
+        Both transports give the same values bit for bit."""
+        images = check_images(images)
+        if self._ipc is not None:
+            with self._ipc_views(images, request_id, timeout) as views:
+                if views is not None:
+                    return [view.clone() for view in views]  # stream-ordered copy; the ack follows it
+        return self._encode_serialized(images, request_id, timeout)
+
+    def encode_images_into(
+        self,
+        images: Sequence[bytes],
+        outputs: Sequence[torch.Tensor],
+        *,
+        request_id: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """Copy each embedding into the caller's buffer (same shape and dtype, on this client's device),
+        e.g. straight into the LLM's input-embedding tensor."""
+        images = check_images(images)
+        if len(outputs) != len(images):
+            raise ValueError(f"{len(images)} images but {len(outputs)} output buffers")
+        with self.encode_images_view(images, request_id=request_id, timeout=timeout) as views:
+            for out, view in zip(outputs, views):
+                if out.shape != view.shape or out.dtype != view.dtype:
+                    raise ValueError(
+                        f"output buffer {tuple(out.shape)} {out.dtype} != {tuple(view.shape)} {view.dtype}"
+                    )
+                out.copy_(view)
+
+    @contextlib.contextmanager
+    def encode_images_view(
+        self, images: Sequence[bytes], *, request_id: str | None = None, timeout: float | None = None
+    ) -> Iterator[list[torch.Tensor]]:
+        """Zero-copy views of the embeddings inside the server's IPC pool, valid inside the `with` block.
+
+        On exit, an ack is enqueued on the current CUDA stream after whatever you enqueued that reads the
+        views, and the lease is released. Without IPC the views are ordinary tensors on this device.
+        """
+        images = check_images(images)
+        if self._ipc is not None:
+            with self._ipc_views(images, request_id, timeout) as views:
+                if views is not None:
+                    yield views
+                    return
+        yield self._encode_serialized(images, request_id, timeout)
+
+    @contextlib.contextmanager
+    def _ipc_views(
+        self, images: list[bytes], request_id: str | None, timeout: float | None
+    ) -> Iterator[list[torch.Tensor] | None]:
+        assert self._ipc is not None
+        request_id = request_id or uuid.uuid4().hex[:16]
+        for attempt in (1, 2):
+            try:
+                reply = self._ipc.request(images, request_id, timeout or self.timeout)
+                break
+            except grpc.RpcError as err:
+                error = error_from_rpc(err)
+                if not isinstance(error, StaleSessionError) or attempt == 2:
+                    raise error from None
+                self._ipc.reset()  # the server restarted or dropped our session: open a new one, once
+        if reply is None:  # no session (refused, or the server has no pool)
+            yield None
+            return
+        if reply.transport != pb.TRANSPORT_IPC:  # the server fell back (pool full): bytes are in the reply
+            yield [embedding_from_bytes(emb, self.device) for emb in reply.embeddings]
+            return
+        with self._ipc.read(reply, timeout or self.timeout) as views:
+            yield views
+
+    def _encode_serialized(
+        self, images: list[bytes], request_id: str | None, timeout: float | None
+    ) -> list[torch.Tensor]:
+        request = make_request(images, request_id, "serialized")
+
+        def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> list[torch.Tensor]:
+            assembler = Assembler(len(images), self.device)
+            for chunk in stub.EncodeImagesStream(request, timeout=seconds):
+                assembler.add(chunk)
+            return assembler.tensors()
+
+        return self._targets.call(attempt, timeout or self.timeout)
+
+    def server_info(self, timeout: float | None = None) -> pb.ServerInfo:
+        request = pb.GetServerInfoRequest()
+        timeout = timeout or self.timeout
+        return self._targets.call(lambda stub, seconds: stub.GetServerInfo(request, timeout=seconds), timeout)
+
+    def close(self) -> None:
+        if self._ipc is not None:
+            self._ipc.close()
+        for channel in self._targets.channels:
+            channel.close()
+
+    def __enter__(self) -> EncoderClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncEncoderClient:
+    """asyncio client (grpc.aio). Use from one event loop."""
+
+    def __init__(
+        self,
+        target: str | Sequence[str],
+        *,
+        device: str | torch.device = "cpu",
+        transport: str = "auto",
+        timeout: float = 60.0,
+        max_message_bytes: int = 64 << 20,
+        retry: RetryPolicy | None = None,
+        token: str | None = None,
+    ) -> None:
+        self.device = torch.device(device)
+        self.transport = transport
+        self.timeout = timeout
+        options = channel_options(max_message_bytes)
+        interceptors = aio_bearer(token)
+        channel = lambda t: grpc.aio.insecure_channel(t, options=options, interceptors=interceptors)  # noqa: E731
+        self._targets = Targets(target, channel, retry)
+
+    async def encode_images(
+        self, images: Sequence[bytes], *, request_id: str | None = None, timeout: float | None = None
+    ) -> list[torch.Tensor]:
+        images = check_images(images)
+        request = make_request(images, request_id, self.transport)
+
+        async def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> list[torch.Tensor]:
+            assembler = Assembler(len(images), self.device)
+            async for chunk in stub.EncodeImagesStream(request, timeout=seconds):
+                assembler.add(chunk)
+            return assembler.tensors()
+
+        return await self._targets.acall(attempt, timeout or self.timeout)
+
+    async def server_info(self, timeout: float | None = None) -> pb.ServerInfo:
+        request = pb.GetServerInfoRequest()
+
+        async def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> pb.ServerInfo:
+            return await stub.GetServerInfo(request, timeout=seconds)
+
+        return await self._targets.acall(attempt, timeout or self.timeout)
+
+    async def close(self) -> None:
+        for channel in self._targets.channels:
+            await channel.close()
+
+    async def __aenter__(self) -> AsyncEncoderClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
