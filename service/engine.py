@@ -227,6 +227,7 @@ class Engine:
         RESOURCE_EXHAUSTED."""
         self.pool = pool
         self._ipc_fallback = fallback
+        self.metrics.track_ipc(pool.stats, pool.config.pool_bytes)
         self._lease_waiters = ThreadPoolExecutor(max_workers=8, thread_name_prefix="mmproc-lease")
 
     async def _lease(
@@ -254,6 +255,7 @@ class Engine:
         if not self._ipc_fallback:
             raise ResourceExhaustedError(f"IPC pool full: no {nbytes}-byte slice freed in time")
         self.ipc_fallbacks += 1
+        self.metrics.ipc_fallbacks.inc()
         if self.ipc_fallbacks == 1:
             logger.warning("IPC pool full past the wait: replying serialized (counted in ipc fallbacks; logged once)")
         return None

@@ -113,6 +113,8 @@ class EncoderServicer(pb_grpc.EncoderServicer):
             await self._abort(context, None, exc)
             return
         async for event in run_session(pool, requests, context):
+            if event.HasField("opened"):
+                self._state.metrics.ipc_sessions_opened.inc()
             yield event
 
     async def _abort(

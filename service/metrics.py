@@ -14,7 +14,7 @@ Families (all defined at start, so that every one is scrapeable with zero values
   mmproc_queue_images                           images waiting for the encoder (the autoscaling signal)
   mmproc_inflight_requests, mmproc_ready
   mmproc_ipc_pool_bytes_in_use, mmproc_ipc_pool_capacity_bytes, mmproc_ipc_leases,
-  mmproc_ipc_fallbacks_total, mmproc_ipc_handle_opens_total   (updated by the IPC transport)
+  mmproc_ipc_fallbacks_total, mmproc_ipc_sessions_opened_total   (updated by the IPC transport)
 """
 
 from __future__ import annotations
@@ -83,7 +83,12 @@ class Metrics:
         self.ipc_fallbacks = Counter(
             "mmproc_ipc_fallbacks", "Requests that asked for IPC and got a serialized reply.", registry=r
         )
-        self.ipc_handle_opens = Counter("mmproc_ipc_handle_opens", "IPC pool handle opens.", registry=r)
+        self.ipc_sessions_opened = Counter(
+            "mmproc_ipc_sessions_opened",
+            "IPC consumer sessions opened; each consumer process opens the pool handle once per session "
+            "(its own handle-cache counters are in EncoderClient.ipc_stats).",
+            registry=r,
+        )
 
     # -- helpers for the engine and the front ends ---------------------------------------------------
 
@@ -115,6 +120,12 @@ class Metrics:
         """Gauges read at scrape time from the engine that owns the numbers."""
         self.queue_images.set_function(queue_images)
         self.inflight_requests.set_function(inflight_requests)
+
+    def track_ipc(self, stats: Callable[[], object], capacity: int) -> None:
+        """IPC pool gauges, read at scrape time from the pool's lease table (`stats()` -> LeaseStats)."""
+        self.ipc_pool_capacity_bytes.set(capacity)
+        self.ipc_pool_bytes.set_function(lambda: stats().bytes_in_use)
+        self.ipc_leases.set_function(lambda: stats().leases_active)
 
     def render(self) -> tuple[bytes, str]:
         """(body, content type) of the text exposition format."""

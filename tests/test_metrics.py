@@ -40,7 +40,7 @@ def test_every_family_is_exported_before_any_traffic(tiny_server) -> None:
         "mmproc_requests", "mmproc_request_duration_seconds", "mmproc_rejections", "mmproc_images_encoded",
         "mmproc_tokens_encoded", "mmproc_stage_duration_seconds", "mmproc_batch_images", "mmproc_batch_patches",
         "mmproc_queue_images", "mmproc_inflight_requests", "mmproc_ready", "mmproc_ipc_pool_bytes_in_use",
-        "mmproc_ipc_pool_capacity_bytes", "mmproc_ipc_leases", "mmproc_ipc_fallbacks", "mmproc_ipc_handle_opens",
+        "mmproc_ipc_pool_capacity_bytes", "mmproc_ipc_leases", "mmproc_ipc_fallbacks", "mmproc_ipc_sessions_opened",
         "process_cpu_seconds",
     ):  # fmt: skip
         assert family in families, family
