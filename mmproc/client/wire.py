@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 
 import grpc
+import numpy as np
 import torch
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
@@ -60,12 +61,17 @@ def error_from_rpc(err: grpc.RpcError) -> MmprocError:
 
 
 class Assembler:
-    """Collects a streamed reply (headers + chunks) into one tensor per image."""
+    """Collects a streamed reply (headers + chunks) straight into one host buffer per image.
+
+    The buffer is pinned when the tensors go to a GPU, so each image costs one copy out of the messages and
+    one asynchronous host-to-device copy; on the CPU the buffer itself becomes the tensor (no further copy).
+    """
 
     def __init__(self, count: int, device: torch.device) -> None:
         self._device = device
         self._headers: list[pb.Embedding | None] = [None] * count
-        self._buffers: list[bytearray | None] = [None] * count
+        self._buffers: list[torch.Tensor | None] = [None] * count  # (nbytes,) uint8 on the host
+        self._received = [0] * count
 
     def add(self, chunk: pb.EncodeImagesChunk) -> None:
         index = chunk.index
@@ -74,18 +80,25 @@ class Assembler:
         if chunk.HasField("header"):
             header = chunk.header
             nbytes = tensor_nbytes(tuple(header.shape), getattr(torch, PB_DTYPES[header.dtype]))
-            self._headers[index], self._buffers[index] = header, bytearray(nbytes)
+            pinned = self._device.type == "cuda"
+            self._headers[index] = header
+            self._buffers[index] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
         buffer = self._buffers[index]
-        if buffer is None or chunk.offset + len(chunk.data) > len(buffer):
+        size = len(chunk.data)
+        if buffer is None or chunk.offset + size > buffer.numel():
             raise InternalError(f"malformed stream for image {index}")
-        buffer[chunk.offset : chunk.offset + len(chunk.data)] = chunk.data
+        if size:
+            buffer[chunk.offset : chunk.offset + size].numpy()[:] = np.frombuffer(chunk.data, dtype=np.uint8)
+        self._received[index] += size
 
     def tensors(self) -> list[torch.Tensor]:
         out = []
         for index, (header, buffer) in enumerate(zip(self._headers, self._buffers)):
-            if header is None or buffer is None:
-                raise InternalError(f"stream ended without image {index}")
-            out.append(bytes_to_tensor(bytes(buffer), PB_DTYPES[header.dtype], tuple(header.shape), self._device))
+            if header is None or buffer is None or self._received[index] != buffer.numel():
+                raise InternalError(f"stream ended before image {index} was complete")
+            dtype = getattr(torch, PB_DTYPES[header.dtype])
+            tensor = buffer.view(dtype).view(tuple(header.shape))
+            out.append(tensor if self._device.type == "cpu" else tensor.to(self._device, non_blocking=True))
         return out
 
 
