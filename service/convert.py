@@ -49,7 +49,7 @@ def serialized_chunks(
             header=embedding_header(result),
             index=result.index,
             offset=0,
-            data=view[:chunk_bytes].tobytes(),
+            data=data if len(data) <= chunk_bytes else view[:chunk_bytes].tobytes(),  # no copy when it fits
         )
         for offset in range(chunk_bytes, len(data), chunk_bytes):
             yield pb.EncodeImagesChunk(
