@@ -3,8 +3,9 @@
 Clients send `authorization: Bearer <token>` (gRPC metadata, HTTP header). The comparison is constant-time.
 Left open on purpose, so that probes and tools work without the secret: gRPC health and reflection, HTTP
 /healthz, /readyz and /metrics. Everything else (the Encoder service, HTTP /v1/* and any other path) answers
-UNAUTHENTICATED / 401 without running, and without parsing the request. Refusals go through `service.errors.map_error` like
-every other one (counted as reason "unauthenticated"). The token is never logged.
+UNAUTHENTICATED / 401 without running, and without parsing the request. Refusals go through
+`service.errors.map_error` like every other one (counted as reason "unauthenticated"). The token is never
+logged.
 
 This is a shared secret, not transport security: on anything but loopback or a unix socket, put TLS in front.
 """

@@ -102,7 +102,7 @@ def cmd_health(args: argparse.Namespace) -> int:
     return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
-BENCHMARKS = ("rope", "encoder", "serve")
+BENCHMARKS = ("rope", "encoder", "serve", "decode")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -137,7 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     health.add_argument("--timeout", type=float, default=3.0)
     health.set_defaults(func=cmd_health)
 
-    bench = sub.add_parser("bench", help="benchmarks: rope | encoder | serve (`mmproc bench NAME --help`)")
+    bench = sub.add_parser("bench", help="benchmarks: rope | encoder | serve | decode (`mmproc bench NAME --help`)")
     bench.add_argument("name", choices=BENCHMARKS)
     bench.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own flags")
     bench.set_defaults(func=cmd_bench)

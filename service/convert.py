@@ -61,7 +61,7 @@ def serialized_chunks(
 
 
 def ipc_reply(request_id: str, results: list[EncodedImage], pool: PoolIdentity) -> pb.EncodeImagesResponse:
-    """Descriptors only: the embeddings stay in the pool, the consumer reads them there."""
+    """Descriptors only: the embeddings stay in the pool, the consumer (or each of its readers) reads them there."""
     reply = pb.EncodeImagesResponse(request_id=request_id, transport=pb.TRANSPORT_IPC)
     for result in results:
         desc = result.descriptor
@@ -78,6 +78,8 @@ def ipc_reply(request_id: str, results: list[EncodedImage], pool: PoolIdentity) 
                 nbytes=desc.nbytes,
                 ready_offset_bytes=desc.ready_offset,
                 ack_offset_bytes=desc.ack_offset,
+                readers=desc.readers,
+                reader_ack_offset_bytes=desc.ack_offsets,
             )
         )
         reply.embeddings.append(header)

@@ -2,17 +2,18 @@
 
 Why processes: Pillow's decoders are C code fed with hostile bytes. In a worker process a segfault, an abort
 or a runaway allocation (capped by RLIMIT_AS, see `decode_worker.init_worker`) ends that worker, not the
-service. The price is one pipe hop per image (bytes in, float32 patches out); docs/reliability.md has the
-measurements behind the default.
+service. The price is one hop per image (bytes in through the pipe, float32 patches out through tmpfs, see
+`decode_transfer`); docs/reliability.md has the measurements behind the default.
 
 Crash handling (process mode). When a worker dies, `ProcessPoolExecutor` fails *every* pending image of
 that executor with BrokenProcessPool, so the culprit cannot be told from its neighbours. The pool is
 replaced at once (new work goes to the new one) and each affected image is retried alone, one at a time, in
 a one-worker quarantine executor: an image that crashes there is certainly at fault and gets a 400
 UNDECODABLE; the innocent ones simply succeed. A worker that runs out of its memory budget exits on purpose
-and is handled the same way (a worker worn by earlier work cannot get an innocent image refused). A worker busy with one image for longer than `timeout_s` is
-ended by its own alarm (`decode_worker.run_task`), i.e. it becomes a crash, so a decoder stuck in a
-loop cannot eat the pool either; the time spent queued for a worker does not count.
+and is handled the same way (a worker worn by earlier work cannot get an innocent image refused). A worker
+busy with one image for longer than `timeout_s` is ended by its own alarm (`decode_worker.run_task`), i.e. it
+becomes a crash, so a decoder stuck in a loop cannot eat the pool either; time queued for a worker does not
+count.
 
 Thread mode runs the same code in a ThreadPoolExecutor: cheaper per image, no protection against crashes,
 and a stuck decoder keeps its thread (the request still ends at its deadline).
@@ -104,7 +105,8 @@ class DecodePool:
         # The forkserver imports these once; every worker (and every replacement) is forked from it.
         preload = {"service.decode_worker"} | ({task.__module__} if task is not None else set())
         self._context.set_forkserver_preload(sorted(preload))
-        self._transfer_dir = make_transfer_dir()
+        self._transfer_dir: str | None = None  # made on first use: an engine never started leaves nothing
+        self._transfer_made = False
         self._executor = self._new_process_executor(config.workers)
         self._quarantine: ProcessPoolExecutor | None = None
         self._quarantine_thread = ThreadPoolExecutor(1, thread_name_prefix="mmproc-quarantine")
@@ -114,9 +116,17 @@ class DecodePool:
     def start(self) -> None:
         """Start every process worker now, so that the first requests pay no fork."""
         if self.config.isolation == "process":
+            self._transfer()
             futures = [self._executor.submit(warm_up) for _ in range(self.config.workers)]
-            for future in futures:
-                future.result(timeout=120)
+            try:
+                for future in futures:
+                    future.result(timeout=120)
+            except BrokenProcessPool:
+                raise ConfigError(
+                    "decode worker processes could not start (their error is above). A worker re-imports the "
+                    "main module: it must be a file guarded by `if __name__ == '__main__':`; or set "
+                    "decode_isolation=thread"
+                ) from None
 
     def close(self) -> None:
         with self._lock:
@@ -187,10 +197,17 @@ class DecodePool:
     def _submit_task(self, executor: Executor, data: bytes) -> Future:
         task, request_id = self._task or decode_worker.prepare_image, REQUEST_ID.get()
         future = executor.submit(
-            run_task, task, self.config.timeout_s, self._transfer_dir, request_id, data, self.limits, self.preprocess
+            run_task, task, self.config.timeout_s, self._transfer(), request_id, data, self.limits, self.preprocess
         )
         future.add_done_callback(_materialize)  # before anyone waits: maps and unlinks even if nobody does
         return future
+
+    def _transfer(self) -> str | None:
+        """The tmpfs directory workers ship large results through (None: use the pipe)."""
+        with self._lock:
+            if not self._transfer_made and not self._closed:
+                self._transfer_dir, self._transfer_made = make_transfer_dir(), True
+            return self._transfer_dir
 
     def _replace(self, broken: Executor) -> None:
         """Swap in a fresh process executor, once per broken one, and let the broken one go."""
@@ -204,6 +221,8 @@ class DecodePool:
 
     def _run_alone(self, data: bytes) -> Shipped:
         """Quarantine (one image at a time, on the single quarantine thread): a crash here is this image's."""
+        if self._closed:
+            raise UnavailableError("decoder pool is shut down")
         if self._quarantine is None:
             self._quarantine = self._new_process_executor(1)
         executor = self._quarantine

@@ -28,7 +28,7 @@ from mmproc.model import VisionEncoder
 from mmproc.preprocess import PreprocessConfig, preprocess_image
 from mmproc.runner import BatchStats, EncoderRunner, RunnerConfig
 from mmproc.transport.ipc_pool import IpcPool, SliceDescriptor
-from mmproc.transport.leases import Lease, UnknownSessionError
+from mmproc.transport.leases import MAX_READERS, Lease, UnknownSessionError
 from mmproc.types import PreprocessedImage
 from service.admission import check_patch_budget
 from service.decode_pool import DecodePool, DecodePoolConfig
@@ -55,6 +55,12 @@ class EncodedImage:
     num_tokens: int
     embedding: torch.Tensor
     descriptor: SliceDescriptor | None = None
+
+
+def check_readers(readers: int) -> None:
+    """A request's reader count (1 unless it fans out to tensor-parallel ranks) must be in 1..MAX_READERS."""
+    if not 1 <= readers <= MAX_READERS:
+        raise InvalidMediaError(f"readers must be in 1..{MAX_READERS}, got {readers}", reason=Reason.BAD_REQUEST)
 
 
 class Engine:
@@ -157,15 +163,24 @@ class Engine:
         check_patch_budget(images, self.preprocess, limits.max_patches)
 
     async def encode(
-        self, images: list[bytes], request_id: str, deadline: float | None = None, *, ipc_session: str | None = None
+        self,
+        images: list[bytes],
+        request_id: str,
+        deadline: float | None = None,
+        *,
+        ipc_session: str | None = None,
+        readers: int = 1,
     ) -> list[EncodedImage]:
         """Encode all images of one request, or raise a typed mmproc error. `deadline` is time.monotonic().
 
         With `ipc_session` (and a pool attached) the embeddings are written into a pool lease owned by that
         consumer session and carry descriptors; without a lease they come back as plain device tensors.
+        `readers`: consumer processes (tensor-parallel ranks) that will read the lease, each acking its own
+        word; validated here for every request (1..MAX_READERS), used only for a lease.
         """
         if not self.ready or self.draining:
             raise UnavailableError("server is draining" if self.draining else "server is not ready")
+        check_readers(readers)
         self.check_request(images)
         if self._inflight >= self._max_inflight:
             raise ResourceExhaustedError(f"too many requests in flight (limit {self._max_inflight})")
@@ -179,7 +194,7 @@ class Engine:
                     f"request needs {total_patches} patches, limit {self.request_limits.max_patches}",
                     reason=Reason.TOO_MANY_PATCHES,
                 )
-            lease = await self._lease(ipc_session, prepared, deadline, request_id) if ipc_session else None
+            lease = await self._lease(ipc_session, prepared, deadline, readers) if ipc_session else None
             try:
                 embeddings = await self._run(prepared, deadline, request_id, lease)
             except BaseException:
@@ -231,9 +246,9 @@ class Engine:
         self._lease_waiters = ThreadPoolExecutor(max_workers=8, thread_name_prefix="mmproc-lease")
 
     async def _lease(
-        self, session: str, prepared: list[PreprocessedImage], deadline: float | None, request_id: str
+        self, session: str, prepared: list[PreprocessedImage], deadline: float | None, readers: int
     ) -> Lease | None:
-        """A pool lease for the whole request, or None to reply serialized.
+        """A pool lease for the whole request, read by `readers` consumers, or None to reply serialized.
 
         Waits for space at most half of the time left before the deadline (the other half is for the work),
         off the event loop; then falls back (counted, logged once) or refuses, as configured.
@@ -246,7 +261,8 @@ class Engine:
         loop = asyncio.get_running_loop()
         try:
             lease = await loop.run_in_executor(
-                self._lease_waiters, lambda: self.pool.leases.acquire(session, nbytes, deadline=wait_until)
+                self._lease_waiters,
+                lambda: self.pool.leases.acquire(session, nbytes, deadline=wait_until, readers=readers),
             )
         except UnknownSessionError:
             raise StaleSessionError(f"IPC session {session} is unknown or closed; open a new one") from None
@@ -261,6 +277,7 @@ class Engine:
         return None
 
     def _descriptors(self, prepared: list[PreprocessedImage], lease: Lease) -> list[SliceDescriptor]:
+        """One descriptor per image, all in the request's one lease (same ready word and reader ack words)."""
         row_bytes = self.encoder.output_dim * self.encoder.dtype.itemsize
         out, row = [], 0
         for image in prepared:

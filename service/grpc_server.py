@@ -55,17 +55,18 @@ class EncoderServicer(pb_grpc.EncoderServicer):
             return await _off_loop(serialized_payloads, results)
 
     async def _run(
-        self, request: pb.EncodeImagesRequest, context: grpc.aio.ServicerContext
+        self, request: pb.EncodeImagesRequest, context: grpc.aio.ServicerContext, *, ipc: bool = True
     ) -> tuple[str, list[EncodedImage]]:
         request_id = request.request_id or uuid.uuid4().hex[:16]
         remaining = context.time_remaining()
         budget = self._default_deadline_s if remaining is None else remaining
-        wants_ipc = request.transport != pb.TRANSPORT_SERIALIZED and bool(request.consumer.session_id)
+        wants_ipc = ipc and request.transport != pb.TRANSPORT_SERIALIZED and bool(request.consumer.session_id)
         results = await self._engine.encode(
             list(request.images),
             request_id,
             time.monotonic() + budget,
             ipc_session=request.consumer.session_id if wants_ipc else None,
+            readers=request.readers if request.HasField("readers") else 1,  # unset: one reader
         )
         return request_id, results
 
@@ -91,7 +92,8 @@ class EncoderServicer(pb_grpc.EncoderServicer):
 
     async def EncodeImagesStream(self, request: pb.EncodeImagesRequest, context: grpc.aio.ServicerContext):
         try:
-            request_id, results = await self._run(request, context)
+            # Streams carry bytes only: a lease taken here would never reach a consumer to release it.
+            request_id, results = await self._run(request, context, ipc=False)
             payloads = await self._serialize(results)
         except Exception as exc:
             await self._abort(context, request, exc)

@@ -1,5 +1,11 @@
 """The consumer-session stream of the IPC transport (gRPC `Session`): hello -> pool identity, releases,
-and reclaim of every lease of the session when its stream ends (the consumer exited or was killed)."""
+and reclaim of every lease of the session when its stream ends (the consumer exited or was killed).
+
+Tensor-parallel fan-out: every rank opens a session (it learns the pool identity and is checked for the same
+node and PID namespace), but only rank 0's session owns the leases it requested with `readers = N`, and only
+it releases them. When rank 0's stream ends its shared leases are freed at once, even if other ranks still
+read them: safe only because a TP group dies together. A dead non-owner rank frees nothing; its missing ack
+holds the slice until the TTL (see mmproc.transport.leases)."""
 
 from __future__ import annotations
 
@@ -75,9 +81,23 @@ async def run_session(
 
 
 def _abandon_unread(pool: IpcPool, session_id: str, lease_id: int) -> None:
-    """The consumer never mapped the pool, so nothing of it can still be reading: free at once."""
+    """The consumer never mapped the pool, so nothing of it can still be reading: free at once.
+
+    Not so for a lease with several readers: the owner's failure says nothing about its peers (other ranks),
+    which may be reading it now. It is released instead; the owner's ack word never lands, so the TTL frees it.
+    """
     for lease in pool.leases.live_leases():
         if lease.lease_id == lease_id and lease.session_id == session_id:
-            pool.leases.abandon(lease)
+            if lease.readers == 1:
+                pool.leases.abandon(lease)
+            else:
+                logger.warning(
+                    "IPC session %s could not read lease %d shared by %d readers: held until the TTL (%.0f s)",
+                    session_id,
+                    lease_id,
+                    lease.readers,
+                    pool.leases.ttl_s,
+                )
+                pool.leases.release(session_id, lease_id)
             return
     raise UnknownLeaseError(lease_id)

@@ -5,20 +5,27 @@ Modes (each prints one JSON line per event on stdout):
   hold             encode, keep the zero-copy views open and sleep (the test kills it with SIGKILL).
   slow             encode, keep the views, print their checksum, wait for a line on stdin, print it again.
   loop N           N requests, retrying UNAVAILABLE (the test restarts the server meanwhile).
+  owner N UUID     rank 0 of a TP group of N on the GPU with that UUID: encode_images_shared(readers=N), print
+                   the bytes for the peers (hex), read rank 0's views, hold them until a stdin line, ack and
+                   release, then stay alive (its session owns the lease) until another stdin line.
+  peer R UUID      rank R on the GPU with that UUID: read the hex bytes from stdin, read_shared, hold the views
+                   until a stdin line, ack, stay alive until another stdin line.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sys
 import time
 
 import torch
 
-from mmproc.client import EncoderClient
+from mmproc.client import EncoderClient, SharedEmbeddings
 from mmproc.errors import UnavailableError
 from mmproc.transport import tensor_to_bytes
+from mmproc.transport.cuda_ipc import device_index_by_uuid, device_uuid
 from tests.media_samples import make_image_bytes
 
 
@@ -35,8 +42,45 @@ def emit(**event: object) -> None:
     print(json.dumps(event), flush=True)
 
 
+def rank_device(uuid: str) -> str:
+    """This process's GPU, found by UUID (CUDA_VISIBLE_DEVICES may order the GPUs differently in every rank);
+    made current first, so that nothing defaults to device 0, which may be the encoder's GPU."""
+    index = device_index_by_uuid(uuid)
+    assert index is not None, (
+        f"GPU {uuid} is not visible (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')})"
+    )
+    torch.cuda.set_device(index)
+    return f"cuda:{index}"
+
+
+def fanout_rank(mode: str, target: str, argv: list[str]) -> None:
+    device = rank_device(argv[1])
+    with EncoderClient(target, device=device, transport="ipc", timeout=60) as client:
+        if mode == "owner":
+            data = images(5, count=4, size=448)
+            with EncoderClient(target, device=device, transport="serialized", timeout=60) as plain:
+                want = digest(plain.encode_images(data))
+            shared = client.encode_images_shared(data, readers=int(argv[0]))
+            emit(mode=mode, state="shared", blob=shared.to_bytes().hex(), transport=shared.transport, want=want,
+                 pid=os.getpid())  # fmt: skip
+            rank = 0
+        else:
+            rank = int(argv[0])
+            shared = SharedEmbeddings.from_bytes(bytes.fromhex(sys.stdin.readline().strip()))
+        with client.read_shared(shared, rank) as views:
+            emit(mode=mode, rank=rank, state="holding", digest=digest(views), pid=os.getpid(),
+                 view_gpu=device_uuid(views[0].device.index), **client.ipc_stats)  # fmt: skip
+            sys.stdin.readline()
+        torch.cuda.synchronize()  # the ack is on the device before we say so
+        emit(mode=mode, rank=rank, state="acked", **client.ipc_stats)
+        sys.stdin.readline()  # rank 0's session owns the lease: it must outlive the others' reads
+
+
 def main(argv: list[str]) -> int:
     mode, target = argv[0], argv[1]
+    if mode in ("owner", "peer"):
+        fanout_rank(mode, target, argv[2:])
+        return 0
     device = "cuda:0"
     with EncoderClient(target, device=device, transport="ipc", timeout=60) as ipc:
         if mode == "compare":

@@ -115,6 +115,8 @@ def test_thread_mode_gives_the_same_answers() -> None:
 
 def test_closed_pool_refuses_and_removes_its_transfer_directory() -> None:
     pool = DecodePool(LIMITS, CONFIG, DecodePoolConfig(workers=1))
+    assert pool._transfer_dir is None  # nothing on /dev/shm until the pool is used
+    pool.start()
     directory = pool._transfer_dir
     assert directory is not None and os.path.isdir(directory)
     assert oct(os.stat(directory).st_mode & 0o777) == "0o700"

@@ -15,6 +15,7 @@ from mmproc.errors import ResourceExhaustedError
 from mmproc.transport.allocator import SliceAllocator
 from mmproc.transport.leases import (
     GENERATION_MAX,
+    MAX_READERS,
     Lease,
     LeaseNotOwnedError,
     LeaseState,
@@ -308,8 +309,148 @@ def test_max_leases_per_session() -> None:
     assert table.acquire(other, A, deadline=None) is not None
 
 
+# -- several readers (tensor-parallel fan-out) ------------------------------------------------------------------
+
+
+def shared_lease(table: LeaseTable, sid: str, readers: int = 3) -> Lease:
+    lease = table.acquire(sid, A, deadline=None, readers=readers)
+    assert lease is not None
+    return lease
+
+
+def test_multi_reader_lease_holds_one_word_slot_per_reader_with_one_generation() -> None:
+    table = make_table(slots=8)
+    sid = table.open_session("rank-0")
+    lease = shared_lease(table, sid, readers=4)
+    assert lease.readers == 4 and len(set(lease.slots)) == 4 and lease.slot == lease.slots[0]
+    assert lease.generation == 1
+    assert table.pending_ack_slots() == []
+    table.release(sid, lease.lease_id)
+    assert table.pending_ack_slots() == sorted(lease.slots)  # the reclaimer reads every reader's ack word
+    single = table.acquire(sid, A, deadline=None)
+    assert single is not None and single.readers == 1 and single.slot not in lease.slots
+
+
+def test_multi_reader_lease_is_not_freed_until_every_reader_acked() -> None:
+    table = make_table(units=1, slots=4)
+    sid = table.open_session("rank-0")
+    lease = shared_lease(table, sid, readers=3)
+    g = lease.generation
+    assert table.confirm_acks(dict.fromkeys(lease.slots, g)) == []  # every ack in, but the owner has not released
+    table.release(sid, lease.lease_id)
+    assert table.confirm_acks({lease.slots[0]: g}) == []  # rank 0 (the owner) acked; ranks 1 and 2 still read
+    assert table.confirm_acks({lease.slots[0]: g, lease.slots[1]: g, lease.slots[2]: 0}) == []  # rank 2 not yet
+    assert table.confirm_acks({lease.slots[1]: g, lease.slots[2]: g}) == []  # a partial read misses rank 0's word
+    assert table.acquire(sid, A, deadline=None) is None  # the slice stays untouched meanwhile
+    assert table.confirm_acks(dict.fromkeys(lease.slots, g)) == [lease]
+    again = table.acquire(sid, A, deadline=None, readers=3)
+    assert again is not None and again.offset == lease.offset
+
+
+def test_a_stale_ack_of_one_reader_does_not_count() -> None:
+    table = make_table(slots=3)
+    sid = table.open_session("rank-0")
+    first = shared_lease(table, sid, readers=3)
+    table.release(sid, first.lease_id)
+    assert table.confirm_acks(dict.fromkeys(first.slots, first.generation)) == [first]
+    second = shared_lease(table, sid, readers=3)
+    assert set(second.slots) == set(first.slots) and second.generation == first.generation + 1
+    table.release(sid, second.lease_id)
+    # Ranks 0 and 1 acked the new generation; rank 2's word still holds its ack of the previous lease.
+    words = {second.slots[0]: second.generation, second.slots[1]: second.generation, second.slots[2]: first.generation}
+    assert table.confirm_acks(words) == []
+    assert table.state_of(second.lease_id) is LeaseState.RELEASED
+    words[second.slots[2]] = second.generation
+    assert table.confirm_acks(words) == [second]
+
+
+def test_shared_generation_is_above_every_slot_history() -> None:
+    table = make_table(units=8, slots=2)
+    sid = table.open_session("w")
+    quiet = table.acquire(sid, A, deadline=None)  # holds one slot at generation 1
+    assert quiet is not None
+    for _ in range(5):  # the other slot goes through generations 1..5
+        lease = table.acquire(sid, A, deadline=None)
+        assert lease is not None and lease.slot != quiet.slot
+        table.abandon(lease)
+    assert lease.generation == 5
+    table.abandon(quiet)
+    shared = shared_lease(table, sid, readers=2)
+    assert set(shared.slots) == {quiet.slot, lease.slot}
+    assert shared.generation == 6  # one generation for both slots, above the busier slot's history
+    table.release(sid, shared.lease_id)
+    # The quiet slot's words can never have held 6 before, so no old ack can confirm it by accident.
+    assert table.confirm_acks({quiet.slot: quiet.generation, lease.slot: 6}) == []
+    assert table.confirm_acks(dict.fromkeys(shared.slots, 6)) == [shared]
+
+
+def test_only_the_owner_session_releases_a_shared_lease() -> None:
+    table = make_table()
+    owner, peer = table.open_session("rank-0"), table.open_session("rank-1")
+    lease = shared_lease(table, owner, readers=2)
+    with pytest.raises(LeaseNotOwnedError):
+        table.release(peer, lease.lease_id)
+    assert table.close_session(peer) == []  # a non-owner rank's session ending frees nothing of it
+    assert table.state_of(lease.lease_id) is LeaseState.LEASED
+
+
+def test_owner_session_close_frees_a_shared_lease_at_once() -> None:
+    table = make_table(units=1, slots=2)
+    owner = table.open_session("rank-0")
+    lease = shared_lease(table, owner, readers=2)
+    table.release(owner, lease.lease_id)
+    table.confirm_acks({lease.slots[0]: lease.generation})  # rank 1 is still reading when rank 0 dies
+    assert table.close_session(owner) == [lease]  # safe only because a TP group dies together
+    other = table.open_session("next")
+    assert table.acquire(other, A, deadline=None, readers=2) is not None
+
+
+def test_ttl_frees_a_shared_lease_whose_peer_never_acks() -> None:
+    clock = FakeClock()
+    table = make_table(slots=4, ttl_s=60.0, clock=clock)
+    owner = table.open_session("rank-0")
+    lease = shared_lease(table, owner, readers=3)
+    table.release(owner, lease.lease_id)
+    acked = {lease.slots[0]: lease.generation, lease.slots[1]: lease.generation}  # rank 2 died before its ack
+    clock.now += 59
+    assert table.confirm_acks(acked) == [] and table.expire() == []
+    clock.now += 1
+    assert table.expire() == [lease]
+    assert table.stats().expired_total == 1 and table.stats().bytes_in_use == 0
+
+
+def test_readers_need_as_many_free_word_slots() -> None:
+    table = make_table(units=8, slots=4)
+    sid = table.open_session("w")
+    held = shared_lease(table, sid, readers=3)
+    assert table.acquire(sid, A, deadline=None, readers=2) is None  # one slot left
+    start = time.monotonic()
+    assert table.acquire(sid, A, deadline=start + 10, readers=5) is None  # more readers than slots: never fits
+    assert time.monotonic() - start < 0.05
+    result: list[Lease | None] = []
+    waiter = threading.Thread(
+        target=lambda: result.append(table.acquire(sid, A, deadline=time.monotonic() + 5, readers=2))
+    )
+    waiter.start()
+    time.sleep(0.05)
+    assert waiter.is_alive()
+    table.abandon(held)
+    waiter.join(timeout=5)
+    assert result[0] is not None and result[0].readers == 2
+
+
+@pytest.mark.parametrize("readers", [0, -1, MAX_READERS + 1, True, 1.0])
+def test_readers_out_of_range_is_a_value_error(readers: object) -> None:
+    table = make_table(slots=16)
+    sid = table.open_session("w")
+    with pytest.raises(ValueError):
+        table.acquire(sid, A, deadline=None, readers=readers)  # type: ignore[arg-type]
+    assert table.acquire(sid, A, deadline=None, readers=MAX_READERS) is not None
+
+
 class LeaseMachine(RuleBasedStateMachine):
-    """Several sessions acquiring, releasing, acking (correctly and stale), abandoning, expiring, closing."""
+    """Several sessions acquiring (one reader or several), releasing, acking (correctly, stale, or only some
+    readers), abandoning, expiring, closing."""
 
     UNITS = 16
     SLOTS = 6
@@ -344,15 +485,18 @@ class LeaseMachine(RuleBasedStateMachine):
         self._forget(freed)
 
     @precondition(lambda self: self.sessions)
-    @rule(data=st.data(), nbytes=st.integers(1, 5 * A))
-    def acquire(self, data: st.DataObject, nbytes: int) -> None:
+    @rule(data=st.data(), nbytes=st.integers(1, 5 * A), readers=st.sampled_from([1, 1, 2, 3]))
+    def acquire(self, data: st.DataObject, nbytes: int, readers: int) -> None:
         sid = data.draw(st.sampled_from(self.sessions))
-        lease = self.table.acquire(sid, nbytes, deadline=None)
+        lease = self.table.acquire(sid, nbytes, deadline=None, readers=readers)
         if lease is None:
-            assert len(self.live) == self.SLOTS or self.alloc.largest_free < nbytes
+            used = sum(x.readers for x in self.live.values())
+            assert used + readers > self.SLOTS or self.alloc.largest_free < nbytes
             return
+        assert lease.readers == readers and len(set(lease.slots)) == readers
         assert lease.lease_id not in self.ever_issued and lease.generation != 0
-        previous = [old.generation for old in self.ever_issued.values() if old.slot == lease.slot]
+        # One generation for all its slots, one above the newest any of them ever carried.
+        previous = [old.generation for old in self.ever_issued.values() if set(old.slots) & set(lease.slots)]
         assert lease.generation == max(previous, default=0) + 1
         self.live[lease.lease_id] = self.ever_issued[lease.lease_id] = lease
 
@@ -364,12 +508,16 @@ class LeaseMachine(RuleBasedStateMachine):
         self.released.add(lease.lease_id)
 
     @precondition(lambda self: self.live)
-    @rule(data=st.data(), stale=st.booleans())
-    def confirm(self, data: st.DataObject, stale: bool) -> None:
+    @rule(data=st.data())
+    def confirm(self, data: st.DataObject) -> None:
         lease = self.live[data.draw(st.sampled_from(sorted(self.live)))]
-        word = lease.generation - 1 if stale else lease.generation
-        freed = self.table.confirm_acks({lease.slot: word})
-        expect_freed = not stale and lease.lease_id in self.released
+        kinds = st.sampled_from(["ack", "ack", "stale", "missing"])
+        acks = data.draw(st.lists(kinds, min_size=lease.readers, max_size=lease.readers))
+        words = {
+            slot: lease.generation - (kind == "stale") for slot, kind in zip(lease.slots, acks) if kind != "missing"
+        }
+        freed = self.table.confirm_acks(words)
+        expect_freed = all(kind == "ack" for kind in acks) and lease.lease_id in self.released
         assert freed == ([lease] if expect_freed else [])
         self._forget(freed)
 
@@ -394,9 +542,9 @@ class LeaseMachine(RuleBasedStateMachine):
         assert self.table.live_leases() == [self.live[i] for i in sorted(self.live)]
         spans = sorted((x.offset, x.slice.end) for x in self.live.values())
         assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:], strict=False))
-        slots = [x.slot for x in self.live.values()]
+        slots = [slot for x in self.live.values() for slot in x.slots]
         assert len(slots) == len(set(slots)), "a word slot is shared by two live leases"
-        assert self.table.pending_ack_slots() == sorted(self.live[i].slot for i in self.released)
+        assert self.table.pending_ack_slots() == sorted(slot for i in self.released for slot in self.live[i].slots)
         stats = self.table.stats()
         assert stats.bytes_in_use == sum(x.nbytes for x in self.live.values())
         assert (stats.leases_active, stats.leases_awaiting_ack) == (

@@ -197,6 +197,10 @@ def test_soak_short(soak_server: ServiceThread) -> None:
     soak(soak_server, seconds=10.0)
 
 
+LONG_SECONDS = float(os.environ.get("MMPROC_SOAK_SECONDS", "300"))
+
+
 @pytest.mark.slow
+@pytest.mark.timeout(LONG_SECONDS + 300)
 def test_soak_long(soak_server: ServiceThread) -> None:
-    soak(soak_server, seconds=float(os.environ.get("MMPROC_SOAK_SECONDS", "300")))
+    soak(soak_server, seconds=LONG_SECONDS)

@@ -14,10 +14,14 @@ Several servers: pass a list of targets (calls rotate over them) or one name tha
 addresses, e.g. "dns:///mmproc-pool:50051" (gRPC's round_robin policy spreads calls over all of them).
 UNAVAILABLE is retried — on the next target — with exponential backoff and jitter within the call's
 timeout; INVALID_ARGUMENT never is. See `mmproc.client.retry.RetryPolicy` (`retry=NO_RETRY` turns it off).
+
+Tensor-parallel engines: rank 0 calls `encode_images_shared(images, readers=tp)`, broadcasts
+`shared.to_bytes()`, and every rank reads with `read_shared(shared, rank)` (see mmproc.client.shared).
 """
 
 from mmproc.client.encoder import AsyncEncoderClient, EncoderClient
 from mmproc.client.retry import NO_RETRY, RetryPolicy
+from mmproc.client.shared import SharedEmbeddings
 from mmproc.client.wire import error_from_rpc
 
-__all__ = ["NO_RETRY", "AsyncEncoderClient", "EncoderClient", "RetryPolicy", "error_from_rpc"]
+__all__ = ["NO_RETRY", "AsyncEncoderClient", "EncoderClient", "RetryPolicy", "SharedEmbeddings", "error_from_rpc"]

@@ -13,6 +13,7 @@ import torch
 from mmproc.client.auth import aio_bearer, bearer_channel
 from mmproc.client.ipc import IpcClient
 from mmproc.client.retry import RetryPolicy
+from mmproc.client.shared import SharedEmbeddings, collect_reply
 from mmproc.client.targets import Targets
 from mmproc.client.wire import (
     TRANSPORTS,
@@ -23,7 +24,7 @@ from mmproc.client.wire import (
     error_from_rpc,
     make_request,
 )
-from mmproc.errors import StaleSessionError
+from mmproc.errors import StaleSessionError, UnavailableError
 from mmproc.transport.cuda_ipc import ipc_unavailable_reason
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
@@ -127,21 +128,87 @@ class EncoderClient:
                     return
         yield self._encode_serialized(images, request_id, timeout)
 
-    @contextlib.contextmanager
-    def _ipc_views(
-        self, images: list[bytes], request_id: str | None, timeout: float | None
-    ) -> Iterator[list[torch.Tensor] | None]:
-        assert self._ipc is not None
+    def encode_images_shared(
+        self,
+        images: Sequence[bytes],
+        *,
+        readers: int,
+        request_id: str | None = None,
+        timeout: float | None = None,
+    ) -> SharedEmbeddings:
+        """Encode once for the `readers` ranks of a tensor-parallel group; call it on rank 0 only.
+
+        Broadcast `shared.to_bytes()` to ranks 1..readers-1 over the engine's own channel; every rank, this one
+        included, then reads with `read_shared(shared, rank)`. Over IPC the server keeps the slice until all
+        `readers` ranks acked on their GPUs; this client's session owns the lease and releases it when rank 0's
+        `read_shared` ends, so rank 0 must read it too. Without IPC (no pool, pool full, a CPU client) the bytes
+        travel inside `shared`. readers outside 1..8: InvalidMediaError (INVALID_ARGUMENT) from the server.
+        """
+        images = check_images(images)
         request_id = request_id or uuid.uuid4().hex[:16]
+        if self._ipc is not None:
+            reply = self._ipc_request(images, request_id, timeout, readers)
+            if reply is not None:
+                try:
+                    return SharedEmbeddings.from_reply(reply, self._ipc.identity, readers)
+                except ValueError:  # e.g. a server that predates `readers` leased for one reader: unusable
+                    self._ipc.give_back(reply)
+                    raise
+        request = make_request(images, request_id, "serialized")
+        request.readers = readers
+
+        def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> pb.EncodeImagesResponse:
+            return collect_reply(stub.EncodeImagesStream(request, timeout=seconds), len(images))
+
+        reply = self._targets.call(attempt, timeout or self.timeout)
+        return SharedEmbeddings.from_reply(reply, None, readers)
+
+    @contextlib.contextmanager
+    def read_shared(
+        self, shared: SharedEmbeddings, rank: int, *, timeout: float | None = None
+    ) -> Iterator[list[torch.Tensor]]:
+        """This rank's (tokens_i, hidden) embeddings of `shared`, on this client's device, inside the block.
+
+        Over IPC: zero-copy views of the server's pool, mapped on this process's own GPU (found by UUID, so
+        differing CUDA_VISIBLE_DEVICES orders are fine) through the process-wide handle cache, ordered after
+        the server's write; on exit this rank's ack is enqueued on the current stream after whatever you
+        enqueued that reads the views (copy what you keep). Serialized: fresh tensors on this device.
+        Each rank reads once; rank 0 through the client that called `encode_images_shared`.
+        """
+        if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < shared.readers:
+            raise ValueError(f"rank must be in 0..{shared.readers - 1}, got {rank!r}")
+        if shared.transport != "ipc":
+            yield shared.tensors(self.device)
+            return
+        if self._ipc is None:
+            raise UnavailableError(
+                f"shared embeddings are in the server's CUDA IPC pool, but this client (device {self.device}, "
+                f"transport {self.transport}) cannot map it; every rank needs a CUDA device and CuPy"
+            )
+        with self._ipc.read_shared(shared, rank, timeout or self.timeout) as views:
+            yield views
+
+    def _ipc_request(
+        self, images: list[bytes], request_id: str, timeout: float | None, readers: int | None = None
+    ) -> pb.EncodeImagesResponse | None:
+        """One IPC request, reopening a stale session once; None without a session (refused, no pool)."""
+        assert self._ipc is not None
         for attempt in (1, 2):
             try:
-                reply = self._ipc.request(images, request_id, timeout or self.timeout)
-                break
+                return self._ipc.request(images, request_id, timeout or self.timeout, readers=readers)
             except grpc.RpcError as err:
                 error = error_from_rpc(err)
                 if not isinstance(error, StaleSessionError) or attempt == 2:
                     raise error from None
                 self._ipc.reset()  # the server restarted or dropped our session: open a new one, once
+        raise AssertionError("unreachable")
+
+    @contextlib.contextmanager
+    def _ipc_views(
+        self, images: list[bytes], request_id: str | None, timeout: float | None
+    ) -> Iterator[list[torch.Tensor] | None]:
+        assert self._ipc is not None
+        reply = self._ipc_request(images, request_id or uuid.uuid4().hex[:16], timeout)
         if reply is None:  # no session (refused, or the server has no pool)
             yield None
             return

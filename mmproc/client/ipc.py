@@ -1,5 +1,10 @@
 """The client half of the CUDA IPC transport (sync client): the session stream, reading leased slices with
-stream-ordered waits and acks, and the process-wide handle cache."""
+stream-ordered waits and acks, and the process-wide handle cache.
+
+Tensor-parallel fan-out (`read_shared`): every rank has its own `IpcClient` and session; rank 0's session owns
+the lease (it sent the request with `readers = N`), and only rank 0 releases it, after its own ack. Rank r
+acks in its own word, so the server reuses the slice only after every rank's stream has finished reading.
+"""
 
 from __future__ import annotations
 
@@ -13,15 +18,18 @@ from collections.abc import Iterator
 import grpc
 import torch
 
+from mmproc.client.shared import SharedEmbeddings, descriptor_from_pb, identity_from_pb
 from mmproc.client.wire import PB_DTYPES
-from mmproc.errors import InternalError
+from mmproc.errors import InternalError, StaleSessionError, UnavailableError
 from mmproc.transport.cuda_ipc import device_uuid
-from mmproc.transport.ipc_pool import PoolIdentity, SliceDescriptor
+from mmproc.transport.ipc_pool import PoolIdentity
 from mmproc.transport.node import node_identity
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
+
+_MAX_OWNED = 4096  # shared leases this client requested and has not read yet (rank 0 that never reads: TTL)
 
 
 class IpcClient:
@@ -46,6 +54,7 @@ class IpcClient:
         self.identity: PoolIdentity | None = None
         self.refused: str | None = None
         self.fallbacks = 0
+        self._owned: dict[int, str] = {}  # shared lease id -> the session that owns it (releases it after reading)
 
     def counters(self) -> dict[str, int]:
         stats = self._cache.stats
@@ -77,15 +86,7 @@ class IpcClient:
             self._outbox, self._call, self.session_id = outbox, call, opened.session_id
             # The stream only ends when the server goes away; notice it at once rather than on the next request.
             threading.Thread(target=self._watch, args=(call,), name="mmproc-ipc-session", daemon=True).start()
-            self.identity = PoolIdentity(
-                pool_id=info.pool_id,
-                epoch=info.epoch,
-                device_uuid=info.device_uuid,
-                ipc_handle=info.ipc_handle,
-                pool_bytes=info.pool_bytes,
-                num_word_slots=info.num_word_slots,
-                data_offset=0,
-            )
+            self.identity = identity_from_pb(info)
             return self.session_id
 
     def _watch(self, call) -> None:
@@ -104,8 +105,13 @@ class IpcClient:
             if self._call is not None:
                 self._call.cancel()
             self._outbox = self._call = self.session_id = None
+            self._owned.clear()  # the old session's leases were reclaimed with it
 
-    def request(self, images: list[bytes], request_id: str, timeout: float) -> pb.EncodeImagesResponse | None:
+    def request(
+        self, images: list[bytes], request_id: str, timeout: float, *, readers: int | None = None
+    ) -> pb.EncodeImagesResponse | None:
+        """One EncodeImages call over IPC; None without a session. `readers` (shared requests only): the lease
+        is read by that many ranks, and this client, as rank 0, keeps it to release after `read_shared`."""
         session = self._session()
         if session is None:
             return None
@@ -115,9 +121,17 @@ class IpcClient:
             transport=pb.TRANSPORT_IPC,
             consumer=pb.ConsumerInfo(session_id=session, device_uuid=self._uuid),
         )
+        if readers is not None:
+            request.readers = readers
         reply = self._stub.EncodeImages(request, timeout=timeout)
         if reply.transport != pb.TRANSPORT_IPC:
             self.fallbacks += 1
+        elif readers is not None:
+            with self._lock:
+                for emb in reply.embeddings:
+                    self._owned[emb.ipc.lease_id] = session
+                while len(self._owned) > _MAX_OWNED:
+                    self._owned.pop(next(iter(self._owned)))
         return reply
 
     @contextlib.contextmanager
@@ -125,7 +139,7 @@ class IpcClient:
         """Views of the reply's slices, ordered after the producer's writes; ack + release on exit.
         None when the pool cannot be opened (the lease is given back unread)."""
         assert self.identity is not None
-        descs = [_descriptor(emb.ipc) for emb in reply.embeddings]
+        descs = [descriptor_from_pb(emb.ipc) for emb in reply.embeddings]
         lease_ids = sorted({d.lease_id for d in descs})
         if any(emb.ipc.pool_id != self.identity.pool_id for emb in reply.embeddings):
             raise InternalError("reply names a pool other than this session's")
@@ -149,6 +163,66 @@ class IpcClient:
             self._send(pb.LeaseRelease(lease_ids=lease_ids))
             self._cache.release(pool)
 
+    @contextlib.contextmanager
+    def read_shared(self, shared: SharedEmbeddings, rank: int, timeout: float) -> Iterator[list[torch.Tensor]]:
+        """Rank `rank`'s views of an IPC batch shared by a tensor-parallel group, on this process's own device.
+
+        Opens the pool through the handle cache with OUR device (the producer's GPU gets no context from us),
+        orders this device's current stream after the producer's ready word, yields zero-copy views (peer reads
+        when the pool lives on another GPU), then enqueues this rank's ack after whatever the caller enqueued.
+        Rank 0 must be the client that made the request: it releases the lease after its ack. Raises
+        UnavailableError when this process cannot map the pool (its ack never comes: the lease waits for the
+        TTL), StaleSessionError when the server restarted since rank 0 encoded (encode again).
+        """
+        if self._session() is None:
+            raise UnavailableError(f"this process cannot use CUDA IPC with the server: {self.refused}")
+        identity, pool_named = self.identity, shared.pool
+        assert identity is not None and pool_named is not None
+        if (pool_named.pool_id, pool_named.epoch) != (identity.pool_id, identity.epoch):
+            raise StaleSessionError(
+                f"shared embeddings point into pool {pool_named.pool_id} but the server now serves pool "
+                f"{identity.pool_id} (it restarted after rank 0 encoded): encode again"
+            )
+        descs = shared.descriptors()
+        lease_ids = sorted({d.lease_id for d in descs})
+        owner = rank == 0
+        if owner:
+            with self._lock:
+                if any(self._owned.get(i) != self.session_id for i in lease_ids):
+                    raise ValueError(
+                        "rank 0 reads shared embeddings once, through the client that called encode_images_shared "
+                        "(its session owns the lease; a session lost since then took the lease with it)"
+                    )
+                for i in lease_ids:
+                    del self._owned[i]
+        try:
+            pool = self._cache.acquire(identity, self._device)  # opens on a miss, retrying once
+        except Exception as exc:
+            if owner:  # the server frees a shared lease only through the TTL then: the peers may be reading it
+                self._send(pb.LeaseRelease(lease_ids=lease_ids, unread=True))
+            raise UnavailableError(f"cannot open the server's IPC pool on {self._device}: {exc}") from exc
+        stream = torch.cuda.current_stream(self._device)
+        try:
+            pool.wait_ready(descs[0], stream, timeout)  # one lease (ready word, generation) for the whole batch
+            yield [
+                pool.view(d, getattr(torch, PB_DTYPES[emb.dtype]), tuple(emb.shape))
+                for d, emb in zip(descs, shared.reply.embeddings)
+            ]
+        finally:
+            pool.ack(descs[0], stream, reader=rank)
+            if owner:
+                self._send(pb.LeaseRelease(lease_ids=lease_ids))
+            self._cache.release(pool)
+
+    def give_back(self, reply: pb.EncodeImagesResponse) -> None:
+        """Free a reply's lease that nobody mapped (this client will not read it): the server frees it at once."""
+        lease_ids = sorted({emb.ipc.lease_id for emb in reply.embeddings if emb.HasField("ipc")})
+        with self._lock:
+            for lease_id in lease_ids:
+                self._owned.pop(lease_id, None)
+        if lease_ids:
+            self._send(pb.LeaseRelease(lease_ids=lease_ids, unread=True))
+
     def _send(self, release: pb.LeaseRelease) -> None:
         if self._outbox is not None:
             self._outbox.put(pb.SessionRequest(release=release))
@@ -160,14 +234,3 @@ class IpcClient:
             self._call.cancel()
         if not self._cache.enabled:
             self._cache.close_all()  # the process-wide cache lives as long as the process
-
-
-def _descriptor(ipc: pb.IpcDescriptor) -> SliceDescriptor:
-    return SliceDescriptor(
-        lease_id=ipc.lease_id,
-        generation=ipc.generation,
-        offset=ipc.offset_bytes,
-        nbytes=ipc.nbytes,
-        ready_offset=ipc.ready_offset_bytes,
-        ack_offset=ipc.ack_offset_bytes,
-    )

@@ -86,12 +86,25 @@ def close_handle(ptr: int, index: int) -> None:
 
 
 def wrap(ptr: int, nbytes: int, index: int, owner: object) -> torch.Tensor:
-    """A zero-copy (nbytes,) uint8 torch tensor over device memory at `ptr`; `owner` is kept alive by it."""
+    """A zero-copy (nbytes,) uint8 torch tensor over device memory at `ptr`, on OUR device `index` (kernels on
+    it read peer memory when the allocation lives on another GPU); `owner` is kept alive by it.
+
+    The CUDA array interface carries no device id: torch asks the runtime which device the pointer belongs to,
+    and for a pool mapped from another GPU that can be the producer's GPU (a context there, or a silent full
+    copy). So the result is checked, and DLPack, which carries the device id, is the fallback.
+    """
     cupy = cupy_or_none()
     assert cupy is not None
     memory = cupy.cuda.UnownedMemory(ptr, nbytes, owner, device_id=index)
     array = cupy.ndarray((nbytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(memory, 0))
-    return torch.as_tensor(array, device=torch.device("cuda", index))
+    target = torch.device("cuda", index)
+    tensor = torch.as_tensor(array, device=target)  # the path measured on one GPU (docs/benchmarks/transport.md)
+    if tensor.device != target or tensor.data_ptr() != ptr:
+        with cupy.cuda.Device(index):
+            tensor = torch.from_dlpack(array)
+    if tensor.device != target or tensor.data_ptr() != ptr:
+        raise RuntimeError(f"wrapping device memory gave {tensor.device} at {tensor.data_ptr():#x}, not cuda:{index}")
+    return tensor
 
 
 def stream_wait_value64(stream: torch.cuda.Stream, address: int, value: int, index: int) -> bool:

@@ -5,6 +5,10 @@ opening costs ~0.1 ms on one GPU and ~9 ms across GPUs, and per-request opens cu
 2.7x. The pool is opened on the consumer's own device (never the producer's index, which may not even
 mean the same GPU here). A new pool id or epoch (the producer restarted) misses the cache; the old
 mapping is closed.
+
+Fan-out: every tensor-parallel rank of an LLM engine opens the pool on its own GPU through this cache and
+reads the same slice; reader r acks in its own word (`ack(desc, stream, reader=r)`), so the producer frees the
+slice only after every rank's stream has finished reading it.
 """
 
 from __future__ import annotations
@@ -64,9 +68,10 @@ class OpenedPool:
                     raise DeadlineExceededError(f"lease {desc.lease_id} was not ready within {timeout_s:.1f} s")
                 time.sleep(20e-6)
 
-    def ack(self, desc: SliceDescriptor, stream: torch.cuda.Stream) -> None:
-        """Enqueue ack[slot] = generation on `stream`, after every read of the slice already enqueued there."""
-        slot = desc.ack_offset // (2 * WORD_BYTES)
+    def ack(self, desc: SliceDescriptor, stream: torch.cuda.Stream, reader: int = 0) -> None:
+        """Enqueue reader `reader`'s ack word = generation on `stream`, after every read of the slice already
+        enqueued there."""
+        slot = desc.ack_offsets[reader] // (2 * WORD_BYTES)
         with torch.cuda.stream(stream):
             self.words[slot, 1].fill_(desc.generation)
 

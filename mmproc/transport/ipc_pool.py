@@ -14,6 +14,11 @@ Hand-off of one lease (generation g, word slot s), all ordering on the GPU, none
    the ack words (one 8 KiB device read on a side stream) and frees a released lease only when
    ack[s] == g. A consumer process that dies takes its GPU work with it: its session's leases are freed
    when its session stream ends. A TTL is the last resort.
+
+Fan-out to N readers (tensor-parallel ranks on other GPUs, each mapping the pool on its own device and
+reading the slice through peer access): the lease holds word slots s_0..s_{N-1}; every reader waits on
+ready[s_0] == g and reader r acks in ack[s_r]; the reclaimer frees the lease once the owner released it
+and all N ack words hold g (see mmproc.transport.leases).
 """
 
 from __future__ import annotations
@@ -77,7 +82,16 @@ class SliceDescriptor:
     offset: int
     nbytes: int
     ready_offset: int
-    ack_offset: int
+    ack_offsets: tuple[int, ...]  # reader r writes its ack at ack_offsets[r]; reader 0 is the owner
+
+    @property
+    def ack_offset(self) -> int:
+        """The owner's (reader 0's) ack word."""
+        return self.ack_offsets[0]
+
+    @property
+    def readers(self) -> int:
+        return len(self.ack_offsets)
 
 
 class IpcPool:
@@ -144,7 +158,7 @@ class IpcPool:
             offset=self.identity.data_offset + lease.offset + row_start * row_bytes,
             nbytes=rows * row_bytes,
             ready_offset=lease.slot * 2 * WORD_BYTES,
-            ack_offset=lease.slot * 2 * WORD_BYTES + WORD_BYTES,
+            ack_offsets=tuple(slot * 2 * WORD_BYTES + WORD_BYTES for slot in lease.slots),
         )
 
     def notify_released(self) -> None:

@@ -14,20 +14,39 @@ Concepts
 - **Word slot**: an index into a bounded array of (ready, ack) 64-bit word pairs at the start of the pool.
   The producer's stream writes `ready = generation` after the embeddings are in the slice; the consumer's
   stream waits for it, copies (or uses) the slice, then writes `ack = generation`. `num_word_slots` bounds
-  the number of leases in flight.
-- **Generation**: per slot, incremented at every acquire, never 0 (0 means "never written"), at most
+  the leases in flight (a lease with N readers takes N slots).
+- **Generation**: per slot, grows at every acquire (by one, unless a multi-reader lease lifts it), never 0 (0 means "never written"), at most
   2**63 - 1 so it fits a signed int64 word (torch.int64) without sign games. A stale ack left by an earlier
   use of the slot can never confirm a newer lease.
-- **Lease** = slice + word slot + generation, owned by one session.
+- **Lease** = slice + word slot(s) + generation, owned by one session.
+- **Readers** (tensor-parallel fan-out): a lease may be read by N consumer processes (one per TP rank, each on
+  its own GPU, reading the same slice through peer access). It then holds N word slots: the first slot's
+  ready word is the one the producer writes and every reader waits on; reader r acks in slot r's ack word.
+  All N slots share the lease's generation, which is one above the highest generation any of them ever had,
+  so per slot generations still only grow and a stale ack from an earlier use of any slot cannot match.
+  The lease is freed only when *every* reader's ack word holds the generation. Only the owner session (rank
+  0's, the one that sent the request) releases it; the other ranks have sessions of their own (pool identity,
+  handle cache) but own nothing, so nothing they send can free another session's slice.
 
 State machine of a lease::
 
-    acquire ──▶ LEASED ── release (consumer host: "copy and ack write are enqueued") ──▶ RELEASED
-                  │                                                                      │
-                  ├─ abandon (producer: the descriptor never reached a consumer) ──▶ freed │
-                  │                                      confirm_acks: ack word == generation ─┤
-                  └──────── close_session / expire (TTL) ──▶ freed ◀──────────────────────────┘
-                                                             (slice and slot reusable; waiters woken)
+    acquire(readers=N) ─▶ LEASED ── release (owner's host: "my copy and ack are enqueued") ─▶ RELEASED
+                            │                                                                 │
+                            ├─ abandon (producer: the descriptor never reached a consumer) ─▶ freed
+                            │                  confirm_acks: ALL N ack words == generation ───┤
+                            └───── close_session(owner) / expire (TTL) ─▶ freed ◀─────────────┘
+                                                   (slice and N slots reusable; waiters woken)
+
+With N readers, RELEASED means "the owner is done"; the other readers may not even have started. The device
+acks are the proof for every reader: N-1 matching acks and one stale or missing keep the slice. What happens
+when a reader dies:
+- a non-owner rank dies: its ack never lands, and nobody may vouch for it: its lease-less session tells the
+  server nothing about this lease, and rank 0 cannot tell a dead peer from a slow one (a host-side "done" is
+  not proof of a finished copy). So the slice stays held until the TTL frees it; rank 0 must not free early.
+- the owner (rank 0) dies: its session ends and `close_session` frees the lease at once, even though other
+  ranks may still be reading. That is only safe because a tensor-parallel group lives and dies together
+  (one rank gone and the engine tears the group down); a deployment whose ranks outlive rank 0 must not
+  share leases.
 
 `release` is NOT proof that the copy finished: the consumer's host runs ahead of its stream. A slice is
 reused only after the *device-side* ack (written by the consumer's stream after its copy) is observed
@@ -41,7 +60,7 @@ may read data overwritten by a later image. That is why the TTL is long (60 s by
 request) and only a backstop behind sessions and acks. The reclaimer calls `confirm_acks` and `expire`
 periodically; this table starts no thread of its own.
 
-Waiting: `acquire` waits on a condition until a slice and a word slot are free or its deadline passes,
+Waiting: `acquire` waits on a condition until a slice and enough word slots are free or its deadline passes,
 then returns None and the caller chooses (serialized fallback or `ResourceExhaustedError`). It never waits
 without a deadline; no deadline means "try once".
 
@@ -66,6 +85,7 @@ from mmproc.transport.allocator import Slice, SliceAllocator
 
 __all__ = [
     "GENERATION_MAX",
+    "MAX_READERS",
     "Lease",
     "LeaseNotOwnedError",
     "LeaseState",
@@ -83,6 +103,8 @@ logger = logging.getLogger(__name__)
 # slot will never happen, so wrapping (to 1, never 0) is only there for completeness.
 GENERATION_MAX = 2**63 - 1
 _WORD_MASK = 2**64 - 1
+# Readers of one lease: a tensor-parallel group on one node (8 GPUs), each rank one reader.
+MAX_READERS = 8
 
 
 def next_generation(generation: int) -> int:
@@ -125,9 +147,18 @@ class Lease:
     lease_id: int
     session_id: str
     slice: Slice
-    slot: int  # index of this lease's (ready, ack) word pair
-    generation: int  # the value the ready and ack words must hold for this lease
+    slots: tuple[int, ...]  # one (ready, ack) word pair per reader; slots[0]'s ready word is the lease's
+    generation: int  # the value the ready and every reader's ack word must hold for this lease
     created_at: float  # in the table's clock, for the TTL
+
+    @property
+    def slot(self) -> int:
+        """The word slot whose ready word the producer writes (and reader 0 acks in)."""
+        return self.slots[0]
+
+    @property
+    def readers(self) -> int:
+        return len(self.slots)
 
     @property
     def offset(self) -> int:
@@ -257,26 +288,29 @@ class LeaseTable:
 
     # -- producer side -------------------------------------------------------------------------------------
 
-    def acquire(self, session_id: str, nbytes: int, *, deadline: float | None) -> Lease | None:
-        """Lease `nbytes` of the pool to `session_id`, waiting until `deadline` (in `clock`'s time base) for
-        a slice and a word slot; None when none came free in time. `deadline=None` tries once, no wait.
+    def acquire(self, session_id: str, nbytes: int, *, deadline: float | None, readers: int = 1) -> Lease | None:
+        """Lease `nbytes` of the pool to `session_id` for `readers` consumers, waiting until `deadline` (in
+        `clock`'s time base) for a slice and `readers` word slots; None when none came free in time.
+        `deadline=None` tries once, no wait.
 
-        A request larger than the whole pool can never fit and returns None at once. Raises
-        UnknownSessionError if the session is unknown or closes while this call waits (its consumer is
-        gone, so the embeddings have nowhere to go), ValueError for a non-positive size or a non-finite
-        deadline.
+        A request larger than the whole pool, or with more readers than word slots, can never fit and returns
+        None at once. Raises UnknownSessionError if the session is unknown or closes while this call waits
+        (its consumer is gone, so the embeddings have nowhere to go), ValueError for a non-positive size, a
+        non-finite deadline or `readers` outside 1..MAX_READERS (the service validates it first).
         """
         size = self._allocator.aligned_size(nbytes)  # validates nbytes
         if deadline is not None and not math.isfinite(deadline):
             raise ValueError(f"deadline must be finite (waiting is always bounded), got {deadline}")
+        if isinstance(readers, bool) or not isinstance(readers, int) or not 1 <= readers <= MAX_READERS:
+            raise ValueError(f"readers must be in 1..{MAX_READERS}, got {readers!r}")
         with self._cond:
             while True:
                 session = self._session(session_id)
-                lease = self._try_acquire_locked(session_id, session, nbytes)
+                lease = self._try_acquire_locked(session_id, session, nbytes, readers)
                 if lease is not None:
                     return lease
                 remaining = 0.0 if deadline is None else deadline - self._clock()
-                if remaining <= 0 or size > self._allocator.capacity:
+                if remaining <= 0 or size > self._allocator.capacity or readers > self._num_word_slots:
                     self._waits_timed_out_total += 1
                     return None
                 self._cond.wait(remaining)
@@ -300,7 +334,8 @@ class LeaseTable:
     # -- consumer side -------------------------------------------------------------------------------------
 
     def release(self, session_id: str, lease_id: int) -> bool:
-        """The consumer's host says its copy and ack write are enqueued: LEASED -> RELEASED. True on that
+        """The consumer's host says its copy and ack write are enqueued: LEASED -> RELEASED (for a lease with
+        several readers: the owner's own copy and ack; the others' device acks still gate the free). True on that
         transition; False if the lease was already released, or already freed (acked, expired, abandoned:
         lease ids are never reused, so a repeated release is harmless).
 
@@ -324,25 +359,29 @@ class LeaseTable:
     # -- reclaimer -----------------------------------------------------------------------------------------
 
     def pending_ack_slots(self) -> list[int]:
-        """Word slots of RELEASED leases, ascending: the ack words the reclaimer reads (one small D2H)."""
+        """Word slots (every reader's) of RELEASED leases, ascending: the ack words the reclaimer reads (one
+        small D2H)."""
         with self._cond:
-            return sorted(e.lease.slot for e in self._leases.values() if e.state is LeaseState.RELEASED)
+            released = (e.lease for e in self._leases.values() if e.state is LeaseState.RELEASED)
+            return sorted(slot for lease in released for slot in lease.slots)
 
     def confirm_acks(self, observed: Mapping[int, int]) -> list[Lease]:
-        """Free each RELEASED lease whose slot's observed ack word equals its generation; wake waiters.
+        """Free each RELEASED lease whose readers' observed ack words ALL equal its generation; wake waiters.
 
         `observed` maps slot -> ack word as read from the device (read as int64 or uint64: compared modulo
         2**64). A word from an earlier use of the slot (stale generation), of a slot now LEASED, or of a
-        slot with no live lease changes nothing. Returns the freed leases.
+        slot with no live lease changes nothing; nor does a lease some of whose readers' words are stale or
+        missing from `observed`. Returns the freed leases, by lease id.
         """
         freed: list[Lease] = []
         with self._cond:
-            for slot, word in observed.items():
-                lease_id = self._slot_lease.get(slot)
-                if lease_id is None:
-                    continue
+            lease_ids = {self._slot_lease[slot] for slot in observed if slot in self._slot_lease}
+            for lease_id in sorted(lease_ids):
                 entry = self._leases[lease_id]
-                if entry.state is LeaseState.RELEASED and word & _WORD_MASK == entry.lease.generation:
+                lease = entry.lease
+                if entry.state is LeaseState.RELEASED and all(
+                    slot in observed and observed[slot] & _WORD_MASK == lease.generation for slot in lease.slots
+                ):
                     freed.append(self._free_locked(entry))
         return freed
 
@@ -404,28 +443,31 @@ class LeaseTable:
             raise UnknownSessionError(f"unknown or closed ipc session {session_id!r}")
         return session
 
-    def _try_acquire_locked(self, session_id: str, session: _Session, nbytes: int) -> Lease | None:
+    def _try_acquire_locked(self, session_id: str, session: _Session, nbytes: int, readers: int) -> Lease | None:
         if self._max_leases_per_session is not None and len(session.lease_ids) >= self._max_leases_per_session:
             return None
-        if not self._free_slots:
+        if len(self._free_slots) < readers:
             return None
         s = self._allocator.allocate(nbytes)
         if s is None:
             return None
-        slot = self._free_slots.popleft()
-        generation = next_generation(self._generations[slot])
-        self._generations[slot] = generation
+        slots = tuple(self._free_slots.popleft() for _ in range(readers))
+        # One generation for all the lease's slots, above each one's history: per slot it still only grows.
+        generation = next_generation(max(self._generations[slot] for slot in slots))
+        for slot in slots:
+            self._generations[slot] = generation
         lease = Lease(
             lease_id=self._next_lease_id,
             session_id=session_id,
             slice=s,
-            slot=slot,
+            slots=slots,
             generation=generation,
             created_at=self._clock(),
         )
         self._next_lease_id += 1
         self._leases[lease.lease_id] = _Entry(lease)
-        self._slot_lease[slot] = lease.lease_id
+        for slot in slots:
+            self._slot_lease[slot] = lease.lease_id
         session.lease_ids.add(lease.lease_id)
         return lease
 
@@ -433,8 +475,9 @@ class LeaseTable:
         lease = entry.lease
         self._allocator.free(lease.slice)
         del self._leases[lease.lease_id]
-        del self._slot_lease[lease.slot]
-        self._free_slots.append(lease.slot)
+        for slot in lease.slots:
+            del self._slot_lease[slot]
+            self._free_slots.append(slot)
         session = self._sessions.get(lease.session_id)
         if session is not None:
             session.lease_ids.discard(lease.lease_id)

@@ -104,19 +104,21 @@ class SessionEvent(_message.Message):
     def __init__(self, opened: _Optional[_Union[SessionOpened, _Mapping]] = ..., refused: _Optional[_Union[SessionRefused, _Mapping]] = ...) -> None: ...
 
 class EncodeImagesRequest(_message.Message):
-    __slots__ = ("images", "request_id", "transport", "consumer")
+    __slots__ = ("images", "request_id", "transport", "consumer", "readers")
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    READERS_FIELD_NUMBER: _ClassVar[int]
     images: _containers.RepeatedScalarFieldContainer[bytes]
     request_id: str
     transport: Transport
     consumer: ConsumerInfo
-    def __init__(self, images: _Optional[_Iterable[bytes]] = ..., request_id: _Optional[str] = ..., transport: _Optional[_Union[Transport, str]] = ..., consumer: _Optional[_Union[ConsumerInfo, _Mapping]] = ...) -> None: ...
+    readers: int
+    def __init__(self, images: _Optional[_Iterable[bytes]] = ..., request_id: _Optional[str] = ..., transport: _Optional[_Union[Transport, str]] = ..., consumer: _Optional[_Union[ConsumerInfo, _Mapping]] = ..., readers: _Optional[int] = ...) -> None: ...
 
 class IpcDescriptor(_message.Message):
-    __slots__ = ("pool_id", "epoch", "device_uuid", "offset_bytes", "nbytes", "lease_id", "generation", "ready_offset_bytes", "ack_offset_bytes")
+    __slots__ = ("pool_id", "epoch", "device_uuid", "offset_bytes", "nbytes", "lease_id", "generation", "ready_offset_bytes", "ack_offset_bytes", "readers", "reader_ack_offset_bytes")
     POOL_ID_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +128,8 @@ class IpcDescriptor(_message.Message):
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     READY_OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
     ACK_OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
+    READERS_FIELD_NUMBER: _ClassVar[int]
+    READER_ACK_OFFSET_BYTES_FIELD_NUMBER: _ClassVar[int]
     pool_id: str
     epoch: int
     device_uuid: str
@@ -135,7 +139,9 @@ class IpcDescriptor(_message.Message):
     generation: int
     ready_offset_bytes: int
     ack_offset_bytes: int
-    def __init__(self, pool_id: _Optional[str] = ..., epoch: _Optional[int] = ..., device_uuid: _Optional[str] = ..., offset_bytes: _Optional[int] = ..., nbytes: _Optional[int] = ..., lease_id: _Optional[int] = ..., generation: _Optional[int] = ..., ready_offset_bytes: _Optional[int] = ..., ack_offset_bytes: _Optional[int] = ...) -> None: ...
+    readers: int
+    reader_ack_offset_bytes: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, pool_id: _Optional[str] = ..., epoch: _Optional[int] = ..., device_uuid: _Optional[str] = ..., offset_bytes: _Optional[int] = ..., nbytes: _Optional[int] = ..., lease_id: _Optional[int] = ..., generation: _Optional[int] = ..., ready_offset_bytes: _Optional[int] = ..., ack_offset_bytes: _Optional[int] = ..., readers: _Optional[int] = ..., reader_ack_offset_bytes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Embedding(_message.Message):
     __slots__ = ("index", "num_tokens", "grid_h", "grid_w", "dtype", "shape", "data", "ipc")
@@ -166,6 +172,16 @@ class EncodeImagesResponse(_message.Message):
     embeddings: _containers.RepeatedCompositeFieldContainer[Embedding]
     transport: Transport
     def __init__(self, request_id: _Optional[str] = ..., embeddings: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ..., transport: _Optional[_Union[Transport, str]] = ...) -> None: ...
+
+class SharedEmbeddings(_message.Message):
+    __slots__ = ("reply", "pool", "readers")
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    POOL_FIELD_NUMBER: _ClassVar[int]
+    READERS_FIELD_NUMBER: _ClassVar[int]
+    reply: EncodeImagesResponse
+    pool: PoolInfo
+    readers: int
+    def __init__(self, reply: _Optional[_Union[EncodeImagesResponse, _Mapping]] = ..., pool: _Optional[_Union[PoolInfo, _Mapping]] = ..., readers: _Optional[int] = ...) -> None: ...
 
 class EncodeImagesChunk(_message.Message):
     __slots__ = ("request_id", "header", "index", "offset", "data")
