@@ -32,7 +32,6 @@ from mmproc.transport.leases import MAX_READERS, Lease, UnknownSessionError
 from mmproc.types import PreprocessedImage
 from service.admission import check_patch_budget
 from service.decode_pool import DecodePool, DecodePoolConfig
-from service.decode_worker import Prepared, prepare_image  # noqa: F401 - moved there (runs in a worker process)
 from service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
