@@ -29,6 +29,7 @@ TRANSPORTS = {"auto": pb.TRANSPORT_AUTO, "serialized": pb.TRANSPORT_SERIALIZED, 
 ERRORS_BY_CODE: dict[grpc.StatusCode, type[MmprocError]] = {
     grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
     grpc.StatusCode.UNAVAILABLE: UnavailableError,
+    grpc.StatusCode.CANCELLED: UnavailableError,  # from the server's side: it is shutting down; retry elsewhere
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
     grpc.StatusCode.FAILED_PRECONDITION: StaleSessionError,
     grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
