@@ -17,8 +17,9 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from tests.conftest import ServiceThread, test_settings
+from tests.conftest import ServiceThread
 from tests.test_ipc_gpu import next_event, pool_stats, wait_until
+from tests.test_ipc_gpu import start as start_ipc_server
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
 pytestmark = [
@@ -28,9 +29,7 @@ pytestmark = [
 
 
 def start(**overrides: object) -> ServiceThread:
-    settings = dict(device="cuda:0", dtype="bfloat16", transport="ipc", http_address="", ipc_pool_mb=64)
-    settings.update(overrides)
-    return ServiceThread(test_settings(**settings)).start()
+    return start_ipc_server(**{"ipc_pool_mb": 64, **overrides})
 
 
 @pytest.fixture
