@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from service.bench import serve
+from service.bench import serve, serve_stats
 from service.bench.images import ImageSpec, parse_resolutions, request_images
 
 REPO = Path(__file__).resolve().parents[1]
@@ -109,9 +109,9 @@ def test_loopback_targets_are_accepted(target: str) -> None:
 
 
 def test_percentiles_and_arrivals() -> None:
-    stats = serve.stats_ms([0.001 * i for i in range(1, 101)])
+    stats = serve_stats.stats_ms([0.001 * i for i in range(1, 101)])
     assert stats is not None and stats["p50"] == pytest.approx(50.5) and stats["p99"] <= stats["max"] == 100
-    assert serve.stats_ms([]) is None
+    assert serve_stats.stats_ms([]) is None
     uniform = serve.arrival_offsets(5, 10.0, "uniform", 0)
     assert list(uniform) == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
     poisson = serve.arrival_offsets(1000, 100.0, "poisson", 0)

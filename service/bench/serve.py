@@ -26,13 +26,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as dt
 import ipaddress
 import json
-import platform
 import queue
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -43,7 +40,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from service.bench.d2h import transport_microbench
 from service.bench.images import FORMATS, ORDERS, ImageSpec, generate_requests, parse_resolutions
+from service.bench.serve_stats import (
+    Sample,
+    compare,
+    environment,
+    markdown,
+    raw_rows,
+    sum_ipc,
+    summarize,
+)
 
 COMPARES: dict[str, tuple[tuple[str, dict[str, object]], ...]] = {
     "handle-cache": (("cache-on", {"handle_cache": True}), ("cache-off", {"handle_cache": False})),
@@ -62,24 +69,6 @@ class ClientConfig:
     device: str
     timeout: float
     consume: str  # "copy": clone the embeddings (what encode_images does) | "view": read them in place
-
-
-@dataclasses.dataclass(frozen=True)
-class Sample:
-    """One request, perf_counter seconds: start, reply (last reply message; None without the stub hook), views
-    (client handed over the embeddings), ready (embeddings usable), end (lease released). Failed: error set."""
-
-    index: int
-    images: int
-    start: float
-    end: float
-    reply: float | None = None
-    views: float | None = None
-    ready: float | None = None
-    scheduled: float | None = None
-    out_bytes: int = 0
-    error: str | None = None
-    message: str = ""
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -348,65 +337,6 @@ def run_rate(
     return {"samples": list(samples), "dropped": dropped, "late": late, "not_sent": len(payloads) - sent - dropped}
 
 
-def stats_ms(seconds: Sequence[float]) -> dict[str, float] | None:
-    """count, mean, p50/p90/p99 (linear interpolation), min, max, in milliseconds; None when empty."""
-    if not seconds:
-        return None
-    ms = np.asarray(seconds, dtype=np.float64) * 1e3
-    p50, p90, p99 = np.percentile(ms, [50, 90, 99])
-    return {"count": len(ms), "mean": float(ms.mean()), "p50": float(p50), "p90": float(p90), "p99": float(p99),
-            "min": float(ms.min()), "max": float(ms.max())}  # fmt: skip
-
-
-def _spans(samples: Sequence[Sample], first: str, last: str) -> list[float]:
-    """`last - first` seconds for every sample where both times are known."""
-    return [b - a for s in samples if (a := getattr(s, first)) is not None and (b := getattr(s, last)) is not None]
-
-
-STAGES = {"send_to_reply": ("start", "reply"), "reply_to_ready": ("reply", "ready"), "send_to_views": ("start", "views"),
-          "views_to_ready": ("views", "ready"), "release": ("ready", "end"), "total": ("start", "end")}  # fmt: skip
-
-
-def summarize(samples: Sequence[Sample], wall_s: float) -> dict:
-    """Throughput, latency and stage statistics, errors by type, of one measured phase."""
-    ok = [s for s in samples if s.error is None]
-    examples: dict[str, str] = {}
-    for s in samples:
-        if s.error is not None:
-            examples.setdefault(s.error, s.message)
-    wall = max(wall_s, 1e-9)
-    return {
-        "completed": len(ok),
-        "failed": len(samples) - len(ok),
-        "wall_s": wall_s,
-        "throughput_rps": len(ok) / wall,
-        "images_per_s": sum(s.images for s in ok) / wall,
-        "embedding_mb_per_s": sum(s.out_bytes for s in ok) / wall / 1e6,
-        "latency_ms": stats_ms(_spans(ok, "start", "ready")),
-        "latency_from_arrival_ms": stats_ms(_spans(ok, "scheduled", "ready")),
-        "stages_ms": {name: stats_ms(_spans(ok, *span)) for name, span in STAGES.items()},
-        "errors": dict(Counter(s.error for s in samples if s.error is not None)),
-        "error_examples": examples,
-    }
-
-
-def _sum_ipc(stats: Sequence[dict[str, int] | None]) -> dict[str, int] | None:
-    present = [s for s in stats if s is not None]
-    return None if not present else {key: sum(s.get(key, 0) for s in present) for key in present[0]}
-
-
-def _raw(samples: Sequence[Sample], t0: float) -> list[dict]:
-    def ms(s: Sample, first: str, last: str) -> float | None:
-        spans = _spans([s], first, last)
-        return spans[0] * 1e3 if spans else None
-
-    return [
-        {"index": s.index, "images": s.images, "start_ms": (s.start - t0) * 1e3, "error": s.error,
-         "latency_ms": ms(s, "start", "ready"), **{f"{name}_ms": ms(s, *span) for name, span in STAGES.items()}}
-        for s in sorted(samples, key=lambda s: s.start)
-    ]  # fmt: skip
-
-
 @dataclasses.dataclass
 class Phase:
     """One measured pass of the workload with fresh clients (perf_counter t0; counts: dropped/late/not_sent)."""
@@ -436,7 +366,7 @@ def measure(
             counts = run_rate(workers, measured, args, deadline, progress)
         wall = time.perf_counter() - t0
         progress.close()
-        ipc = _sum_ipc([getattr(w.client, "ipc_stats", None) for w in workers])
+        ipc = sum_ipc([getattr(w.client, "ipc_stats", None) for w in workers])
     finally:
         for w in workers:
             w.client.close()
@@ -450,11 +380,11 @@ def result(label: str, cfg: ClientConfig, phases: Sequence[Phase], json_raw: boo
     counts = sum((Counter(p.counts) for p in phases), Counter())
     out = {"label": label, "client": dataclasses.asdict(cfg), **summarize(samples, sum(p.wall_s for p in phases))}
     out |= {key: counts[key] for key in ("dropped", "late", "not_sent")}
-    out |= {"ipc_stats": _sum_ipc([p.ipc_stats for p in phases]), "stage_split": all(p.stage_split for p in phases)}
+    out |= {"ipc_stats": sum_ipc([p.ipc_stats for p in phases]), "stage_split": all(p.stage_split for p in phases)}
     out["rounds"] = [{"throughput_rps": r["throughput_rps"], "latency_mean_ms": (r["latency_ms"] or {}).get("mean")}
                      for r in (summarize(p.samples, p.wall_s) for p in phases)]  # fmt: skip
     if json_raw:
-        out["requests"] = [{"round": i, **row} for i, p in enumerate(phases) for row in _raw(p.samples, p.t0)]
+        out["requests"] = [{"round": i, **row} for i, p in enumerate(phases) for row in raw_rows(p.samples, p.t0)]
     return out
 
 
@@ -470,28 +400,6 @@ def run_plan(
     return [result(label, cfg, side, args.json_raw) for (label, cfg), side in zip(plan, phases)]
 
 
-def _git_commit() -> str | None:
-    try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() or None
-
-
-def _environment(argv: Sequence[str] | None, device: str) -> dict:
-    cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
-    return {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": ["mmproc", "bench", "serve", *(sys.argv[1:] if argv is None else argv)],
-        "commit": _git_commit(),
-        "torch": torch.__version__,
-        "cuda": torch.version.cuda,
-        "gpu": torch.cuda.get_device_name(torch.device(device)) if cuda else None,
-        "python": platform.python_version(),
-        "host": platform.node(),
-    }
-
-
 def _server_info(target: str, timeout: float) -> dict:
     from google.protobuf.json_format import MessageToDict
 
@@ -500,120 +408,6 @@ def _server_info(target: str, timeout: float) -> dict:
     with EncoderClient(target, transport="serialized", timeout=timeout) as client:
         info = client.server_info()
     return MessageToDict(info, preserving_proto_field_name=True)
-
-
-def _fmt(value: float | None, spec: str = ".2f") -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def _stat(stats: dict | None, *fields: str) -> str:
-    return " / ".join(_fmt(None if stats is None else stats[f]) for f in fields)
-
-
-def _transport_cell(run: dict) -> str:
-    client = run["client"]
-    transport = client["transport"]
-    if transport != "serialized" and run["ipc_stats"] is None:
-        transport += " (IPC not active)"
-    return f"{transport} / {'on' if client['handle_cache'] else 'off'}"
-
-
-def _ipc_cell(run: dict) -> str:
-    stats = run["ipc_stats"]
-    return "-" if stats is None else " / ".join(str(stats.get(k, 0)) for k in ("opens", "closes", "fallbacks"))
-
-
-TABLE: tuple[tuple[str, Callable[[dict], str]], ...] = (
-    ("transport / handle cache", _transport_cell),
-    ("completed / failed", lambda r: f"{r['completed']} / {r['failed']}"),
-    ("throughput (req/s)", lambda r: _fmt(r["throughput_rps"])),
-    ("images/s", lambda r: _fmt(r["images_per_s"])),
-    ("embeddings (MB/s)", lambda r: _fmt(r["embedding_mb_per_s"])),
-    ("latency mean (ms)", lambda r: _stat(r["latency_ms"], "mean")),
-    ("latency p50 / p90 / p99 (ms)", lambda r: _stat(r["latency_ms"], "p50", "p90", "p99")),
-    ("send→reply mean / p99 (ms)", lambda r: _stat(r["stages_ms"]["send_to_reply"], "mean", "p99")),
-    ("reply→ready mean / p99 (ms)", lambda r: _stat(r["stages_ms"]["reply_to_ready"], "mean", "p99")),
-    ("release mean / p99 (ms)", lambda r: _stat(r["stages_ms"]["release"], "mean", "p99")),
-    ("from arrival p50 / p99 (ms)", lambda r: _stat(r["latency_from_arrival_ms"], "p50", "p99")),
-    ("dropped / late / not sent", lambda r: f"{r['dropped']} / {r['late']} / {r['not_sent']}"),
-    ("ipc opens / closes / fallbacks", _ipc_cell),
-    ("errors", lambda r: ", ".join(f"{k}={v}" for k, v in r["errors"].items()) or "0"),
-)
-
-
-def markdown(record: dict) -> str:
-    """The human summary of one invocation."""
-    env, info, work, runs = record["environment"], record["server_info"], record["workload"], record["runs"]
-    lines = [
-        f"# mmproc bench serve — {env['date']}",
-        "",
-        f"- target `{record['target']}`; server: {info.get('model_name', '?')} ({info.get('model_layout', '?')}), "
-        f"{info.get('device', '?')}, {info.get('dtype', '?')}; transports {info.get('transports', [])}; "
-        f"IPC: {info.get('ipc_status', '?')}",
-        f"- client: torch {env['torch']}, GPU {env['gpu'] or '-'}, commit {(env['commit'] or '-')[:12]}",
-        f"- workload: {work['requests']} requests x {work['images_per_request']} images "
-        f"({work['format']}, {', '.join(work['resolutions'])}, mean {work['mean_image_kib']:.1f} KiB), "
-        f"mode {work['mode']}, concurrency {work['concurrency']}, warmup {work['warmup']}, seed {work['seed']}, "
-        f"rounds {work['rounds']}",
-        "",
-        "| metric | " + " | ".join(r["label"] for r in runs) + " |",
-        "| --- | " + " | ".join("---:" for _ in runs) + " |",
-    ]
-    lines += [f"| {name} | " + " | ".join(cell(r) for r in runs) + " |" for name, cell in TABLE]
-    ab = record.get("compare")
-    if ab:
-        throughput, latency = _fmt(ab["throughput_ratio"], ".3f"), _fmt(ab["mean_latency_ratio"], ".3f")
-        lines += ["", f"**{ab['a']} / {ab['b']}**: throughput x{throughput}, mean latency x{latency}"]
-    return "\n".join(lines) + "\n"
-
-
-def _ratio(a: float | None, b: float | None) -> float | None:
-    return None if a is None or b is None or b == 0 else a / b
-
-
-def compare(runs: Sequence[dict]) -> dict:
-    """First run over second (cache-on / cache-off, ipc / serialized): the ratios the A/B issue asks for."""
-    a, b = runs
-    mean = [None if r["latency_ms"] is None else r["latency_ms"]["mean"] for r in runs]
-    return {"a": a["label"], "b": b["label"], "throughput_ratio": _ratio(a["throughput_rps"], b["throughput_rps"]),
-            "mean_latency_ratio": _ratio(mean[0], mean[1])}  # fmt: skip
-
-
-def _copy_ms(src: torch.Tensor, dst: torch.Tensor, reps: int) -> float:
-    """Median ms of `dst.copy_(src)` timed with CUDA events (3 untimed copies first)."""
-    for _ in range(3):
-        dst.copy_(src, non_blocking=True)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src, non_blocking=True)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return float(np.median(times))
-
-
-def transport_microbench(device: str, megabytes: int, reps: int) -> dict:
-    """Pinned vs pageable device->host copy (and host->device) of one `megabytes` MB uint8 tensor."""
-    nbytes = megabytes * 10**6
-    dev = torch.device(device if torch.device(device).type == "cuda" else "cuda")
-    gpu = torch.empty(nbytes, dtype=torch.uint8, device=dev).fill_(7)
-    hosts = {
-        "pinned": torch.empty(nbytes, dtype=torch.uint8, pin_memory=True),
-        "pageable": torch.empty(nbytes, dtype=torch.uint8),
-    }
-    rows = []
-    for direction in ("d2h", "h2d"):
-        for kind, host in hosts.items():
-            src, dst = (gpu, host) if direction == "d2h" else (host, gpu)
-            with torch.cuda.device(dev):  # events and copy on that GPU's current stream
-                ms = _copy_ms(src, dst, reps)
-            rows.append({"direction": direction, "host_memory": kind, "ms": ms, "gb_per_s": nbytes / ms / 1e6})
-    pinned = rows[0]["gb_per_s"]
-    return {"bytes": nbytes, "reps": reps, "gpu": torch.cuda.get_device_name(dev), "rows": rows,
-            "serialized_target_gb_per_s": 0.5 * pinned}  # fmt: skip
 
 
 def _microbench_main(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
@@ -631,7 +425,7 @@ def _microbench_main(args: argparse.Namespace, argv: Sequence[str] | None) -> in
     ]
     lines += ["", f"serialized-path target (50% of pinned D2H): {result['serialized_target_gb_per_s']:.1f} GB/s"]
     _emit("\n".join(lines) + "\n", {"bench": "serve.transport_microbench",
-                                    "environment": _environment(argv, args.device), **result}, args)  # fmt: skip
+                                    "environment": environment(argv, args.device), **result}, args)  # fmt: skip
     return 0
 
 
@@ -699,7 +493,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     record = {
         "bench": "serve",
         "target": args.target,
-        "environment": _environment(argv, args.device),
+        "environment": environment(argv, args.device),
         "server_info": info,
         "workload": _workload(args, mean_kib),
         "runs": runs,
