@@ -33,20 +33,9 @@ python3 -m service.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 
   --grpc-address 127.0.0.1:$PORT --http-address "" --ipc-pool-mb 1024 > "$OUT/server.log" 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null; wait $server' EXIT
-python3 - "$PORT" >> "$LOG" 2>&1 <<'PY' || exit 1
-import sys, time, grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(f"127.0.0.1:{sys.argv[1]}"))
-for _ in range(600):
-    try:
-        if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
-            print("server SERVING"); break
-    except grpc.RpcError:
-        pass
-    time.sleep(0.5)
-else:
-    sys.exit("server never became SERVING")
-PY
+# Ready = gRPC health SERVING (`mmproc health`, the probe command the containers use), within 5 minutes.
+for _ in $(seq 300); do python3 -m service.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
+python3 -m service.cli health --target 127.0.0.1:$PORT >> "$LOG" 2>&1 || { echo "server never became SERVING"; exit 1; }
 REQUESTS=${REQUESTS:-200}
 [ -n "${QUICK:-}" ] && REQUESTS=60
 # One 448x448 JPEG per request (256 tokens x 7168 x bf16 = 3.7 MB): a short encode, so the per-request pool open

@@ -8,20 +8,9 @@ python3 -m service.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 
   --grpc-address 127.0.0.1:$PORT --http-address "" --ipc-pool-mb 1024 > "$OUT/server.log" 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null; wait $server' EXIT
-python3 - "$PORT" <<'PY'
-import sys, time, grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-stub = health_pb2_grpc.HealthStub(grpc.insecure_channel(f"127.0.0.1:{sys.argv[1]}"))
-for _ in range(600):
-    try:
-        if stub.Check(health_pb2.HealthCheckRequest(), timeout=1).status == 1:
-            print("server SERVING"); break
-    except grpc.RpcError:
-        pass
-    time.sleep(0.5)
-else:
-    sys.exit("server never became SERVING")
-PY
+# Ready = gRPC health SERVING (`mmproc health`, the probe command the containers use), within 5 minutes.
+for _ in $(seq 300); do python3 -m service.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
+python3 -m service.cli health --target 127.0.0.1:$PORT || { echo "server never became SERVING"; exit 1; }
 REQUESTS=${REQUESTS:-200}
 common=(--target 127.0.0.1:$PORT --device cuda:0 --images-per-request 4 --resolutions 512x512 --format jpeg
         --requests "$REQUESTS" --warmup 20 --concurrency 1 --quiet)

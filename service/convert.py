@@ -25,8 +25,8 @@ def embedding_header(result: EncodedImage) -> pb.Embedding:
 
 
 def serialized_payloads(results: list[EncodedImage]) -> list[bytes]:
-    """Raw bytes of every result; one D2H staging copy per image when the encoder is on a GPU."""
-    return [tensor_to_bytes(stage_to_host(r.embedding)) for r in results]
+    """Raw bytes of every result; from a GPU, one pinned staging buffer and one synchronize per request."""
+    return [tensor_to_bytes(host) for host in stage_to_host([r.embedding for r in results])]
 
 
 def serialized_reply(request_id: str, results: list[EncodedImage], payloads: list[bytes]) -> pb.EncodeImagesResponse:

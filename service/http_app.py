@@ -11,6 +11,7 @@ POST /v1/encode  {"images": ["<base64 or data: URI>", ...], "return_embeddings":
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import hashlib
@@ -24,7 +25,8 @@ from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel, Field
 
 from mmproc.errors import InvalidMediaError, Reason
-from mmproc.transport import DTYPE_NAMES, stage_to_host, tensor_to_bytes
+from mmproc.transport import DTYPE_NAMES
+from service.convert import serialized_payloads
 from service.engine import EncodedImage
 from service.errors import map_error
 from service.logs import new_request_id, request_context
@@ -53,8 +55,7 @@ def decode_image_field(value: str, index: int) -> bytes:
         raise InvalidMediaError("image is not valid base64", reason=Reason.BAD_REQUEST, index=index) from None
 
 
-def embedding_json(result: EncodedImage, with_data: bool) -> dict[str, object]:
-    data = tensor_to_bytes(stage_to_host(result.embedding))
+def embedding_json(result: EncodedImage, data: bytes, with_data: bool) -> dict[str, object]:
     item: dict[str, object] = {
         "index": result.index,
         "num_tokens": result.num_tokens,
@@ -133,7 +134,8 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
             mapped = map_error(exc, metrics=metrics)
             return mapped.grpc_code.name, JSONResponse(mapped.http_body(request_id), status_code=mapped.http_status)
         with metrics.time_stage("transport"):
-            embeddings = [embedding_json(result, body.return_embeddings) for result in results]
+            payloads = await asyncio.get_running_loop().run_in_executor(None, serialized_payloads, results)
+            embeddings = [embedding_json(r, data, body.return_embeddings) for r, data in zip(results, payloads)]
         return "OK", JSONResponse({"request_id": request_id, "embeddings": embeddings})
 
     return app

@@ -11,7 +11,8 @@ from mmproc.transport import bytes_to_tensor, stage_to_host, tensor_to_bytes
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_round_trip_is_bit_exact(dtype: torch.dtype) -> None:
     tensor = torch.randn(37, 96, generator=torch.Generator().manual_seed(0)).to(dtype)
-    data = tensor_to_bytes(stage_to_host(tensor))
+    (host,) = stage_to_host([tensor])
+    data = tensor_to_bytes(host)
     assert len(data) == tensor.numel() * tensor.element_size()
     back = bytes_to_tensor(data, str(dtype).removeprefix("torch."), (37, 96))
     assert back.dtype == dtype

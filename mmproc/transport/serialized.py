@@ -1,8 +1,8 @@
 """Serialized transport: embeddings as raw little-endian bytes plus dtype and shape. No pickle on any wire.
 
-Producer: `stage_to_host` copies a whole batch's device output to the CPU once (through pinned memory
-when it comes from a GPU), then `tensor_to_bytes` turns each image's row range into bytes (one copy,
-the unavoidable one into the Python bytes object that protobuf sends).
+Producer: `stage_to_host` copies a request's embeddings to the CPU together (one pinned buffer, one
+synchronize when they come from a GPU), then `tensor_to_bytes` turns each into bytes (one copy, the
+unavoidable one into the Python bytes object that protobuf sends).
 Consumer: `bytes_to_tensor` views the received bytes as a tensor and copies it once to its device.
 """
 
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from collections.abc import Sequence
 
 import torch
 
@@ -28,18 +29,27 @@ def tensor_nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
     return n * torch.empty((), dtype=dtype).element_size()
 
 
-def stage_to_host(embeddings: torch.Tensor) -> torch.Tensor:
-    """Copy a device tensor (T, hidden) to the CPU for serialization; CPU tensors pass through.
+def stage_to_host(embeddings: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Copy device tensors (T_i, hidden) to the CPU for serialization; CPU tensors pass through.
 
-    From CUDA the copy goes into pinned memory with one non-blocking D2H on the current stream and a
-    single synchronize of that stream, so the host never reads before the copy is done.
+    From CUDA the copies go into one pinned buffer, non-blocking on the current stream, followed by a single
+    synchronize per device, so the host never reads before the copies are done.
     """
-    if embeddings.device.type == "cpu":
-        return embeddings
-    staging = torch.empty(embeddings.shape, dtype=embeddings.dtype, pin_memory=True)
-    staging.copy_(embeddings, non_blocking=True)
-    torch.cuda.current_stream(embeddings.device).synchronize()
-    return staging
+    out: list[torch.Tensor | None] = [t if t.device.type == "cpu" else None for t in embeddings]
+    on_gpu = [i for i, t in enumerate(embeddings) if t.device.type != "cpu"]
+    if not on_gpu:
+        return out  # type: ignore[return-value]
+    staging = torch.empty(sum(embeddings[i].nbytes for i in on_gpu), dtype=torch.uint8, pin_memory=True)
+    start = 0
+    for i in on_gpu:
+        tensor = embeddings[i]
+        host = staging[start : start + tensor.nbytes].view(tensor.dtype).view(tensor.shape)
+        host.copy_(tensor, non_blocking=True)
+        out[i] = host
+        start += tensor.nbytes
+    for device in {embeddings[i].device for i in on_gpu}:
+        torch.cuda.current_stream(device).synchronize()
+    return out  # type: ignore[return-value]
 
 
 def tensor_to_bytes(tensor: torch.Tensor) -> bytes:

@@ -19,7 +19,6 @@ import json
 import platform
 import random
 import statistics
-import subprocess
 import sys
 import time
 import warnings
@@ -32,6 +31,7 @@ from torch import Tensor
 from mmproc.model import PRESETS, VisionConfig, VisionEncoder
 from mmproc.preprocess import PreprocessConfig, target_grid
 from mmproc.types import PackedBatch
+from service.bench.provenance import git_commit, git_dirty
 
 PEAK_TFLOPS = 790.0  # dense bf16 matmul rate measured on one H200 (see docs/benchmarks/encoder.md)
 MIXED_SIDES = (224, 1536)  # mixed workload: each side drawn uniformly in this range (pixels)
@@ -189,18 +189,6 @@ def _rel_err(a: Tensor, b: Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-def _git(*args: str) -> str:
-    try:
-        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
-def _commit() -> str:
-    sha = _git("rev-parse", "HEAD")  # a copied tree without git objects prints "HEAD" or nothing
-    return sha if len(sha) == 40 and all(c in "0123456789abcdef" for c in sha) else "unknown"
-
-
 def _row(impl: str, name: str, batch: PackedBatch, flops: dict[str, int], t: dict[str, float], peak: float) -> dict:
     sec = t["ms"] * 1e-3
     tflops = flops["total"] / sec / 1e12
@@ -293,8 +281,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         record = {
             "bench": "encoder",
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "commit": _commit(),
-            "dirty": bool(_git("status", "--porcelain", "--untracked-files=no")),
+            "commit": git_commit() or "unknown",
+            "dirty": git_dirty(),
             "command": [sys.executable, "-m", "service.bench.encoder", *(sys.argv[1:] if argv is None else argv)],
             "gpu": gpu,
             "torch": torch.__version__,

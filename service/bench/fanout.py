@@ -43,6 +43,7 @@ import numpy as np
 import torch
 
 from service.bench.images import FORMATS, ImageSpec, generate_requests, parse_resolutions
+from service.bench.provenance import git_commit
 
 TARGET_RATIO = 2.5
 MAX_TP = 8  # = MAX_READERS of the lease table
@@ -481,7 +482,8 @@ def _environment(argv: Sequence[str] | None) -> dict:
         gpus = [{"index": i, "name": torch.cuda.get_device_name(i), "uuid": device_uuid(i)}
                 for i in range(torch.cuda.device_count())]  # fmt: skip
     return {"date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), "argv": list(argv or sys.argv[1:]),
-            "python": sys.version.split()[0], "torch": torch.__version__, "gpus": gpus}  # fmt: skip
+            "python": sys.version.split()[0], "torch": torch.__version__, "gpus": gpus,
+            "commit": git_commit()}  # fmt: skip
 
 
 def _emit(text: str, record: dict, args: argparse.Namespace) -> None:

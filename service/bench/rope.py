@@ -21,7 +21,6 @@ import datetime as dt
 import json
 import platform
 import re
-import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -30,6 +29,7 @@ import torch
 
 from mmproc.model import rope_triton
 from mmproc.model.rope import apply_rope
+from service.bench.provenance import git_commit
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 DTYPES |= {"float32": torch.float32, "fp32": torch.float32}
@@ -156,14 +156,6 @@ def _sweep(args: argparse.Namespace, dtype: torch.dtype) -> list[dict[str, objec
     return rows
 
 
-def _git_commit() -> str | None:
-    try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() or None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
     if not torch.cuda.is_available():
@@ -208,7 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         record = {
             "bench": "rope",
             "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-            "commit": _git_commit(),
+            "commit": git_commit(),
             "command": [sys.executable, "-m", "service.bench.rope", *(sys.argv[1:] if argv is None else argv)],
             "gpu": gpu,
             "torch": torch.__version__,

@@ -6,13 +6,14 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import platform
-import subprocess
 import sys
 from collections import Counter
 from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
+
+from service.bench.provenance import git_commit
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,20 +93,12 @@ def raw_rows(samples: Sequence[Sample], t0: float) -> list[dict]:
     ]  # fmt: skip
 
 
-def _git_commit() -> str | None:
-    try:
-        done = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() or None
-
-
 def environment(argv: Sequence[str] | None, device: str) -> dict:
     cuda = torch.device(device).type == "cuda" and torch.cuda.is_available()
     return {
         "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": ["mmproc", "bench", "serve", *(sys.argv[1:] if argv is None else argv)],
-        "commit": _git_commit(),
+        "commit": git_commit(),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "gpu": torch.cuda.get_device_name(torch.device(device)) if cuda else None,
