@@ -1,10 +1,9 @@
-"""Engine results <-> protobuf messages (serialized transport). Shared by the gRPC servicer and its tests."""
+"""Engine results <-> protobuf messages (serialized transport), and the streamed reply serialized by hand with one
+copy of the payload. Shared by the gRPC servicer, the HTTP app and their tests."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-from mmproc.transport import DTYPE_NAMES, stage_to_host, tensor_to_bytes
+from mmproc.transport import DTYPE_NAMES, stage_to_host, tensor_bytes_view, tensor_to_bytes
 from mmproc.transport.ipc_pool import PoolIdentity
 from mmproc.v1 import encoder_pb2 as pb
 from service.engine import EncodedImage
@@ -38,26 +37,64 @@ def serialized_reply(request_id: str, results: list[EncodedImage], payloads: lis
     return reply
 
 
-def serialized_chunks(
-    request_id: str, results: list[EncodedImage], payloads: list[bytes], chunk_bytes: int
-) -> Iterator[pb.EncodeImagesChunk]:
-    """Each image: a header message carrying the first chunk, then the rest in `chunk_bytes` pieces."""
-    for result, data in zip(results, payloads):
-        view = memoryview(data)
-        yield pb.EncodeImagesChunk(
-            request_id=request_id,
-            header=embedding_header(result),
-            index=result.index,
-            offset=0,
-            data=data if len(data) <= chunk_bytes else view[:chunk_bytes].tobytes(),  # no copy when it fits
-        )
-        for offset in range(chunk_bytes, len(data), chunk_bytes):
-            yield pb.EncodeImagesChunk(
-                request_id=request_id,
-                index=result.index,
-                offset=offset,
-                data=view[offset : offset + chunk_bytes].tobytes(),
-            )
+def serialized_stream(request_id: str, results: list[EncodedImage], chunk_bytes: int) -> list[bytes]:
+    """Every message of a streamed reply, already serialized: what EncodeImagesStream hands gRPC.
+
+    Each image: a message with its header and the first `chunk_bytes` of its payload, then the rest in
+    `chunk_bytes` pieces. From a GPU: one pinned staging buffer and one synchronize per request (stage_to_host);
+    after that the payload is copied exactly once, from the staging buffer into each message's bytes.
+    """
+    messages = []
+    for result, host in zip(results, stage_to_host([r.embedding for r in results])):
+        data = tensor_bytes_view(host)  # (nbytes,) over the staging buffer, no copy
+        header = embedding_header(result)
+        for offset in range(0, max(len(data), 1), chunk_bytes):  # an empty payload still sends its header
+            piece = data[offset : offset + chunk_bytes]
+            messages.append(chunk_wire(request_id, result.index, offset, piece, header if offset == 0 else None))
+    return messages
+
+
+# Protobuf wire format (https://protobuf.dev/programming-guides/encoding/): a message is a sequence of fields,
+# each a varint tag `field_number << 3 | wire_type` followed by the value; a `bytes` field has wire type 2 (LEN):
+# tag, the length as a varint, then the raw bytes. Parsers accept fields in any order, and for a singular field
+# the last one on the wire wins. So the serialization of a message without `data`, followed by a `data` field
+# written by hand, parses to exactly the message with `data` set (and is byte-identical to protobuf's own output,
+# which writes fields in number order and `data` has the highest number; tests/test_convert.py checks both).
+_DATA_FIELD = pb.EncodeImagesChunk.DESCRIPTOR.fields_by_name["data"]
+_LEN = 2  # wire type of bytes, strings and sub-messages
+assert _DATA_FIELD.type == _DATA_FIELD.TYPE_BYTES and not _DATA_FIELD.is_repeated, "EncodeImagesChunk.data changed"
+
+
+def _varint(value: int) -> bytes:
+    """Base-128 varint: 7 bits per byte, least significant group first, high bit set on all but the last byte."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_DATA_TAG = _varint(_DATA_FIELD.number << 3 | _LEN)
+
+
+def chunk_wire(
+    request_id: str, index: int, offset: int, data: memoryview | bytes, header: pb.Embedding | None = None
+) -> bytes:
+    """The serialized EncodeImagesChunk with these fields, copying `data` once (into the returned bytes).
+
+    `pb.EncodeImagesChunk(..., data=bytes(data)).SerializeToString()` gives the same bytes, but copies the payload
+    three times (into a bytes object, into the message, into the serialization).
+    """
+    head = pb.EncodeImagesChunk(request_id=request_id, header=header, index=index, offset=offset).SerializeToString()
+    if not len(data):  # proto3 writes no empty bytes field
+        return head
+    return b"".join((head, _DATA_TAG, _varint(len(data)), data))
+
+
+def stream_response_serializer(message: bytes | pb.EncodeImagesChunk) -> bytes:
+    """EncodeImagesStream's response serializer: messages from `serialized_stream` are already serialized."""
+    return message if isinstance(message, bytes) else message.SerializeToString()
 
 
 def ipc_reply(request_id: str, results: list[EncodedImage], pool: PoolIdentity) -> pb.EncodeImagesResponse:

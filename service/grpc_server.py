@@ -16,7 +16,13 @@ from mmproc.errors import ResourceExhaustedError
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from service.auth import BearerToken, TokenInterceptor
-from service.convert import ipc_reply, serialized_chunks, serialized_payloads, serialized_reply
+from service.convert import (
+    ipc_reply,
+    serialized_payloads,
+    serialized_reply,
+    serialized_stream,
+    stream_response_serializer,
+)
 from service.engine import EncodedImage, Engine
 from service.errors import map_error, to_grpc_status
 from service.grpc_observe import ObserveInterceptor
@@ -94,12 +100,13 @@ class EncoderServicer(pb_grpc.EncoderServicer):
         try:
             # Streams carry bytes only: a lease taken here would never reach a consumer to release it.
             request_id, results = await self._run(request, context, ipc=False)
-            payloads = await self._serialize(results)
+            with self._state.metrics.time_stage("transport"):
+                messages = await _off_loop(serialized_stream, request_id, results, self._info.stream_chunk_bytes)
         except Exception as exc:
             await self._abort(context, request, exc)
             return
-        for chunk in serialized_chunks(request_id, results, payloads, self._info.stream_chunk_bytes):
-            yield chunk
+        for message in messages:
+            yield message  # serialized already: passed through by stream_response_serializer (add_encoder_servicer)
 
     async def GetServerInfo(self, request: pb.GetServerInfoRequest, context: grpc.aio.ServicerContext) -> pb.ServerInfo:
         try:
@@ -124,6 +131,36 @@ class EncoderServicer(pb_grpc.EncoderServicer):
     ) -> None:
         mapped = map_error(exc, metrics=self._state.metrics)  # counted and logged there, with the request id
         await context.abort_with_status(to_grpc_status(mapped))
+
+
+class _HandlerRecorder:
+    """Stands in for a server in the generated `add_EncoderServicer_to_server`, keeping its method handlers."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, generic_handlers: object) -> None:
+        pass  # built from the same dict that add_registered_method_handlers receives
+
+    def add_registered_method_handlers(self, service_name: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self.handlers.update(handlers)
+
+
+def add_encoder_servicer(servicer: EncoderServicer, server: grpc.aio.Server) -> None:
+    """What the generated `add_EncoderServicer_to_server` does, except that EncodeImagesStream's messages, which
+    the servicer yields already serialized (service.convert.serialized_stream), reach gRPC as they are.
+
+    The handlers come from the generated code itself, so every other method keeps its generated (de)serializers.
+    """
+    recorder = _HandlerRecorder()
+    pb_grpc.add_EncoderServicer_to_server(servicer, recorder)
+    handlers = recorder.handlers
+    stream = handlers["EncodeImagesStream"]
+    handlers["EncodeImagesStream"] = grpc.unary_stream_rpc_method_handler(
+        stream.unary_stream, stream.request_deserializer, stream_response_serializer
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
 
 
 async def create_server(
@@ -161,7 +198,7 @@ async def create_server(
         + ([TokenInterceptor(auth_token, state.metrics)] if auth_token is not None else []),
         maximum_concurrent_rpcs=max_concurrent_rpcs,
     )
-    pb_grpc.add_EncoderServicer_to_server(EncoderServicer(state, default_deadline_s=default_deadline_s), server)
+    add_encoder_servicer(EncoderServicer(state, default_deadline_s=default_deadline_s), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)

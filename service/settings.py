@@ -118,6 +118,8 @@ class ServerSettings(BaseSettings):
             raise ValueError("max_image_mb must not exceed max_request_mb")
         if self.max_request_mb + 1 > self.max_message_mb:
             raise ValueError("max_message_mb must exceed max_request_mb by at least 1 (protobuf framing)")
+        if self.stream_chunk_mb + 1 > self.max_message_mb:
+            raise ValueError("max_message_mb must exceed stream_chunk_mb by at least 1 (each chunk carries a header)")
         return self
 
     # -- derived, plain dataclasses handed to the core ----------------------------------------------

@@ -86,6 +86,12 @@ def test_bad_flag_and_bad_file_key_are_named(tmp_path, capsys) -> None:
     assert f"config file {config_file}: max_batch_imags" in err and "Extra inputs" in err, err
 
 
+def test_stream_chunks_must_fit_in_a_message(capsys) -> None:
+    assert main(["config", "--max-message-mb", "49", "--stream-chunk-mb", "49"]) == 2
+    assert "stream_chunk_mb" in capsys.readouterr().err
+    assert main(["config", "--max-message-mb", "49", "--stream-chunk-mb", "48"]) == 0
+
+
 def test_serve_refuses_bad_settings_before_starting() -> None:
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("MMPROC_")}
     proc = subprocess.run(

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 import torch
 from google.protobuf.message import DecodeError
 
-from mmproc.client.wire import PB_DTYPES
+from mmproc.client.wire import PB_DTYPES, StreamChunk
 from mmproc.errors import InternalError
 from mmproc.transport import bytes_to_tensor, tensor_nbytes
 from mmproc.transport.cuda_ipc import IPC_HANDLE_BYTES
@@ -180,24 +180,25 @@ def identity_from_pb(info: pb.PoolInfo) -> PoolIdentity:
     )
 
 
-def collect_reply(chunks: Iterable[pb.EncodeImagesChunk], count: int) -> pb.EncodeImagesResponse:
+def collect_reply(chunks: Iterable[StreamChunk], count: int) -> pb.EncodeImagesResponse:
     """A streamed serialized reply (headers, then data chunks) as one EncodeImagesResponse with the bytes in it."""
     headers: list[pb.Embedding | None] = [None] * count
     buffers: list[bytearray | None] = [None] * count
     request_id = ""
     for chunk in chunks:
-        request_id = chunk.request_id or request_id
-        index = chunk.index
+        fields, data = chunk.fields, chunk.data
+        request_id = fields.request_id or request_id
+        index = fields.index
         if not 0 <= index < count:
             raise InternalError(f"server sent a chunk for image {index} of {count}")
-        if chunk.HasField("header"):
-            header = chunk.header
+        if fields.HasField("header"):
+            header = fields.header
             nbytes = tensor_nbytes(tuple(header.shape), getattr(torch, PB_DTYPES[header.dtype]))
             headers[index], buffers[index] = header, bytearray(nbytes)
         buffer = buffers[index]
-        if buffer is None or chunk.offset + len(chunk.data) > len(buffer):
+        if buffer is None or fields.offset + len(data) > len(buffer):
             raise InternalError(f"malformed stream for image {index}")
-        buffer[chunk.offset : chunk.offset + len(chunk.data)] = chunk.data
+        buffer[fields.offset : fields.offset + len(data)] = data
     reply = pb.EncodeImagesResponse(request_id=request_id, transport=pb.TRANSPORT_SERIALIZED)
     for index, (header, buffer) in enumerate(zip(headers, buffers)):
         if header is None or buffer is None:

@@ -8,7 +8,7 @@ from typing import TypeVar
 import grpc
 
 from mmproc.client.retry import RetryPolicy, Rotation, acall_with_retry, call_with_retry
-from mmproc.client.wire import error_from_rpc
+from mmproc.client.wire import encoder_stub, error_from_rpc
 from mmproc.errors import MmprocError, UnavailableError
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 
@@ -24,7 +24,7 @@ class Targets:
         if not targets:
             raise ValueError("no target given")
         self.channels = [make_channel(t) for t in targets]
-        self.stubs = [pb_grpc.EncoderStub(channel) for channel in self.channels]
+        self.stubs = [encoder_stub(channel) for channel in self.channels]  # EncodeImagesStream yields StreamChunk
         self._rotation = Rotation(self.stubs)
         self.retry = retry or RetryPolicy()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import grpc
 import numpy as np
@@ -23,6 +24,7 @@ from mmproc.errors import (
 )
 from mmproc.transport import bytes_to_tensor, tensor_nbytes
 from mmproc.v1 import encoder_pb2 as pb
+from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 
 PB_DTYPES = {pb.DTYPE_FLOAT32: "float32", pb.DTYPE_BFLOAT16: "bfloat16", pb.DTYPE_FLOAT16: "float16"}
 TRANSPORTS = {"auto": pb.TRANSPORT_AUTO, "serialized": pb.TRANSPORT_SERIALIZED, "ipc": pb.TRANSPORT_IPC}
@@ -61,6 +63,86 @@ def error_from_rpc(err: grpc.RpcError) -> MmprocError:
     return cls(f"{code.name}: {message}")
 
 
+@dataclass(frozen=True, slots=True)
+class StreamChunk:
+    """One received EncodeImagesChunk: every field but `data` parsed by protobuf (`fields`, whose own `data` is
+    empty), and `data` as a read-only view of the received message bytes (no copy)."""
+
+    fields: pb.EncodeImagesChunk
+    data: memoryview
+
+
+# Protobuf wire format (https://protobuf.dev/programming-guides/encoding/): a message is a sequence of fields, each
+# a varint tag `field_number << 3 | wire_type`, then the value: wire type 0 a varint, 1 eight bytes, 5 four bytes,
+# 2 (LEN) a varint length and that many bytes. A singular field may appear more than once; the last one wins.
+_DATA_TAG = pb.EncodeImagesChunk.DESCRIPTOR.fields_by_name["data"].number << 3 | 2
+_FIXED_SIZES = {1: 8, 5: 4}
+
+
+def _varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """(value, position after it) of the base-128 varint at `pos` (7 bits a byte, least significant first)."""
+    value = shift = 0
+    while True:
+        byte = buf[pos]  # IndexError past the end: a truncated message
+        value |= (byte & 0x7F) << shift
+        pos += 1
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def read_chunk(message: bytes) -> StreamChunk:
+    """EncodeImagesStream's response deserializer (see `encoder_stub`): the payload stays in the bytes gRPC
+    received, so that the Assembler copies it once, straight into its buffer.
+
+    `pb.EncodeImagesChunk.FromString(message).data` would copy it twice (into the parsed message, into a new bytes
+    object). Here the top-level fields are walked by their wire-format framing; everything but `data` (a few
+    dozen bytes) goes through protobuf as usual. Anything unexpected (a group, a truncated or malformed message)
+    is left to protobuf, which parses it or raises DecodeError.
+    """
+    view = memoryview(message)
+    others: list[memoryview] = []  # every field but `data`, as it is on the wire
+    data = view[:0]
+    pos = 0
+    try:
+        while pos < len(message):
+            start = pos
+            tag, pos = _varint(message, pos)
+            wire_type = tag & 7
+            if wire_type == 0:
+                pos = _varint(message, pos)[1]
+            elif wire_type == 2:
+                length, pos = _varint(message, pos)
+                pos += length
+                if tag == _DATA_TAG:
+                    data = view[pos - length : pos]
+                    continue
+            elif wire_type in _FIXED_SIZES:
+                pos += _FIXED_SIZES[wire_type]
+            else:
+                raise ValueError(f"wire type {wire_type}")
+            others.append(view[start:pos])
+        if pos != len(message):
+            raise ValueError("truncated")
+    except (IndexError, ValueError):
+        parsed = pb.EncodeImagesChunk.FromString(message)
+        return StreamChunk(parsed, memoryview(parsed.data))
+    return StreamChunk(pb.EncodeImagesChunk.FromString(b"".join(others)), data)
+
+
+def encoder_stub(channel: grpc.Channel | grpc.aio.Channel) -> pb_grpc.EncoderStub:
+    """The generated stub, except that EncodeImagesStream yields `StreamChunk`s (`read_chunk`)."""
+    stub = pb_grpc.EncoderStub(channel)
+    method = f"/{pb.DESCRIPTOR.services_by_name['Encoder'].full_name}/EncodeImagesStream"
+    stub.EncodeImagesStream = channel.unary_stream(
+        method,
+        request_serializer=pb.EncodeImagesRequest.SerializeToString,
+        response_deserializer=read_chunk,
+        _registered_method=True,
+    )
+    return stub
+
+
 class Assembler:
     """Collects a streamed reply (headers + chunks) straight into one host buffer per image.
 
@@ -74,22 +156,23 @@ class Assembler:
         self._buffers: list[torch.Tensor | None] = [None] * count  # (nbytes,) uint8 on the host
         self._received = [0] * count
 
-    def add(self, chunk: pb.EncodeImagesChunk) -> None:
-        index = chunk.index
+    def add(self, chunk: StreamChunk) -> None:
+        fields, data = chunk.fields, chunk.data
+        index = fields.index
         if not 0 <= index < len(self._headers):
             raise InternalError(f"server sent a chunk for image {index} of {len(self._headers)}")
-        if chunk.HasField("header"):
-            header = chunk.header
+        if fields.HasField("header"):
+            header = fields.header
             nbytes = tensor_nbytes(tuple(header.shape), getattr(torch, PB_DTYPES[header.dtype]))
             pinned = self._device.type == "cuda"
             self._headers[index] = header
             self._buffers[index] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
         buffer = self._buffers[index]
-        size = len(chunk.data)
-        if buffer is None or chunk.offset + size > buffer.numel():
+        size, offset = len(data), fields.offset
+        if buffer is None or offset + size > buffer.numel():
             raise InternalError(f"malformed stream for image {index}")
-        if size:
-            buffer[chunk.offset : chunk.offset + size].numpy()[:] = np.frombuffer(chunk.data, dtype=np.uint8)
+        if size:  # the one copy on this side: from the received message into the (pinned) buffer
+            buffer[offset : offset + size].numpy()[:] = np.frombuffer(data, dtype=np.uint8)
         self._received[index] += size
 
     def tensors(self) -> list[torch.Tensor]:

@@ -1,8 +1,8 @@
 """Serialized transport: embeddings as raw little-endian bytes plus dtype and shape. No pickle on any wire.
 
 Producer: `stage_to_host` copies a request's embeddings to the CPU together (one pinned buffer, one
-synchronize when they come from a GPU), then `tensor_to_bytes` turns each into bytes (one copy, the
-unavoidable one into the Python bytes object that protobuf sends).
+synchronize when they come from a GPU); `tensor_bytes_view` exposes each as raw bytes without copying, and
+`tensor_to_bytes` copies them into a bytes object (the one copy into what protobuf / gRPC sends).
 Consumer: `bytes_to_tensor` views the received bytes as a tensor and copies it once to its device.
 """
 
@@ -52,14 +52,20 @@ def stage_to_host(embeddings: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     return out  # type: ignore[return-value]
 
 
-def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
-    """Raw row-major bytes of a CPU tensor (any of DTYPE_NAMES' dtypes)."""
+def tensor_bytes_view(tensor: torch.Tensor) -> memoryview:
+    """Raw row-major bytes of a CPU tensor (any of DTYPE_NAMES' dtypes) as a flat memoryview over the tensor's
+    own memory (no copy when it is contiguous). The view keeps the tensor alive; do not write to the tensor."""
     if tensor.device.type != "cpu":
-        raise ValueError("tensor_to_bytes needs a CPU tensor; call stage_to_host first")
+        raise ValueError("tensor_bytes_view needs a CPU tensor; call stage_to_host first")
     if tensor.dtype not in DTYPE_NAMES:
         raise ValueError(f"unsupported dtype {tensor.dtype}")
     # uint8 view: numpy has no bfloat16, and the bytes are the same for every dtype.
-    return tensor.contiguous().view(torch.uint8).numpy().tobytes()
+    return memoryview(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
+
+
+def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
+    """Raw row-major bytes of a CPU tensor (any of DTYPE_NAMES' dtypes), copied once into a bytes object."""
+    return tensor_bytes_view(tensor).tobytes()
 
 
 def bytes_to_tensor(
