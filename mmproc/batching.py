@@ -12,14 +12,35 @@ from torch import Tensor
 
 from mmproc.types import PackedBatch, PreprocessedImage
 
+PIXEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def pixel_transfer_dtype(device: torch.device, model_dtype: torch.dtype) -> torch.dtype:
+    """The dtype `pack_images` should pack in for a model on `device` in `model_dtype`.
+
+    A bf16/fp16 model on CUDA: its own dtype, so the H2D copy moves half the bytes and the device does no cast
+    (the CPU cast in the packing pass rounds to nearest even, as the device cast would: same bits). Anything
+    else (CPU, float32 models): float32, the dtype preprocessing produces.
+    """
+    if device.type == "cuda" and model_dtype in (torch.bfloat16, torch.float16):
+        return model_dtype
+    return torch.float32
+
 
 def pack_images(
-    images: Sequence[PreprocessedImage], merge_kernel_size: tuple[int, int] = (2, 2), pin_memory: bool = False
+    images: Sequence[PreprocessedImage],
+    merge_kernel_size: tuple[int, int] = (2, 2),
+    pin_memory: bool = False,
+    dtype: torch.dtype = torch.float32,
 ) -> PackedBatch:
-    """One `torch.cat` of the patches into a (pinned when asked) (sum L, 3, P, P) float32 buffer.
+    """One `torch.cat` of the float32 patches into a (pinned when asked) (sum L, 3, P, P) buffer of `dtype`.
 
-    cu_seqlens (N + 1,) int32 CPU; max_seqlen and token_counts as Python ints. Pin only for a CUDA consumer.
+    dtype: float32 (default), or the model's bf16/fp16 for a CUDA consumer (see `pixel_transfer_dtype`); the
+    conversion happens in the same CPU copy pass. cu_seqlens (N + 1,) int32 CPU; max_seqlen and token_counts as
+    Python ints. Pin only for a CUDA consumer.
     """
+    if dtype not in PIXEL_DTYPES:
+        raise ValueError(f"pack_images: dtype must be one of {PIXEL_DTYPES}, got {dtype}")
     if not images:
         raise ValueError("pack_images needs at least one image")
     kh, kw = merge_kernel_size
@@ -37,8 +58,8 @@ def pack_images(
         token_counts.append(tokens)
         offsets.append(offsets[-1] + h * w)
     patch_shape = images[0].patches.shape[1:]  # (3, P, P)
-    pixel_values = torch.empty((offsets[-1], *patch_shape), dtype=torch.float32, pin_memory=pin_memory)
-    torch.cat([image.patches for image in images], out=pixel_values)
+    pixel_values = torch.empty((offsets[-1], *patch_shape), dtype=dtype, pin_memory=pin_memory)
+    torch.cat([image.patches for image in images], out=pixel_values)  # casts while copying when dtype differs
     return PackedBatch(
         pixel_values=pixel_values,
         grid_hws=tuple(grids),

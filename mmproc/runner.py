@@ -120,8 +120,11 @@ class EncoderRunner:
         max_patches_per_image: int,
         merge_kernel_size: tuple[int, int] = (2, 2),
         pin_memory: bool = False,
+        pixel_dtype: torch.dtype = torch.float32,
         observer: Callable[[BatchStats], None] | None = None,
     ) -> None:
+        """pin_memory, pixel_dtype: how batches are packed; for a CUDA encoder pin and pack in
+        `mmproc.batching.pixel_transfer_dtype(device, dtype)` so that the H2D copy carries the model dtype."""
         if max_patches_per_image > config.max_batch_patches:
             raise ConfigError(
                 f"runner: max_batch_patches={config.max_batch_patches} is smaller than one image can be "
@@ -131,6 +134,7 @@ class EncoderRunner:
         self._config = config
         self._merge = merge_kernel_size
         self._pin_memory = pin_memory
+        self._pixel_dtype = pixel_dtype
         self._observer = observer
         self._queue: deque[_Item] = deque()
         self._cond = threading.Condition()
@@ -269,7 +273,12 @@ class EncoderRunner:
 
     def _execute(self, items: list[_Item]) -> None:
         started = time.monotonic()
-        batch = pack_images([item.image for item in items], merge_kernel_size=self._merge, pin_memory=self._pin_memory)
+        batch = pack_images(
+            [item.image for item in items],
+            merge_kernel_size=self._merge,
+            pin_memory=self._pin_memory,
+            dtype=self._pixel_dtype,
+        )
         try:
             with torch.inference_mode():
                 self._encoder(batch, out=[job.rows(first, last) for job, first, last in _runs(items)])

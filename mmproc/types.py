@@ -46,7 +46,8 @@ class PreprocessedImage:
 class PackedBatch:
     """Many images packed into one varlen sequence, all metadata built on the CPU from Python ints.
 
-    pixel_values: (sum L, 3, P, P) float32, pinned when the batch is meant for a CUDA device.
+    pixel_values: (sum L, 3, P, P) float32, or the model's bf16/fp16 when packed for a CUDA model (half the H2D
+        bytes); pinned when the batch is meant for a CUDA device.
     grid_hws: per image (grid_h, grid_w) in patches.
     cu_seqlens: (N + 1,) int32 CPU tensor, prefix sums of patches per image (attention segments).
     max_seqlen: longest image in patches, a Python int (varlen kernels want it without a sync).

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Encoder check on the GPU host, from the repo root: RoPE check (tests + bench), GPU encoder tests, encoder bench.
+# Encoder check on the GPU host, from the repo root: RoPE check (tests + bench), GPU encoder and fused add+LayerNorm
+# tests, encoder bench.
 #   bash scripts/gpu_encoder_check.sh [bench flags...]
 #     -> $OUT/rope_check.log, $OUT/rope.json, $OUT/encoder_check.log, $OUT/encoder.json   (OUT defaults to /tmp/out)
 # Exit status: non-zero if any step failed.
@@ -21,8 +22,9 @@ grep -E "passed|failed|error| 4096 " "$OUT/rope_check.log" | tee -a "$LOG"
 
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 # --noconftest: tests/conftest.py starts the gRPC service, which these tests do not need.
-say "## pytest tests/test_gpu_encoder.py tests/test_model.py -m cuda"
-python3 -m pytest -q -rs --noconftest -p no:cacheprovider -m cuda tests/test_gpu_encoder.py tests/test_model.py 2>&1 \
+say "## pytest tests/test_gpu_encoder.py tests/test_add_norm_triton.py tests/test_model.py -m cuda"
+python3 -m pytest -q -rs --noconftest -p no:cacheprovider -m cuda tests/test_gpu_encoder.py tests/test_add_norm_triton.py \
+  tests/test_model.py 2>&1 \
   | tee -a "$LOG"
 tests_rc=$?
 

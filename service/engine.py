@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from mmproc.batching import pixel_transfer_dtype
 from mmproc.errors import (
     DeadlineExceededError,
     InvalidMediaError,
@@ -87,6 +88,7 @@ class Engine:
             max_patches_per_image=preprocess.max_patches_per_image,
             merge_kernel_size=preprocess.merge_kernel_size,
             pin_memory=encoder.device.type == "cuda",
+            pixel_dtype=pixel_transfer_dtype(encoder.device, encoder.dtype),
             observer=self._observe_batch,
         )
         self._max_inflight = max_inflight_requests

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmproc.batching import pack_images, split_by_image
+from mmproc.batching import pack_images, pixel_transfer_dtype, split_by_image
 from mmproc.types import PreprocessedImage
 
 
@@ -85,3 +85,47 @@ def test_pack_prefix_sums_property(half_grids):
     assert batch.max_seqlen == max(sizes) and batch.token_counts == tuple(s // 4 for s in sizes)
     parts = split_by_image(torch.zeros(batch.num_tokens, 2), batch.token_counts)
     assert [p.shape[0] for p in parts] == list(batch.token_counts)
+
+
+def awkward_patches(n: int, seed: int) -> torch.Tensor:
+    """(n, 3, 14, 14) float32: random bit patterns (every exponent, subnormals, +-0, +-inf; NaN replaced) plus exact
+    round-to-nearest-even ties of bf16 and fp16 and values past the fp16 range."""
+    gen = torch.Generator().manual_seed(seed)
+    bits = torch.randint(-(2**31), 2**31 - 1, (n, 3, 14, 14), generator=gen, dtype=torch.int64).to(torch.int32)
+    x = bits.view(torch.float32).clone()
+    x[x.isnan()] = 0.5
+    flat = x.view(-1)
+    # bf16 keeps 7 mantissa bits: 1 + 2**-8 is halfway between 1 and 1 + 2**-7 (ties to the even 1.0), and
+    # 1 + 3 * 2**-8 halfway between 1 + 2**-7 and 1 + 2**-6 (ties up); likewise for fp16 (10 bits).
+    ties = [1 + 2**-8, 1 + 3 * 2**-8, -(1 + 2**-8), 1 + 2**-11, 1 + 3 * 2**-11, 65520.0, 70000.0, 1e-8, -0.0]
+    flat[: len(ties)] = torch.tensor(ties)
+    flat[len(ties) : 2 * len(ties)] = torch.rand(len(ties), generator=gen) * 2 - 1  # typical normalised pixels
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_packing_in_the_model_dtype_equals_packing_float32_then_casting(dtype):
+    grids = [(2, 4), (6, 2)]
+    images = [PreprocessedImage(awkward_patches(h * w, seed=h), (h, w), (h // 2) * (w // 2)) for h, w in grids]
+    direct = pack_images(images, dtype=dtype)
+    via_float32 = pack_images(images)
+    assert direct.pixel_values.dtype == dtype and via_float32.pixel_values.dtype == torch.float32
+    want = via_float32.pixel_values.to(dtype)
+    assert torch.equal(direct.pixel_values.view(torch.int16), want.view(torch.int16)), "not bit-identical"
+    assert direct.cu_seqlens.tolist() == via_float32.cu_seqlens.tolist()
+    # Round to nearest, ties to even (not truncation): the tie cases land where the device cast puts them.
+    first = direct.pixel_values.view(-1)
+    if dtype == torch.bfloat16:
+        assert first[:3].tolist() == [1.0, 1 + 2**-6, -1.0]
+    else:
+        assert first[3:7].tolist() == [1.0, 1 + 2**-9, float("inf"), float("inf")]
+
+
+def test_pixel_transfer_dtype_is_the_model_dtype_only_for_half_precision_on_cuda():
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    assert pixel_transfer_dtype(cuda, torch.bfloat16) == torch.bfloat16
+    assert pixel_transfer_dtype(cuda, torch.float16) == torch.float16
+    assert pixel_transfer_dtype(cuda, torch.float32) == torch.float32
+    assert pixel_transfer_dtype(cpu, torch.bfloat16) == torch.float32
+    with pytest.raises(ValueError, match="dtype"):
+        pack_images([image(2, 2)], dtype=torch.float64)

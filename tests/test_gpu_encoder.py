@@ -115,6 +115,25 @@ def test_uniform_batched_attention_equals_varlen(gpu):
 
 
 @torch.inference_mode()
+def test_attention_runs_on_side_streams_give_the_same_result_without_syncs(gpu, batch):
+    # GRIDS packs short / long (48x48 >= 2048 patches) / short segments: three runs spread over the side streams.
+    want = gpu(batch)
+    gpu.tower.set_options(attention_streams=3)
+    try:
+        assert "streams3" in gpu.tower.kernels(gpu.device, gpu.dtype).names[0]
+        gpu(batch)  # warm-up: the kernels were selected again (probes may sync)
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = gpu(batch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert rel_err(got, want) < 1e-3  # the same kernels on the same data: expected identical
+    finally:
+        gpu.tower.set_options(attention_streams=1)
+
+
+@torch.inference_mode()
 @pytest.mark.parametrize("backend", ["cudnn", "flash"])
 def test_preferred_sdpa_backend_gives_the_same_result(gpu, batch, backend):
     want = gpu(batch)
@@ -136,3 +155,25 @@ def test_fused_gelu_epilogue_matches_plain():
     assert fused.shape == plain.shape == (3000, 4304) and fused.dtype == torch.bfloat16
     assert rel_err(fused, exact) < 1e-2 and rel_err(plain, exact) < 1e-2
     assert rel_err(fused, plain) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_packing_in_the_model_dtype_equals_the_cast_on_the_gpu(dtype):
+    # Pixels cast on the CPU while packing (what the runner ships for a half-precision model) must be the same
+    # bits as float32 pixels copied and cast on the GPU (what the encoder did before): both round to nearest even.
+    gen = torch.Generator().manual_seed(4)
+    patches = torch.randn(64, 3, 14, 14, generator=gen) * 300  # past fp16's range too: inf on both sides
+    patches.view(-1)[:4] = torch.tensor([1 + 2**-8, 1 + 3 * 2**-8, 1 + 2**-11, 1 + 3 * 2**-11])  # exact ties
+    images = [PreprocessedImage(patches, (8, 8), 16)]
+    direct = pack_images(images, pin_memory=True, dtype=dtype).pixel_values
+    on_gpu = pack_images(images, pin_memory=True).pixel_values.cuda().to(dtype)
+    assert direct.is_pinned() and direct.dtype == dtype
+    assert torch.equal(direct.cuda().view(torch.int16), on_gpu.view(torch.int16))
+
+
+@torch.inference_mode()
+def test_bf16_pixels_give_the_float32_pixels_result(gpu):
+    images = make_images(GRIDS)
+    packed_bf16 = pack_images(images, pin_memory=True, dtype=torch.bfloat16)
+    packed_f32 = pack_images(images, pin_memory=True)
+    assert rel_err(gpu(packed_bf16), gpu(packed_f32)) < 1e-3  # same bits reach the model: expected 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -10,8 +11,10 @@ import torch.nn.functional as F
 
 from mmproc.batching import pack_images
 from mmproc.model import PRESETS, VisionConfig, VisionEncoder, load_encoder
+from mmproc.model.add_norm import add_layer_norm
 from mmproc.model.attention import VarlenMeta, long_segments_on_sdpa, sdpa_segments, select_attention
 from mmproc.model.loader import encoder_from_checkpoint_tensors
+from mmproc.model.moonvit import TowerInputs, linear_gelu_tanh
 from mmproc.model.pos_emb import Learnable2DInterpPosEmb, interpolate_pos_emb
 from mmproc.model.projector import merge_gather_index
 from mmproc.model.rope import apply_rope, build_rope_table, rope_cos_sin
@@ -173,7 +176,7 @@ def test_pos_emb_interpolation_and_cache():
     table = module.weight.detach().clone()
     direct = F.interpolate(table.permute(2, 0, 1)[None], size=(10, 23), mode="bicubic", align_corners=False)
     got = module([(10, 23)])
-    torch.testing.assert_close(got, direct[0].permute(1, 2, 0).reshape(230, 8), atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(got, direct[0].permute(1, 2, 0).reshape(230, 8), atol=1e-4, rtol=1e-5)  # fp32 kernel
     torch.testing.assert_close(module([(64, 64)]), table.reshape(-1, 8), atol=0, rtol=0)  # identity
     torch.testing.assert_close(interpolate_pos_emb(table, 64, 64), table.reshape(-1, 8), atol=0, rtol=0)
     assert module([(10, 23)]) is got  # cached
@@ -186,6 +189,21 @@ def test_pos_emb_interpolation_and_cache():
     torch.testing.assert_close(module([(10, 23)]), got * 3, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("table_hw", [(64, 64), (9, 5)])
+@pytest.mark.parametrize("out_hw", [(1, 1), (2, 3), (10, 23), (63, 64), (64, 65), (110, 74), (130, 7)])
+def test_pos_emb_separable_interpolation_is_torch_bicubic(table_hw: tuple[int, int], out_hw: tuple[int, int]) -> None:
+    # The matmul formulation must be torch's bicubic resize (taps, border clamping, A = -0.75), not an approximation:
+    # exact to float64 rounding against F.interpolate in float64, and within float32 rounding of the float32 kernel.
+    table = torch.randn(*table_hw, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(sum(out_hw)))
+    h, w = out_hw
+    want = F.interpolate(table.permute(2, 0, 1)[None], size=out_hw, mode="bicubic", align_corners=False)
+    torch.testing.assert_close(interpolate_pos_emb(table, h, w), want[0].permute(1, 2, 0).reshape(h * w, 6),
+                               atol=1e-12, rtol=1e-12)  # fmt: skip
+    want32 = F.interpolate(table.float().permute(2, 0, 1)[None], size=out_hw, mode="bicubic", align_corners=False)
+    torch.testing.assert_close(interpolate_pos_emb(table.float(), h, w), want32[0].permute(1, 2, 0).reshape(h * w, 6),
+                               atol=1e-4, rtol=1e-5)  # fmt: skip
+
+
 def test_pos_emb_cache_is_bounded():
     module = Learnable2DInterpPosEmb(64, 64, 8, max_cache_entries=3, max_cache_bytes=10_000)
     for h in range(2, 12, 2):
@@ -193,6 +211,38 @@ def test_pos_emb_cache_is_bounded():
     assert len(module._cache) <= 3 and module._cache_bytes <= 10_000
     module([(100, 100)])  # 320 kB: larger than the byte bound, computed but not cached
     assert module._cache_bytes <= 10_000
+
+
+def test_pos_emb_cache_keeps_part_of_a_batch_larger_than_itself(monkeypatch):
+    # A batch with 5 sizes through a cache of 3 entries, twice: plain LRU would evict each size just before its
+    # next use (0 hits on the second call); entries of the batch being embedded are never evicted for each other.
+    from mmproc.model import pos_emb
+
+    computed = []
+    original = pos_emb.interpolate_pos_emb
+    monkeypatch.setattr(pos_emb, "interpolate_pos_emb", lambda t, h, w: computed.append((h, w)) or original(t, h, w))
+    module = Learnable2DInterpPosEmb(64, 64, 8, max_cache_entries=3)
+    with torch.no_grad():
+        module.weight.normal_()
+    grids = [(2, 4), (4, 4), (6, 4), (8, 4), (10, 4), (4, 4)]
+    first = module(grids)
+    assert len(computed) == 5 and len(module._cache) <= 3
+    computed.clear()
+    torch.testing.assert_close(module(grids), first, atol=0, rtol=0)
+    assert len(computed) == 2, "three of the five sizes should have stayed cached"
+    assert len(module._cache) <= 3
+
+
+@torch.inference_mode()
+def test_pos_emb_add_to_equals_adding_the_concatenation():
+    module = Learnable2DInterpPosEmb(64, 64, 8)
+    with torch.no_grad():
+        module.weight.normal_()
+    for grids in ([(4, 6)], [(4, 6)] * 3, [(2, 2), (4, 6), (4, 6), (64, 64), (2, 2)]):
+        x = torch.randn(sum(h * w for h, w in grids), 8)
+        want = x + module(grids)
+        assert module.add_to_(x, grids) is x
+        torch.testing.assert_close(x, want, atol=0, rtol=0)
 
 
 def test_sdpa_segments_is_block_diagonal():
@@ -302,3 +352,69 @@ def test_sdpa_uniform_equals_per_segment():
     assert meta.uniform == 6
     torch.testing.assert_close(sdpa_uniform(q, k, v, meta), sdpa_segments(q, k, v, meta), atol=1e-6, rtol=1e-5)
     assert VarlenMeta.from_cu_seqlens(torch.tensor([0, 6, 13], dtype=torch.int32), 7).uniform == 0
+
+
+def tower_inputs(model: VisionEncoder, batch: PackedBatch, **kernel_changes) -> TowerInputs:
+    """What `VisionEncoder.forward` hands the tower, built the slow way on the CPU (kernels optionally replaced)."""
+    tower = model.tower
+    cos_t, sin_t = tower.rope_table(
+        torch.device("cpu"), max(h for h, _ in batch.grid_hws), max(w for _, w in batch.grid_hws)
+    )
+    cos, sin = rope_cos_sin(batch.grid_hws, cos_t, sin_t)
+    kernels = dataclasses.replace(tower.kernels(model.device, model.dtype), **kernel_changes)
+    meta = VarlenMeta.from_cu_seqlens(batch.cu_seqlens, batch.max_seqlen)
+    return TowerInputs(batch.grid_hws, cos, sin, meta, kernels)
+
+
+def per_block_formula(model: VisionEncoder, x: torch.Tensor, inputs: TowerInputs) -> torch.Tensor:
+    """The encoder as the checkpoint's modules define it, block by block: x + attn(norm0 x), x + mlp(norm1 x)."""
+    cfg, seq = model.config, x.shape[0]
+    for blk in model.tower.encoder.blocks:
+        q, k, v = blk.wqkv(blk.norm0(x)).view(seq, 3, cfg.num_heads, cfg.head_dim).unbind(1)
+        q, k = apply_rope(q, k, inputs.cos, inputs.sin)
+        x = x + blk.wo(sdpa_segments(q, k, v, inputs.attn).reshape(seq, -1))
+        x = x + blk.mlp(blk.norm1(x), linear_gelu_tanh)
+    return model.tower.encoder.final_layernorm(x)
+
+
+@torch.inference_mode()
+def test_encoder_pairs_each_residual_add_with_the_next_layernorm(tensors):
+    # 3 layers so that a block's MLP residual meets the NEXT block's norm0 and the last one final_layernorm; every
+    # LayerNorm has its own weights, so pairing an add with the wrong norm changes the result.
+    config = dataclasses.replace(config_for("kimi_vl"), num_layers=3)
+    model = encoder_from_random(config)
+    norms = [m.weight for m in model.modules() if isinstance(m, torch.nn.LayerNorm)]
+    assert len({tuple(w[:4].tolist()) for w in norms}) == len(norms) == 2 * 3 + 2
+    batch = pack_images(make_images([(4, 6), (10, 8), (2, 2)], seed=8))
+    inputs = tower_inputs(model, batch)
+    assert inputs.kernels.names[3] == "eager" and inputs.kernels.add_norm is add_layer_norm
+    x = model.tower.patch_embed(batch.pixel_values, batch.grid_hws)
+    want = per_block_formula(model, x.clone(), inputs)
+    torch.testing.assert_close(model.tower.encoder(x.clone(), inputs), want, atol=0, rtol=0)  # same ops, same bits
+
+    # The fused kernel's contract, emulated in torch: x += y IN PLACE, then LayerNorm. The encoder must not read
+    # a residual it has handed to add_norm (aliasing), so the result is the same up to float32 rounding.
+    def in_place(x, y, norm):
+        x.add_(y)
+        return x, torch.nn.functional.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+    fused = tower_inputs(model, batch, add_norm=in_place)
+    x_in = x.clone()
+    torch.testing.assert_close(model.tower.encoder(x_in, fused), want, atol=1e-6, rtol=1e-6)
+    assert not torch.equal(x_in, x), "the emulated fused path should have updated the residual stream in place"
+
+
+def encoder_from_random(config: VisionConfig) -> VisionEncoder:
+    from mmproc.model.init import random_state_dict
+    from mmproc.model.loader import build_encoder, expected_shapes
+
+    return build_encoder(config, random_state_dict(expected_shapes(config), seed=4))
+
+
+def test_kernel_options_name_the_add_norm_choice():
+    model = load_encoder(None, preset="tiny")
+    kernels = model.tower.kernels(model.device, model.dtype)
+    assert len(kernels.names) == 4 and kernels.names[3] == "eager"  # CPU: the plain path
+    assert model.tower.options.fused_add_norm  # on by default; CUDA picks Triton when it passes its probe
+    model.tower.set_options(fused_add_norm=False)
+    assert model.tower.kernels(model.device, model.dtype).add_norm is add_layer_norm

@@ -153,3 +153,18 @@ def test_each_request_gets_its_own_destination_written_in_place() -> None:
     for img, emb in zip(request, got):
         torch.testing.assert_close(emb, alone(img), rtol=1e-4, atol=1e-5)
     assert torch.isnan(pool[:10]).all() and torch.isnan(pool[16:]).all(), "wrote outside its slice"
+
+
+def test_batches_are_packed_in_the_pixel_dtype_it_was_given() -> None:
+    """A bf16 CUDA encoder gets bf16 pixels (half the H2D bytes); the default stays float32."""
+    towers = {dtype: RecordingTower() for dtype in (torch.float32, torch.bfloat16)}
+    pixels = image(2, 4, 1.0 + 2**-8)  # rounds to 1.0 in bf16
+    for dtype, tower in towers.items():
+        runner = EncoderRunner(tower, RunnerConfig(max_wait_ms=0), max_patches_per_image=64, pixel_dtype=dtype)
+        runner.start()
+        assert runner.submit([pixels]).result(5)[0].shape == (2, 256)
+        runner.stop()
+    assert [b.pixel_values.dtype for b in towers[torch.float32].batches] == [torch.float32]
+    assert [b.pixel_values.dtype for b in towers[torch.bfloat16].batches] == [torch.bfloat16]
+    assert towers[torch.bfloat16].batches[0].pixel_values.eq(1.0).all()
+    assert towers[torch.float32].batches[0].pixel_values.eq(1.0 + 2**-8).all()

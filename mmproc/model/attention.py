@@ -122,12 +122,25 @@ def sdpa_uniform(q: Tensor, k: Tensor, v: Tensor, meta: VarlenMeta) -> Tensor:
 
 
 def long_segments_on_sdpa(
-    varlen: AttentionFn, long_segment: int = LONG_SEGMENT, uniform_batched: bool = False
+    varlen: AttentionFn,
+    long_segment: int = LONG_SEGMENT,
+    uniform_batched: bool = False,
+    streams: tuple[torch.cuda.Stream, ...] = (),
 ) -> AttentionFn:
     """Wrap a varlen backend: short segments go through it together, long ones one by one through SDPA.
 
     uniform_batched: a batch of equal segments (more than one) goes through one batched SDPA call instead.
+    streams: side CUDA streams (none: everything on the caller's stream). With them, the runs of a mixed batch
+    (each long segment, each stretch of short ones) are issued round-robin on the side streams, so that one
+    image's attention can fill the SMs left idle by the last wave of the previous one (an image of 2-6k patches
+    is only 16 heads x L/64 tiles). Each run writes its own rows of the output; the side streams wait for the
+    caller's stream first (q, k, v ready) and the caller's stream waits for all of them after (every row written),
+    so no tensor is used across streams without ordering; no host sync.
     """
+
+    def run_one(q: Tensor, k: Tensor, v: Tensor, run: Run) -> Tensor:
+        s, e = run.start, run.end
+        return _sdpa(q[s:e], k[s:e], v[s:e]) if run.meta is None else varlen(q[s:e], k[s:e], v[s:e], run.meta)
 
     def hybrid(q: Tensor, k: Tensor, v: Tensor, meta: VarlenMeta) -> Tensor:
         if uniform_batched and meta.uniform and len(meta.bounds) > 1:
@@ -138,12 +151,22 @@ def long_segments_on_sdpa(
         if len(runs) == 1:
             return _sdpa(q, k, v)
         out = torch.empty_like(q)  # (L, H, dh)
-        for run in runs:
-            s, e = run.start, run.end
-            out[s:e] = _sdpa(q[s:e], k[s:e], v[s:e]) if run.meta is None else varlen(q[s:e], k[s:e], v[s:e], run.meta)
+        if not streams:
+            for run in runs:
+                out[run.start : run.end] = run_one(q, k, v, run)
+            return out
+        caller = torch.cuda.current_stream(q.device)
+        for side in streams:
+            side.wait_stream(caller)
+        for i, run in enumerate(runs):
+            with torch.cuda.stream(streams[i % len(streams)]):
+                out[run.start : run.end] = run_one(q, k, v, run)
+        for side in streams:
+            caller.wait_stream(side)
         return out
 
-    hybrid.__name__ = f"{varlen.__name__}+sdpa" + ("+uniform" if uniform_batched else "")
+    suffix = ("+uniform" if uniform_batched else "") + (f"+streams{len(streams)}" if streams else "")
+    hybrid.__name__ = f"{varlen.__name__}+sdpa{suffix}"
     return hybrid
 
 
@@ -225,10 +248,12 @@ def select_attention(
     long_segment: int = LONG_SEGMENT,
     uniform_batched: bool = False,
     sdpa_backend: str = "auto",
+    streams: int = 1,
 ) -> tuple[str, AttentionFn]:
     """The fastest working backend for this device and dtype: (name, fn). Call once, reuse the fn.
 
     sdpa_backend: "auto" (torch's order) or one of SDPA_BACKENDS to try first for the SDPA calls (CUDA only).
+    streams: how many CUDA streams a mixed batch's per-segment calls are spread over (1: the caller's only).
     """
     device = torch.device(device)
     if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
@@ -243,7 +268,9 @@ def select_attention(
                     device,
                     dtype,
                 )
-                hybrid = long_segments_on_sdpa(fn, long_segment, uniform_batched)
+                side = tuple(torch.cuda.Stream(device) for _ in range(streams)) if streams > 1 else ()
+                hybrid = long_segments_on_sdpa(fn, long_segment, uniform_batched, side)
+                name += f"+streams{streams}" if side else ""
                 if sdpa_backend != "auto":
                     return f"{name}+sdpa@{sdpa_backend}", prefer_sdpa_backend(hybrid, sdpa_backend)
                 return name, hybrid

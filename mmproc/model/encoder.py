@@ -3,9 +3,10 @@
 State-dict names: `tower.*` (the checkpoint's `vision_tower.*`) and `projector.{pre_norm,linear_1,linear_2}.*`;
 `mmproc.model.loader` maps each checkpoint layout onto them.
 
-Host -> device traffic per forward: one non_blocking copy of `pixel_values` (cast to the model dtype on the
-device) and one non_blocking copy of a single int64 buffer holding every index (RoPE rows, merge gather,
-cu_seqlens), built on the CPU from the batch's Python ints. Nothing is read back from the device.
+Host -> device traffic per forward: one non_blocking copy of `pixel_values` (packed in the model dtype for a
+bf16/fp16 CUDA model, see `mmproc.batching.pixel_transfer_dtype`; any other dtype is cast on the device) and one
+non_blocking copy of a single int64 buffer holding every index (RoPE rows, merge gather, cu_seqlens), built on
+the CPU from the batch's Python ints. Nothing is read back from the device.
 """
 
 from __future__ import annotations
@@ -73,7 +74,8 @@ class VisionEncoder(nn.Module):
         )  # (Th, Tw, dh/2) float32
         rope_rows, merge_idx, cu_dev = self._indices_to_device(batch, cos_table.shape[1], device)
 
-        pixels = batch.pixel_values.to(device, non_blocking=True).to(dtype)  # (L, 3, P, P); cast on the device
+        # (L, 3, P, P): no cast when packed in the model dtype, else cast on the device after the copy
+        pixels = batch.pixel_values.to(device, non_blocking=True).to(dtype)
         cos, sin = gather_rope(cos_table, sin_table, rope_rows)  # (L, dh/2) each
         inputs = TowerInputs(
             grid_hws=grids,

@@ -6,9 +6,13 @@ encoder.blocks.{i}.{norm0,norm1,wqkv,wo,mlp.fc0,mlp.fc1}, encoder.final_layernor
 Per block (pre-LN, LayerNorm eps 1e-5):
     x = x + wo(attn(rope(wqkv(norm0(x)))))        wqkv output viewed as (L, 3, H, dh)
     x = x + mlp.fc1(gelu_tanh(mlp.fc0(norm1(x))))
+and `final_layernorm(x)` after the last block. The code computes the same thing with every residual add paired
+with the LayerNorm that reads its result: (x, h) = add_norm(x, wo(...), norm1), then the MLP residual with the
+NEXT block's norm0 (or final_layernorm), so a block takes and returns (x, norm(x)).
 
 Optional fast paths (`KernelOptions`, fixed at construction; each with a plain fallback): fused Triton RoPE,
-a varlen attention kernel, and fc0 + bias + GELU(tanh) as one cuBLASLt matmul with a GELU epilogue.
+a varlen attention kernel, fc0 + bias + GELU(tanh) as one cuBLASLt matmul with a GELU epilogue, and the
+residual add + LayerNorm as one Triton kernel.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmproc.model import rope_triton
+from mmproc.model.add_norm import AddNormFn, add_layer_norm, select_add_norm
 from mmproc.model.attention import LONG_SEGMENT, AttentionFn, VarlenMeta, select_attention
 from mmproc.model.config import VisionConfig
 from mmproc.model.pos_emb import Learnable2DInterpPosEmb
@@ -70,6 +75,8 @@ class KernelOptions:
     uniform_attention: a batch of equal-size images runs one batched SDPA call instead of the varlen kernel.
     long_segment: patches from which a segment leaves the varlen kernel for its own SDPA call.
     sdpa_backend: "auto" or the SDPA backend to try first ("cudnn", "flash", "efficient"; CUDA only).
+    fused_add_norm: each residual add and the LayerNorm after it as one Triton kernel (CUDA).
+    attention_streams: CUDA streams the per-segment attention calls of a mixed batch are spread over (1: none).
     Defaults measured on an H200 (docs/benchmarks/encoder.md): uniform_attention +3-7% end to end.
     """
 
@@ -78,6 +85,8 @@ class KernelOptions:
     uniform_attention: bool = True
     long_segment: int = LONG_SEGMENT
     sdpa_backend: str = "auto"
+    fused_add_norm: bool = True
+    attention_streams: int = 1
 
 
 @dataclass(frozen=True)
@@ -87,7 +96,8 @@ class Kernels:
     attn_fn: AttentionFn
     rope_fn: RopeFn
     fc0_gelu: LinearGeluFn
-    names: tuple[str, str, str]  # (attention, rope, fc0+gelu)
+    add_norm: AddNormFn
+    names: tuple[str, str, str, str]  # (attention, rope, fc0+gelu, add+norm)
 
 
 def select_kernels(
@@ -101,11 +111,14 @@ def select_kernels(
         long_segment=options.long_segment,
         uniform_batched=options.uniform_attention,
         sdpa_backend=options.sdpa_backend,
+        streams=options.attention_streams,
     )
     rope_name, rope_fn = select_rope(device) if options.fused_rope else ("eager", apply_rope)
     fused_gelu = options.fused_gelu and device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
     gelu_name, gelu_fn = ("addmm_gelu", addmm_gelu_tanh) if fused_gelu else ("eager", linear_gelu_tanh)
-    return Kernels(attn_fn, rope_fn, gelu_fn, (attn_name, rope_name, gelu_name))
+    width = num_heads * head_dim
+    norm_name, norm_fn = select_add_norm(device, dtype, width) if options.fused_add_norm else ("eager", add_layer_norm)
+    return Kernels(attn_fn, rope_fn, gelu_fn, norm_fn, (attn_name, rope_name, gelu_name, norm_name))
 
 
 @dataclass(frozen=True)
@@ -136,7 +149,7 @@ class PatchEmbed(nn.Module):
         # pixels (L, 3, P, P) model dtype -> (L, D). The conv kernel covers the whole patch: one matmul.
         weight = self.proj.weight.reshape(self.proj.out_channels, -1)  # (D, 3*P*P), a view
         x = F.linear(pixels.reshape(pixels.shape[0], -1), weight, self.proj.bias)
-        return x.add_(self.pos_emb(grid_hws))
+        return self.pos_emb.add_to_(x, grid_hws)  # per run of equal sizes, in place: no (L, D) concatenation
 
 
 class MLP(nn.Module):
@@ -162,16 +175,19 @@ class EncoderLayer(nn.Module):
         self.wo = nn.Linear(d, d)
         self.mlp = MLP(d, config.intermediate_size)
 
-    def forward(self, x: Tensor, inputs: TowerInputs) -> Tensor:
-        # x (L, D) -> (L, D)
+    def forward(self, x: Tensor, h: Tensor, next_norm: nn.LayerNorm, inputs: TowerInputs) -> tuple[Tensor, Tensor]:
+        """x (L, D) residual stream and h = norm0(x) (L, D) -> (x', next_norm(x')) with x' this block's output.
+
+        The fused add_norm updates x in place: callers must not hold on to the x they pass in.
+        """
         seq = x.shape[0]
-        qkv = self.wqkv(self.norm0(x)).view(seq, 3, self.num_heads, self.head_dim)
+        qkv = self.wqkv(h).view(seq, 3, self.num_heads, self.head_dim)
         q, k, v = qkv.unbind(1)  # each (L, H, dh)
         kernels = inputs.kernels
         q, k = kernels.rope_fn(q, k, inputs.cos, inputs.sin)
         attn = kernels.attn_fn(q, k, v, inputs.attn)  # (L, H, dh)
-        x = x + self.wo(attn.reshape(seq, -1))
-        return x + self.mlp(self.norm1(x), kernels.fc0_gelu)
+        x, h = kernels.add_norm(x, self.wo(attn.reshape(seq, -1)), self.norm1)
+        return kernels.add_norm(x, self.mlp(h, kernels.fc0_gelu), next_norm)
 
 
 class Encoder(nn.Module):
@@ -181,9 +197,13 @@ class Encoder(nn.Module):
         self.final_layernorm = nn.LayerNorm(config.hidden_size, eps=1e-5)
 
     def forward(self, x: Tensor, inputs: TowerInputs) -> Tensor:
-        for block in self.blocks:
-            x = block(x, inputs)
-        return self.final_layernorm(x)
+        # x (L, D) embedded patches (updated in place by the fused path) -> final_layernorm(last block) (L, D)
+        blocks = list(self.blocks)
+        h = blocks[0].norm0(x)  # the only LayerNorm without a residual add in front of it
+        next_norms = [block.norm0 for block in blocks[1:]] + [self.final_layernorm]
+        for block, next_norm in zip(blocks, next_norms, strict=True):
+            x, h = block(x, h, next_norm, inputs)
+        return h
 
 
 class MoonViT(nn.Module):
@@ -229,7 +249,9 @@ class MoonViT(nn.Module):
         if self._kernels is None or self._kernels[0] != key:
             cfg = self.config
             kernels = select_kernels(device, dtype, cfg.num_heads, cfg.head_dim, self.options)
-            logger.info("kernels on %s/%s: attention %s, RoPE %s, fc0+GELU %s", device, dtype, *kernels.names)
+            logger.info(
+                "kernels on %s/%s: attention %s, RoPE %s, fc0+GELU %s, add+LayerNorm %s", device, dtype, *kernels.names
+            )
             self._kernels = (key, kernels)
         return self._kernels[1]
 

@@ -1,13 +1,18 @@
 """`mmproc bench encoder`: packed MoonViT + projector throughput on CUDA vs the eager per-image baseline.
 
 Full-size model from a preset (default `kimi-k2.5`: 27 layers, width 1152, 16 heads, mlp 4304, projector to
-7168) with random weights in bf16. Inputs are random pixel patches packed straight into a pinned `PackedBatch`
-(no JPEG decode); the timed region is one whole forward, H2D copy of the pixels included. Each figure is the
-median of `--reps` forwards timed with CUDA events after `--warmup` forwards. FLOPs are counted exactly:
-2*M*N*K per matmul plus 4*L^2*D per image per layer for attention; MFU is against `--peak` TFLOP/s.
+7168) with random weights in bf16. Inputs are random pixel patches packed straight into a pinned `PackedBatch` in the
+dtype the service packs them in (`pixel_transfer_dtype`: the model dtype for a bf16/fp16 CUDA model; no JPEG
+decode); the timed region is one whole forward, H2D copy of the pixels included. Each figure is the median of
+`--reps` forwards timed with CUDA events after `--warmup` forwards. FLOPs are counted exactly: 2*M*N*K per matmul
+plus 4*L^2*D per image per layer for attention; MFU is against `--peak` TFLOP/s.
 
     python -m service.bench.encoder [--preset kimi-k2.5] [--workloads 448x64 1024x16 mixed48]
-                                    [--reps 10] [--warmup 3] [--variants] [--no-baseline] [--json PATH]
+                                    [--reps 10] [--warmup 3] [--variants] [--profile] [--no-baseline] [--json PATH]
+
+`--profile` adds, per workload, a torch.profiler breakdown of one warm forward (service/bench/profile.py).
+`--device cpu` (with `--preset tiny --dtype float32`) runs the same code on the CPU with wall-clock timing: a
+smoke test of the bench itself, not a measurement.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from mmproc.batching import pixel_transfer_dtype
 from mmproc.model import PRESETS, VisionConfig, VisionEncoder
 from mmproc.preprocess import PreprocessConfig, target_grid
 from mmproc.types import PackedBatch
@@ -35,25 +41,27 @@ from service.bench.provenance import git_commit, git_dirty
 
 PEAK_TFLOPS = 790.0  # dense bf16 matmul rate measured on one H200 (see docs/benchmarks/encoder.md)
 MIXED_SIDES = (224, 1536)  # mixed workload: each side drawn uniformly in this range (pixels)
-# Our encoder with one fast path changed; `--variants` times each against the default in the same run.
+# Our encoder with one fast path changed; `--variants` times each against the default in the same run. (Backend
+# orders and all-varlen were measured once and settled: docs/benchmarks/encoder.md, run 2 of 2026-12-02.)
 VARIANTS: dict[str, dict[str, object]] = {
     "no-fused-gelu": {"fused_gelu": False},
     "no-fused-rope": {"fused_rope": False},
     "no-uniform": {"uniform_attention": False},
-    "all-varlen": {"long_segment": 1 << 30, "uniform_attention": False},
     "all-sdpa": {"long_segment": 1},
-    "sdpa@cudnn": {"sdpa_backend": "cudnn"},
-    "sdpa@flash": {"sdpa_backend": "flash"},
-    "sdpa@cudnn+all": {"sdpa_backend": "cudnn", "long_segment": 1},
+    "no-fused-add-norm": {"fused_add_norm": False},
+    "attn-streams=2": {"attention_streams": 2},
+    "attn-streams=4": {"attention_streams": 4},
 }
-ATTN_SEQS = (1024, 5476, 11660)  # 448^2, 1024^2 and the largest mixed-set image, in patches
+# Our default encoder fed a batch packed in another pixel dtype: what shipping pixels in the model dtype is worth.
+PIXEL_VARIANTS: dict[str, torch.dtype] = {"f32-pixels": torch.float32}
 Forward = Callable[[PackedBatch], Tensor]
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="mmproc bench encoder", description=__doc__.split("\n")[0])
     p.add_argument("--preset", choices=sorted(PRESETS), default="kimi-k2.5")
-    p.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default="bfloat16")
+    p.add_argument("--device", default="cuda", help="cuda[:N], or cpu for a smoke test with the tiny preset")
     p.add_argument("--workloads", nargs="+", default=["448x64", "1024x16", "mixed48"], help="SIDExCOUNT | mixedN")
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
@@ -62,6 +70,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--variants", action="store_true", help="also time our encoder with each fast path switched")
     p.add_argument("--no-baseline", action="store_true", help="skip the eager per-image baseline")
     p.add_argument("--attention", action="store_true", help="also time one image's SDPA per backend and layout")
+    p.add_argument("--profile", action="store_true", help="per workload, kernel time by category of one warm forward")
     p.add_argument("--json", type=Path, default=None, help="write machine-readable results here")
     return p.parse_args(argv)
 
@@ -92,27 +101,39 @@ def encoder_flops(config: VisionConfig, grids: Sequence[tuple[int, int]]) -> dic
     return {"matmul": matmul, "attention": attention, "total": matmul + attention}
 
 
-def random_batch(grids: Sequence[tuple[int, int]], patch: int, kernel: tuple[int, int], seed: int) -> PackedBatch:
-    """Pinned (sum L, 3, P, P) float32 pixels uniform in [-1, 1) and CPU metadata, as `pack_images` builds it."""
+def random_batch(
+    grids: Sequence[tuple[int, int]],
+    patch: int,
+    kernel: tuple[int, int],
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+    pin_memory: bool | None = None,
+) -> PackedBatch:
+    """(sum L, 3, P, P) pixels uniform in [-1, 1) drawn in float32 and stored in `dtype` (pinned by default when
+    CUDA is present), and CPU metadata, as `pack_images(..., dtype=dtype)` builds it: the same values for any
+    dtype up to its rounding."""
     offsets = [0]
     for h, w in grids:
         offsets.append(offsets[-1] + h * w)
     gen = torch.Generator().manual_seed(seed)
-    pixels = torch.empty(offsets[-1], 3, patch, patch, pin_memory=torch.cuda.is_available())
-    pixels.copy_(torch.rand(pixels.shape, generator=gen)).mul_(2).sub_(1)
+    pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+    pixels = torch.empty(offsets[-1], 3, patch, patch, dtype=dtype, pin_memory=pin)
+    pixels.copy_(torch.rand(pixels.shape, generator=gen).mul_(2).sub_(1))  # float32 math, one rounding
     tokens = tuple((h // kernel[0]) * (w // kernel[1]) for h, w in grids)
     cu = torch.tensor(offsets, dtype=torch.int32)
     return PackedBatch(pixels, tuple(grids), cu, max(h * w for h, w in grids), tokens)
 
 
-def random_encoder(config: VisionConfig, dtype: torch.dtype, seed: int) -> VisionEncoder:
-    """The model with random weights drawn on the GPU (std 0.02; LayerNorm weight 1 + noise): seconds, not minutes."""
+def random_encoder(
+    config: VisionConfig, dtype: torch.dtype, seed: int, device: torch.device | str = "cuda"
+) -> VisionEncoder:
+    """The model with random weights drawn on `device` (std 0.02; LayerNorm weight 1 + noise): seconds, not minutes."""
     with torch.device("meta"):
         model = VisionEncoder(config)
-    gen = torch.Generator(device="cuda").manual_seed(seed)
+    gen = torch.Generator(device=device).manual_seed(seed)
     state = {}
     for name, p in model.state_dict().items():
-        t = torch.randn(p.shape, device="cuda", generator=gen).mul_(0.02)
+        t = torch.randn(p.shape, device=device, generator=gen).mul_(0.02)
         if "norm" in name and name.endswith(".weight"):
             t.add_(1.0)
         state[name] = t.to(dtype)
@@ -120,17 +141,31 @@ def random_encoder(config: VisionConfig, dtype: torch.dtype, seed: int) -> Visio
     return model.requires_grad_(False).eval()
 
 
-def time_forward(fn: Forward, batch: PackedBatch, warmup: int, reps: int) -> dict[str, float]:
-    """First-call seconds, then the median/min ms of `reps` CUDA-event-timed forwards after `warmup` more."""
-    torch.cuda.synchronize()
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_forward(
+    fn: Forward, batch: PackedBatch, warmup: int, reps: int, device: torch.device | None = None
+) -> dict[str, float]:
+    """First-call seconds, then the median/min ms of `reps` forwards after `warmup` more: CUDA-event timed on a
+    CUDA device (the default), wall-clock on the CPU."""
+    device = device or torch.device("cuda")
+    _sync(device)
     t0 = time.perf_counter()
     fn(batch)
-    torch.cuda.synchronize()
+    _sync(device)
     first_s = time.perf_counter() - t0
     for _ in range(warmup):
         fn(batch)
     times = []
     for _ in range(reps):
+        if device.type != "cuda":
+            t0 = time.perf_counter()
+            fn(batch)
+            times.append((time.perf_counter() - t0) * 1e3)
+            continue
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn(batch)
@@ -140,8 +175,11 @@ def time_forward(fn: Forward, batch: PackedBatch, warmup: int, reps: int) -> dic
     return {"first_s": first_s, "ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times)}
 
 
-def count_syncs(fn: Forward, batch: PackedBatch) -> int:
-    """Synchronizing CUDA calls during one (already warm) forward, from torch's sync debug mode warnings."""
+def count_syncs(fn: Forward, batch: PackedBatch, device: torch.device | None = None) -> int:
+    """Synchronizing CUDA calls during one (already warm) forward, from torch's sync debug mode warnings
+    (0 on the CPU, where there is nothing to synchronize with)."""
+    if device is not None and device.type != "cuda":
+        return 0
     torch.cuda.synchronize()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -153,35 +191,6 @@ def count_syncs(fn: Forward, batch: PackedBatch) -> int:
     torch.cuda.synchronize()
     messages = [str(w.message).lower() for w in caught]
     return sum("synchroniz" in m and "prototype" not in m for m in messages)  # not the mode's own notice
-
-
-def attention_table(config: VisionConfig, dtype: torch.dtype, reps: int = 10) -> list[dict]:
-    """One image's attention (1, H, L, dh) per SDPA backend, on q/k/v views of a fused qkv and contiguous."""
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    heads, dh = config.num_heads, config.head_dim
-    rows = []
-    for seq in ATTN_SEQS:
-        qkv = torch.randn(seq, 3, heads, dh, device="cuda", dtype=dtype)
-        strided = [t.transpose(0, 1)[None] for t in qkv.unbind(1)]  # (1, H, L, dh), row stride 3*H*dh
-        dense = [t.contiguous() for t in strided]
-        flops = 4 * seq * seq * heads * dh
-        for backend in (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION):
-            for layout, qkv_views in (("strided", strided), ("contiguous", dense)):
-                try:
-                    with sdpa_kernel([backend]):
-                        fn = lambda b, v=qkv_views: torch.nn.functional.scaled_dot_product_attention(*v)  # noqa: E731
-                        t = time_forward(fn, None, 2, reps)
-                except RuntimeError as exc:
-                    rows.append({"seq": seq, "backend": backend.name, "layout": layout, "error": str(exc)[:80]})
-                    continue
-                rows.append({"seq": seq, "backend": backend.name, "layout": layout, "ms": t["ms"],
-                             "tflops": flops / t["ms"] / 1e9})  # fmt: skip
-        del qkv, strided, dense
-    for r in rows:
-        perf = f"{r['ms']:8.3f} ms {r['tflops']:6.1f} TFLOP/s" if "ms" in r else r["error"]
-        print(f"attention L={r['seq']:>6} {r['backend']:>20} {r['layout']:>10} {perf}")
-    return rows
 
 
 def _rel_err(a: Tensor, b: Tensor) -> float:
@@ -208,6 +217,9 @@ def _row(impl: str, name: str, batch: PackedBatch, flops: dict[str, int], t: dic
 
 
 def _print_row(r: dict) -> None:
+    if "error" in r:
+        print(f"{r['workload']:>8} {r['impl']:>14} FAILED {r['error'][:100]}")
+        return
     ratio = f"{r['vs_baseline']:.2f}x" if "vs_baseline" in r else "-"
     print(
         f"{r['workload']:>8} {r['impl']:>14} {r['images']:>4} {r['patches']:>6} {r['ms']:>8.2f} "
@@ -216,67 +228,122 @@ def _print_row(r: dict) -> None:
     )
 
 
+def _variant_rows(
+    model: VisionEncoder,
+    name: str,
+    batch: PackedBatch,
+    grids: list[tuple[int, int]],
+    flops: dict[str, int],
+    ours: dict,
+    args: argparse.Namespace,
+    device: torch.device,
+) -> list[dict]:
+    """Our encoder with each fast path switched (VARIANTS) and with other pixel dtypes (PIXEL_VARIANTS). A variant
+    that fails is reported as a row with "error" and the bench goes on (the run's other figures are kept)."""
+    config, reps = model.config, max(3, args.reps // 2)
+    runs: list[tuple[str, dict[str, object], PackedBatch | torch.dtype]] = [
+        *((variant, changes, batch) for variant, changes in VARIANTS.items()),
+        *((variant, {}, dtype) for variant, dtype in PIXEL_VARIANTS.items() if dtype != batch.pixel_values.dtype),
+    ]
+    default = dataclasses.asdict(model.tower.options)
+    rows = []
+    for variant, changes, source in runs:
+        try:
+            model.tower.set_options(**changes)
+            if isinstance(source, torch.dtype):
+                source = random_batch(grids, config.patch_size, config.merge_kernel_size, args.seed, source)
+            row = _row(variant, name, batch, flops, time_forward(model, source, 1, reps, device), args.peak)
+            row["vs_default"] = ours["ms"] / row["ms"]
+        except Exception as exc:  # keep the other variants' figures: GPU time is scarce
+            print(f"{name:>8} {variant:>14} FAILED: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+            row = {"workload": name, "impl": variant, "error": f"{type(exc).__name__}: {exc}"[:500]}
+        finally:
+            model.tower.set_options(**default)
+        rows.append(row)
+    return rows
+
+
+def _profile(model: VisionEncoder, name: str, batch: PackedBatch, device: torch.device) -> dict:
+    """--profile: one warm forward of the default encoder under torch.profiler, printed and returned."""
+    from service.bench.profile import format_report, profile_forward  # only with --profile
+
+    try:
+        report = profile_forward(model, batch, device)
+    except Exception as exc:  # the timed figures above are already in; do not lose them to the profiler
+        print(f"profile {name} FAILED: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+        return {"workload": name, "error": f"{type(exc).__name__}: {exc}"[:500]}
+    print(format_report(name, report))
+    return {"workload": name, **report}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parse(argv)
-    if not torch.cuda.is_available():
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
         print("mmproc bench encoder: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 2
     from service.bench.baseline import EagerBaseline  # imports torch only; kept lazy like the model
 
     dtype = getattr(torch, args.dtype)
+    pixel_dtype = pixel_transfer_dtype(device, dtype)
     config = PRESETS[args.preset]
     t0 = time.perf_counter()
-    model = random_encoder(config, dtype, args.seed)
-    torch.cuda.synchronize()
+    model = random_encoder(config, dtype, args.seed, device)
+    _sync(device)
     build_s = time.perf_counter() - t0
     baseline = None if args.no_baseline else EagerBaseline(model)
-    gpu = torch.cuda.get_device_name()
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.machine()})"
+    timing = "CUDA-event-timed" if device.type == "cuda" else "wall-clock-timed"
     try:
         import triton
 
         triton_version = triton.__version__
     except ImportError:
         triton_version = "missing"
-    print(f"# {gpu} | torch {torch.__version__} | triton {triton_version} | {args.preset} {args.dtype} | "
-          f"median of {args.reps} CUDA-event-timed forwards after {args.warmup} | peak {args.peak} TFLOP/s")  # fmt: skip
-    print(f"# model built (random weights on the GPU) in {build_s:.2f} s")
+    print(f"# {gpu} | torch {torch.__version__} | triton {triton_version} | {args.preset} {args.dtype} | pixels "
+          f"{str(pixel_dtype).removeprefix('torch.')} | median of {args.reps} {timing} forwards after {args.warmup} | "
+          f"peak {args.peak} TFLOP/s")  # fmt: skip
+    print(f"# model built (random weights on {device}) in {build_s:.2f} s")
     print(f"{'workload':>8} {'impl':>14} {'imgs':>4} {'patches':>6} {'ms':>8} {'img/s':>8} {'tok/s':>9} "
           f"{'TFLOP/s':>7} {'MFU':>6} {'ratio':>6} {'first_s':>7}")  # fmt: skip
     rows: list[dict] = []
     checks: list[dict] = []
+    profiles: list[dict] = []
     with torch.inference_mode():
         for name in args.workloads:
             grids = workload_grids(name, args.seed)
-            batch = random_batch(grids, config.patch_size, config.merge_kernel_size, args.seed)
+            batch = random_batch(
+                grids, config.patch_size, config.merge_kernel_size, args.seed, pixel_dtype, device.type == "cuda"
+            )
             flops = encoder_flops(config, grids)
-            ours = _row("mmproc", name, batch, flops, time_forward(model, batch, args.warmup, args.reps), args.peak)
-            check = {"workload": name, "syncs_per_forward": count_syncs(model, batch)}
+            t = time_forward(model, batch, args.warmup, args.reps, device)
+            ours = _row("mmproc", name, batch, flops, t, args.peak)
+            check = {"workload": name, "syncs_per_forward": count_syncs(model, batch, device)}
             group = [ours]
             if baseline is not None:
-                base = _row(
-                    "eager-baseline", name, batch, flops, time_forward(baseline, batch, 1, args.reps), args.peak
-                )
+                t = time_forward(baseline, batch, 1, args.reps, device)
+                base = _row("eager-baseline", name, batch, flops, t, args.peak)
                 ours["vs_baseline"] = base["ms"] / ours["ms"]
                 check["rel_err_vs_baseline"] = _rel_err(model(batch), baseline(batch))
                 group.append(base)
             if args.variants:
-                default = dataclasses.asdict(model.tower.options)
-                for variant, changes in VARIANTS.items():
-                    model.tower.set_options(**changes)
-                    t = time_forward(model, batch, 1, max(3, args.reps // 2))
-                    row = _row(variant, name, batch, flops, t, args.peak)
-                    row["vs_default"] = ours["ms"] / row["ms"]
-                    group.append(row)
-                    model.tower.set_options(**default)
+                group += _variant_rows(model, name, batch, grids, flops, ours, args, device)
             for r in group:
                 _print_row(r)
             print(f"{'':>8} kernels {model.tower.kernels(model.device, model.dtype).names} | {check}")
+            if args.profile:
+                profiles.append(_profile(model, name, batch, device))
             rows += group
             checks.append(check)
             del batch
-            torch.cuda.empty_cache()
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     _summary(rows)
-    attention = attention_table(config, dtype) if args.attention else []
+    attention = []
+    if args.attention and device.type == "cuda":
+        from service.bench.attention import attention_table  # its own module: one image's SDPA per backend
+
+        attention = attention_table(config, dtype)
     if args.json is not None:
         record = {
             "bench": "encoder",
@@ -285,18 +352,21 @@ def main(argv: Sequence[str] | None = None) -> int:
             "dirty": git_dirty(),
             "command": [sys.executable, "-m", "service.bench.encoder", *(sys.argv[1:] if argv is None else argv)],
             "gpu": gpu,
+            "device": str(device),
             "torch": torch.__version__,
             "cuda": torch.version.cuda,
             "triton": triton_version,
             "python": platform.python_version(),
             "preset": args.preset,
             "dtype": args.dtype,
+            "pixel_dtype": str(pixel_dtype).removeprefix("torch."),
             "peak_tflops": args.peak,
             "model_build_s": build_s,
             "kernels": model.tower.kernels(model.device, model.dtype).names,
             "results": rows,
             "checks": checks,
             "attention": attention,
+            "profiles": profiles,
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(record, indent=2) + "\n")

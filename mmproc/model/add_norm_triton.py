@@ -1,0 +1,132 @@
+"""Fused residual add + LayerNorm for the MoonViT blocks (the fast path of `moonvit.add_layer_norm`), in Triton.
+
+Per row of width D (one program per row; math in float32, stored in the input dtype):
+
+    s   = round(x + y)                  x <- s, IN PLACE (the residual stream)
+    out = (s - mean(s)) * rsqrt(var(s) + eps) * weight + bias      var biased (/ D), as F.layer_norm
+
+The sum is rounded to the storage dtype BEFORE it is normalised, exactly like the plain path (`x = x + y` in
+bf16, then `F.layer_norm` reads the bf16 sum), so the residual stream is bit-identical to torch's add and the
+normalised output differs from `F.layer_norm` only by float32 reduction order and the final rounding.
+
+Memory traffic per row: read x, y, write x, out (4 x D elements) instead of 5 x D for add + layer_norm, and one
+launch instead of two (plus whatever torch's layer_norm adds). No host sync, no allocation besides `out`.
+
+Triton is optional: this module imports cleanly without it (or without CUDA); call `available()` first.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+try:  # Triton is an optional dependency: CPU-only installs (CI, laptops) never reach the fast path.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the environment
+    triton = None
+    tl = None
+
+__all__ = ["add_layer_norm_", "available"]
+
+_MAX_WIDTH = 16384  # one row lives in registers: 16k float32 lanes over 8 warps is 64 per thread
+_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+def available() -> bool:
+    """True when the fused kernel can run: Triton is importable and a CUDA device is present."""
+    return triton is not None and torch.cuda.is_available()
+
+
+if triton is not None:
+
+    @triton.jit
+    def _add_layer_norm_kernel(
+        x_ptr,  # (L, D) residual stream, updated in place
+        y_ptr,  # (L, D) branch output added to it
+        out_ptr,  # (L, D) LayerNorm of the sum
+        w_ptr,  # (D,) LayerNorm weight
+        b_ptr,  # (D,) LayerNorm bias
+        n_cols,  # D
+        x_row_stride,  # row strides in elements (the last dim is contiguous)
+        y_row_stride,
+        out_row_stride,
+        eps,
+        BLOCK_D: tl.constexpr,  # power of two >= D; lanes >= D are masked
+    ):
+        row = tl.program_id(0).to(tl.int64)  # 64-bit row offsets: L * D may pass 2**31
+        cols = tl.arange(0, BLOCK_D)
+        mask = cols < n_cols
+        x_ptrs = x_ptr + row * x_row_stride + cols
+        x = tl.load(x_ptrs, mask=mask, other=0.0).to(tl.float32)
+        y = tl.load(y_ptr + row * y_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        s = (x + y).to(x_ptr.dtype.element_ty)  # round once, like torch's add in the storage dtype
+        tl.store(x_ptrs, s, mask=mask)
+        s = s.to(tl.float32)  # masked lanes hold 0 + 0 = 0 and add nothing to the sum
+        mean = tl.sum(s, axis=0) / n_cols
+        diff = tl.where(mask, s - mean, 0.0)
+        var = tl.sum(diff * diff, axis=0) / n_cols
+        rstd = tl.rsqrt(var + eps)
+        w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        out = diff * rstd * w + b
+        tl.store(out_ptr + row * out_row_stride + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _next_pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+def launch_config(width: int) -> tuple[int, int]:
+    """(BLOCK_D, num_warps) for rows of `width`: 1152 -> (2048, 8), i.e. 8 lanes per thread (16-byte bf16 loads)."""
+    block = max(16, _next_pow2(width))
+    return block, min(8, max(1, block // 256))
+
+
+def _check(x: Tensor, y: Tensor, weight: Tensor, bias: Tensor) -> None:
+    # Shape/dtype/stride checks only (host metadata, no device sync).
+    if x.dim() != 2 or x.shape != y.shape:
+        raise ValueError(f"x, y must both be (L, D); got {tuple(x.shape)} and {tuple(y.shape)}")
+    if x.dtype != y.dtype or x.dtype not in _DTYPES:
+        raise ValueError(f"x, y must share a dtype in bf16/fp16/fp32; got {x.dtype}, {y.dtype}")
+    width = x.shape[1]
+    if not 1 <= width <= _MAX_WIDTH:
+        raise ValueError(f"row width {width} must be in 1..{_MAX_WIDTH}")
+    if x.stride(1) != 1 or y.stride(1) != 1:
+        raise ValueError("x, y must be contiguous in the last dim (stride 1)")
+    for name, t in (("weight", weight), ("bias", bias)):
+        if tuple(t.shape) != (width,) or not t.is_contiguous() or t.dtype not in _DTYPES:
+            raise ValueError(f"{name} must be a contiguous float ({width},) tensor; got {t.dtype} {tuple(t.shape)}")
+    if not (x.device == y.device == weight.device == bias.device):
+        raise ValueError("x, y, weight, bias must be on one device")
+
+
+def add_layer_norm_(x: Tensor, y: Tensor, weight: Tensor, bias: Tensor, eps: float) -> Tensor:
+    """x += y IN PLACE, then return LayerNorm(x) over the last dim as a new (L, D) tensor in x's dtype.
+
+    x, y: (L, D) bf16/fp16/fp32 on CUDA, same dtype, last dim contiguous (any row stride), D <= 16384.
+    weight, bias: (D,) contiguous, same device. Math in float32; one launch; no sync.
+    """
+    _check(x, y, weight, bias)
+    if triton is None:
+        raise RuntimeError("Triton is not installed: the fused add + LayerNorm path is unavailable (see available())")
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # (L, D), contiguous
+    rows, width = x.shape
+    if rows == 0:
+        return out
+    block, num_warps = launch_config(width)
+    _add_layer_norm_kernel[(rows,)](
+        x,
+        y,
+        out,
+        weight,
+        bias,
+        width,
+        x.stride(0),
+        y.stride(0),
+        out.stride(0),
+        eps,
+        BLOCK_D=block,
+        num_warps=num_warps,
+    )
+    return out
