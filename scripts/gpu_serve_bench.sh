@@ -17,10 +17,13 @@ common=(--target 127.0.0.1:$PORT --device cuda:0 --images-per-request 4 --resolu
 python3 -m service.bench.serve "${common[@]}" --compare transport --rounds 2 --json "$OUT/serve_transport.json"
 python3 -m service.bench.serve "${common[@]}" --transport ipc --compare handle-cache --rounds 2 \
   --json "$OUT/serve_handle_cache.json"
+# The consumer's read path step by step (reply -> ready), against the same copies on its own memory.
+python3 -m service.bench.ipc_steps --target 127.0.0.1:$PORT --device cuda:0 --requests "$REQUESTS" \
+  --json "$OUT/ipc_steps.json"
 if [ -z "${QUICK:-}" ]; then
 python3 -m service.bench.serve "${common[@]}" --transport ipc --concurrency 8 --requests 400 \
   --json "$OUT/serve_ipc_c8.json"
 fi
-python3 -m service.bench.serve --transport-microbench --device cuda:0 --microbench-mb 20 --reps 50 \
-  --json "$OUT/d2h.json"
+# The D2H yardstick and the serialized path's stages (production code) against it, in one process.
+python3 -m service.bench.d2h --device cuda:0 --mb 20 --reps 50 --json "$OUT/d2h.json"
 grep -E "IPC|transport|reclaimed|ERROR" "$OUT/server.log" | head -20

@@ -102,8 +102,10 @@ def main(argv: list[str]) -> int:
                 sys.stdin.readline()
                 emit(mode=mode, state="after", digest=digest(views), unchanged=digest(views) == before)
         elif mode == "loop":
+            # Says "started" once the first pool served it (the test restarts the server only then), and at the
+            # end which pools served it, in order.
             count, done, retries = int(argv[2]), 0, 0
-            reference = None
+            reference, pools = None, []
             while done < count:
                 try:
                     got = digest(ipc.encode_images(images(3)))
@@ -113,9 +115,14 @@ def main(argv: list[str]) -> int:
                     continue
                 reference = reference or got
                 assert got == reference, "a reopened pool returned different values"
+                pool = ipc._ipc.identity.pool_id if ipc._ipc.identity else None
+                if not pools or pools[-1] != pool:
+                    pools.append(pool)
+                if done == 0:
+                    emit(mode=mode, state="started", pool=pool, **ipc.ipc_stats)
                 done += 1
                 time.sleep(0.01)
-            emit(mode=mode, done=done, retries=retries, **ipc.ipc_stats)
+            emit(mode=mode, state="done", done=done, retries=retries, pools=pools, **ipc.ipc_stats)
     return 0
 
 

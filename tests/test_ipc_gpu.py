@@ -110,14 +110,16 @@ def test_killed_consumer_leases_are_reclaimed(server: ServiceThread) -> None:
 def test_server_restart_makes_the_consumer_reopen(server: ServiceThread) -> None:
     port = server.service.grpc_port
     proc = consumer("loop", server.grpc_target, "400")
-    time.sleep(3)
+    started = next_event(proc, timeout=120)  # served by the first pool before we restart
+    assert started["state"] == "started" and started["opens"] == 1, started
     server.stop()
     restarted = start(grpc_address=f"127.0.0.1:{port}")
     try:
         event = next_event(proc, timeout=300)
         assert proc.wait(60) == 0
         assert event["done"] == 400
-        assert event["opens"] == 2, event  # one per pool epoch, never a stale pointer
+        assert event["pools"] == [started["pool"], restarted.service.engine.pool.identity.pool_id], event
+        assert event["opens"] == 2 and event["fallbacks"] == 0, event  # one per pool epoch, no silent fallback
     finally:
         restarted.stop()
 

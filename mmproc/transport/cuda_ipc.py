@@ -8,6 +8,7 @@ can see different CUDA_VISIBLE_DEVICES.
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -35,8 +36,9 @@ def ipc_unavailable_reason() -> str | None:
     return None
 
 
+@functools.cache
 def device_uuid(index: int) -> str:
-    """The GPU's UUID in nvidia-smi's spelling ("GPU-xxxxxxxx-...")."""
+    """The GPU's UUID in nvidia-smi's spelling ("GPU-xxxxxxxx-..."); a process's device indices never change."""
     uuid = str(torch.cuda.get_device_properties(index).uuid)
     return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
 
@@ -107,26 +109,46 @@ def wrap(ptr: int, nbytes: int, index: int, owner: object) -> torch.Tensor:
     return tensor
 
 
+@functools.cache
+def _driver() -> Any | None:
+    """cuda-python's driver bindings, or None when they are not installed (imported once)."""
+    try:
+        from cuda.bindings import driver  # noqa: PLC0415 - optional
+    except Exception:
+        return None
+    return driver
+
+
+def _stream_value_op(op: str, stream: torch.cuda.Stream, address: int, value: int, index: int, flags: Any) -> bool:
+    driver = _driver()
+    if driver is None:
+        return False
+    cupy = cupy_or_none()
+    if cupy is not None:
+        cupy.cuda.runtime.setDevice(index)  # the driver call needs the device's primary context current here
+    (err,) = getattr(driver, op)(
+        driver.CUstream(stream.cuda_stream), driver.CUdeviceptr(address), driver.cuuint64_t(value), flags
+    )
+    if err != driver.CUresult.CUDA_SUCCESS:
+        logger.warning("%s failed (%s); using the fallback", op, err)
+        return False
+    return True
+
+
 def stream_wait_value64(stream: torch.cuda.Stream, address: int, value: int, index: int) -> bool:
     """Make `stream` wait (on the GPU, no host block) until the int64 at `address` equals `value`.
 
     Uses the driver's cuStreamWaitValue64 through cuda-python when it is installed; returns False when it
     is not, and the caller polls instead.
     """
-    try:
-        from cuda.bindings import driver  # noqa: PLC0415 - optional
-    except Exception:
-        return False
-    cupy = cupy_or_none()
-    if cupy is not None:
-        cupy.cuda.runtime.setDevice(index)  # the driver call needs the device's primary context current here
-    (err,) = driver.cuStreamWaitValue64(
-        driver.CUstream(stream.cuda_stream),
-        driver.CUdeviceptr(address),
-        driver.cuuint64_t(value),
-        driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_EQ,
-    )
-    if err != driver.CUresult.CUDA_SUCCESS:
-        logger.warning("cuStreamWaitValue64 failed (%s); polling instead", err)
-        return False
-    return True
+    driver = _driver()
+    flags = None if driver is None else driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_EQ
+    return _stream_value_op("cuStreamWaitValue64", stream, address, value, index, flags)
+
+
+def stream_write_value64(stream: torch.cuda.Stream, address: int, value: int, index: int) -> bool:
+    """Enqueue `*(int64 *)address = value` on `stream`, after the work already enqueued there (the driver's
+    cuStreamWriteValue64: no kernel). False without cuda-python; the caller writes with a kernel instead."""
+    driver = _driver()
+    flags = None if driver is None else driver.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT
+    return _stream_value_op("cuStreamWriteValue64", stream, address, value, index, flags)

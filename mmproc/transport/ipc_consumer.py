@@ -71,9 +71,11 @@ class OpenedPool:
     def ack(self, desc: SliceDescriptor, stream: torch.cuda.Stream, reader: int = 0) -> None:
         """Enqueue reader `reader`'s ack word = generation on `stream`, after every read of the slice already
         enqueued there."""
-        slot = desc.ack_offsets[reader] // (2 * WORD_BYTES)
+        offset = desc.ack_offsets[reader]
+        if cuda_ipc.stream_write_value64(stream, self._ptr + offset, desc.generation, self._index):
+            return
         with torch.cuda.stream(stream):
-            self.words[slot, 1].fill_(desc.generation)
+            self.words[offset // (2 * WORD_BYTES), 1].fill_(desc.generation)
 
     def close(self) -> None:
         if not self.closed:
