@@ -70,13 +70,19 @@ def read_steps(client: EncoderClient, images: list[bytes], timeout: float) -> di
     return times
 
 
-def local_yardstick(device: torch.device, shapes: list[tuple[int, ...]], reps: int) -> dict[str, float]:
-    """The same copy + synchronize on this process's own memory, and a bare synchronize (median us)."""
+def local_yardstick(
+    device: torch.device, shapes: list[tuple[int, ...]], reps: int, idle_s: float = 0.0
+) -> dict[str, float]:
+    """The same copy + synchronize on this process's own memory, and a bare synchronize (median us). `idle_s`:
+    sleep that long before each repetition, as the consumer sleeps in the gRPC call before a reply arrives (a
+    thread waking from idle can run slower: CPU frequency, caches, a virtual CPU being rescheduled)."""
     stream = torch.cuda.current_stream(device)
     sources = [torch.randn(shape, device=device).to(torch.bfloat16) for shape in shapes]
     copy, sync, bare = [], [], []
     for _ in range(reps):
         stream.synchronize()
+        if idle_s:
+            time.sleep(idle_s)
         t = time.perf_counter()
         outs = [s.clone() for s in sources]
         t1 = time.perf_counter()
@@ -116,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
         reply_shapes = client.encode_images(payloads[0])
         shapes = [tuple(t.shape) for t in reply_shapes]
         yardstick = local_yardstick(device, shapes, args.requests)
+        idle = statistics.median(samples["reply"])
+        after_idle = local_yardstick(device, shapes, min(args.requests, 100), idle_s=idle)
         stats = client.ipc_stats
     after_reply = [sum(samples[s][i] for s in STEPS[1:7]) for i in range(args.requests)]
     result = {
@@ -128,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps_us": {s: {"p50": _median_us(v), "p90": _pct_us(v, 0.9)} for s, v in samples.items()},
         "reply_to_ready_us": {"p50": _median_us(after_reply), "p90": _pct_us(after_reply, 0.9)},
         "local_yardstick_us": yardstick,
+        "local_yardstick_after_idle_us": after_idle,
         "ipc_stats": stats,
     }
     print(
@@ -140,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"| reply -> ready (descriptors .. synchronize) | {r['p50']:.1f} | {r['p90']:.1f} |")
     print(
         "local yardstick (same copies on own memory, us):", json.dumps({k: round(v, 1) for k, v in yardstick.items()})
+    )
+    print(
+        f"local yardstick after {idle * 1e3:.0f} ms idle (us):",
+        json.dumps({k: round(v, 1) for k, v in after_idle.items()}),
     )
     print("ipc stats:", stats)
     if args.json:
