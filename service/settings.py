@@ -48,6 +48,9 @@ class ServerSettings(BaseSettings):
     ipc_fallback: bool = Field(True, description="pool full past the wait: serialized reply (else RESOURCE_EXHAUSTED)")
     max_message_mb: int = Field(64, ge=1, le=2047, description="gRPC message cap, both directions")
     stream_chunk_mb: int = Field(4, ge=1, le=64)
+    host_malloc_reuse_mb: int = Field(
+        1024, ge=0, le=2047, description="keep freed host memory up to this for the next reply (glibc); 0: default"
+    )
 
     # Request limits (validated before any decoding)
     max_images_per_request: int = Field(32, ge=1, le=4096)

@@ -7,15 +7,16 @@ import subprocess
 
 
 def git_commit() -> str | None:
-    """HEAD's sha; else MMPROC_COMMIT (the GPU scripts set it: the device's copy of the tree has no git
-    objects, where `git rev-parse HEAD` prints "HEAD" or fails); else None."""
+    """MMPROC_COMMIT when set (the GPU scripts set it: the device's copy of the tree carries a stale or no git
+    HEAD), else HEAD's sha, else None."""
+    explicit = os.environ.get("MMPROC_COMMIT")
+    if explicit:
+        return explicit
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         sha = ""
-    if len(sha) == 40 and all(c in "0123456789abcdef" for c in sha):
-        return sha
-    return os.environ.get("MMPROC_COMMIT") or None
+    return sha if len(sha) == 40 and all(c in "0123456789abcdef" for c in sha) else None
 
 
 def git_dirty() -> bool:

@@ -1,0 +1,42 @@
+"""Host-memory allocator tuning for the serving process (glibc malloc).
+
+Every serialized reply allocates tens of MB of Python bytes (the messages handed to gRPC). glibc serves large
+allocations with fresh mmap pages and unmaps them on free, so every reply first-touches every page again: on the
+H200 host that made the server's staging of a 20 MB reply 2.4x slower (5.1 ms vs 2.4 ms; unary replies 9.4 ms vs
+2.3 ms, docs/benchmarks/transport.md). Raising the mmap and trim thresholds keeps freed memory in the heap for
+the next reply. The cost: the process keeps its peak heap instead of returning it (bounded by the request limits).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+
+logger = logging.getLogger(__name__)
+
+_M_TRIM_THRESHOLD = -1  # glibc <malloc.h>
+_M_MMAP_THRESHOLD = -3
+_INT_MAX = 2**31 - 1  # mallopt takes an int
+
+
+def reuse_freed_host_memory(reuse_bytes: int) -> bool:
+    """Serve allocations below `reuse_bytes` from the heap and keep up to `reuse_bytes` of freed memory there.
+
+    0 leaves glibc's defaults. Returns whether the settings took effect (False on a non-glibc C library)."""
+    if reuse_bytes <= 0:
+        return False
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):
+        logger.info("no glibc mallopt here: host allocator left as is")
+        return False
+    value = min(reuse_bytes, _INT_MAX)
+    applied = mallopt(_M_MMAP_THRESHOLD, value) == 1 and mallopt(_M_TRIM_THRESHOLD, value) == 1
+    if applied:
+        logger.info("host allocator: allocations and freed memory up to %d MiB stay in the heap", value >> 20)
+    else:
+        logger.warning("mallopt refused a threshold of %d bytes: host allocator left as is", value)
+    return applied
