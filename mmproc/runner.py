@@ -122,9 +122,13 @@ class EncoderRunner:
         pin_memory: bool = False,
         pixel_dtype: torch.dtype = torch.float32,
         observer: Callable[[BatchStats], None] | None = None,
+        company_expected: Callable[[], bool] | None = None,
     ) -> None:
         """pin_memory, pixel_dtype: how batches are packed; for a CUDA encoder pin and pack in
-        `mmproc.batching.pixel_transfer_dtype(device, dtype)` so that the H2D copy carries the model dtype."""
+        `mmproc.batching.pixel_transfer_dtype(device, dtype)` so that the H2D copy carries the model dtype.
+        company_expected: whether more requests are on their way (the service: admitted, still decoding); when
+        it says no, a batch starts at once instead of waiting `max_wait_ms` for company that cannot come.
+        Called on the worker thread; None: always wait."""
         if max_patches_per_image > config.max_batch_patches:
             raise ConfigError(
                 f"runner: max_batch_patches={config.max_batch_patches} is smaller than one image can be "
@@ -136,6 +140,7 @@ class EncoderRunner:
         self._pin_memory = pin_memory
         self._pixel_dtype = pixel_dtype
         self._observer = observer
+        self._company_expected = company_expected or (lambda: True)
         self._queue: deque[_Item] = deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -233,9 +238,9 @@ class EncoderRunner:
                 if self._stopping:
                     return None
                 self._cond.wait()
-            # Give concurrent requests a bounded moment to join the batch.
+            # Give concurrent requests a bounded moment to join the batch, if any are on their way.
             wait_until = time.monotonic() + cfg.max_wait_ms / 1000
-            while not self._stopping and not self._budget_full():
+            while not self._stopping and not self._budget_full() and self._company_expected():
                 left = wait_until - time.monotonic()
                 if left <= 0:
                     break

@@ -90,11 +90,13 @@ class Engine:
             pin_memory=encoder.device.type == "cuda",
             pixel_dtype=pixel_transfer_dtype(encoder.device, encoder.dtype),
             observer=self._observe_batch,
+            company_expected=lambda: self._arriving > 0,
         )
         self._max_inflight = max_inflight_requests
         self._inflight = 0
         self._max_queued_images = runner_config.max_queued_images
         self._decoding_images = 0  # admitted, not yet queued: counted against the runner queue's limit
+        self._arriving = 0  # requests admitted and not yet handed to the runner (a batch waits only for these)
         self.pool: IpcPool | None = None
         self.ipc_fallbacks = 0
         self.ipc_status = "IPC not set up: serialized only"
@@ -187,15 +189,19 @@ class Engine:
             raise ResourceExhaustedError(f"too many requests in flight (limit {self._max_inflight})")
         self._reserve_queue(len(images))
         self._inflight += 1
+        self._arriving += 1
         try:
-            prepared = await self._prepare_all(images, deadline)
-            total_patches = sum(p.num_patches for p in prepared)
-            if total_patches > self.request_limits.max_patches:
-                raise InvalidMediaError(
-                    f"request needs {total_patches} patches, limit {self.request_limits.max_patches}",
-                    reason=Reason.TOO_MANY_PATCHES,
-                )
-            lease = await self._lease(ipc_session, prepared, deadline, readers) if ipc_session else None
+            try:
+                prepared = await self._prepare_all(images, deadline)
+                total_patches = sum(p.num_patches for p in prepared)
+                if total_patches > self.request_limits.max_patches:
+                    raise InvalidMediaError(
+                        f"request needs {total_patches} patches, limit {self.request_limits.max_patches}",
+                        reason=Reason.TOO_MANY_PATCHES,
+                    )
+                lease = await self._lease(ipc_session, prepared, deadline, readers) if ipc_session else None
+            finally:
+                self._arriving -= 1  # _run hands it to the runner next, with no await in between
             try:
                 embeddings = await self._run(prepared, deadline, request_id, lease)
             except BaseException:

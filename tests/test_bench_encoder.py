@@ -126,7 +126,9 @@ def test_bench_runs_on_cpu_with_variants_profile_and_json(tmp_path, capsys) -> N
     assert "profile 112x3" in printed and "no-fused-add-norm" in printed and "FAILED" not in printed
     record = json.loads(out.read_text())
     impls = [r["impl"] for r in record["results"]]
-    assert impls[:2] == ["mmproc", "eager-baseline"] and "no-fused-add-norm" in impls
+    assert impls[:3] == ["mmproc", "mmproc-b2b", "eager-baseline"] and "no-fused-add-norm" in impls
+    b2b = record["results"][1]  # forwards issued back to back: the runner's steady state, same work per forward
+    assert b2b["workload"] == "112x3" and b2b["ms"] > 0 and b2b["images"] == record["results"][0]["images"]
     assert "f32-pixels" not in impls  # float32 on the CPU already ships float32 pixels
     assert all("ms" in r and "error" not in r for r in record["results"])
     assert record["pixel_dtype"] == "float32" and len(record["kernels"]) == 4

@@ -168,3 +168,25 @@ def test_batches_are_packed_in_the_pixel_dtype_it_was_given() -> None:
     assert [b.pixel_values.dtype for b in towers[torch.bfloat16].batches] == [torch.bfloat16]
     assert towers[torch.bfloat16].batches[0].pixel_values.eq(1.0).all()
     assert towers[torch.float32].batches[0].pixel_values.eq(1.0 + 2**-8).all()
+
+
+def test_a_batch_waits_for_company_only_while_more_requests_are_on_their_way() -> None:
+    # max_wait_ms is long (1 s) so that "waited" and "did not wait" cannot be confused.
+    coming = threading.Event()
+    tower = RecordingTower()
+    runner = EncoderRunner(
+        tower, RunnerConfig(max_wait_ms=1000), max_patches_per_image=64, company_expected=coming.is_set
+    )
+    runner.start()
+    try:
+        started = time.monotonic()
+        runner.submit([image(2, 2, 1.0)]).result(5)
+        assert time.monotonic() - started < 0.5, "nothing else was on its way: the batch must not wait"
+        coming.set()  # another request is being decoded: the first one waits for it and they share a forward
+        first = runner.submit([image(2, 2, 2.0)])
+        time.sleep(0.1)
+        second = runner.submit([image(2, 2, 3.0)])
+        first.result(5), second.result(5)
+        assert [image_ids(b) for b in tower.batches] == [[1.0], [2.0, 3.0]]
+    finally:
+        runner.stop()
