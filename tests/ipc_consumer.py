@@ -5,6 +5,7 @@ Modes (each prints one JSON line per event on stdout):
   hold             encode, keep the zero-copy views open and sleep (the test kills it with SIGKILL).
   slow             encode, keep the views, print their checksum, wait for a line on stdin, print it again.
   loop N           N requests, retrying UNAVAILABLE (the test restarts the server meanwhile).
+  async N          N requests through AsyncEncoderClient (IPC in a worker thread) vs the blocking serialized client.
   owner N UUID     rank 0 of a TP group of N on the GPU with that UUID: encode_images_shared(readers=N), print
                    the bytes for the peers (hex), read rank 0's views, hold them until a stdin line, ack and
                    release, then stay alive (its session owns the lease) until another stdin line.
@@ -14,6 +15,7 @@ Modes (each prints one JSON line per event on stdout):
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import os
@@ -22,7 +24,7 @@ import time
 
 import torch
 
-from mmproc.client import EncoderClient, SharedEmbeddings
+from mmproc.client import AsyncEncoderClient, EncoderClient, SharedEmbeddings
 from mmproc.errors import UnavailableError
 from mmproc.transport import tensor_to_bytes
 from mmproc.transport.cuda_ipc import device_index_by_uuid, device_uuid
@@ -76,10 +78,25 @@ def fanout_rank(mode: str, target: str, argv: list[str]) -> None:
         sys.stdin.readline()  # rank 0's session owns the lease: it must outlive the others' reads
 
 
+async def async_compare(target: str, count: int) -> dict:
+    equal = True
+    async with AsyncEncoderClient(target, device="cuda:0", transport="ipc", timeout=60) as client:
+        with EncoderClient(target, device="cuda:0", transport="serialized", timeout=60) as plain:
+            for i in range(count):
+                data = images(i % 17)
+                got, want = await client.encode_images(data), plain.encode_images(data)
+                equal &= all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(got, want))
+                equal &= all(t.device.type == "cuda" for t in got)
+        return {"equal": equal, "requests": count, **client.ipc_stats}
+
+
 def main(argv: list[str]) -> int:
     mode, target = argv[0], argv[1]
     if mode in ("owner", "peer"):
         fanout_rank(mode, target, argv[2:])
+        return 0
+    if mode == "async":
+        emit(mode=mode, **asyncio.run(async_compare(target, int(argv[2]))))
         return 0
     device = "cuda:0"
     with EncoderClient(target, device=device, transport="ipc", timeout=60) as ipc:

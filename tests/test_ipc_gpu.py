@@ -83,6 +83,15 @@ def test_ipc_equals_serialized_bit_for_bit_with_one_open_per_process(server: Ser
     assert wait_until(lambda: pool_stats(server).bytes_in_use == 0), pool_stats(server)
 
 
+def test_async_client_reads_over_ipc_with_one_open(server: ServiceThread) -> None:
+    proc = consumer("async", server.grpc_target, "200")
+    event = next_event(proc, timeout=600)
+    assert proc.wait(60) == 0
+    assert event["equal"] is True
+    assert event["opens"] == 1 and event["fallbacks"] == 0, event
+    assert wait_until(lambda: pool_stats(server).bytes_in_use == 0), pool_stats(server)
+
+
 def test_a_slow_reader_is_never_overwritten(server: ServiceThread) -> None:
     slow = consumer("slow", server.grpc_target)
     held = next_event(slow)

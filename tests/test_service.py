@@ -111,6 +111,23 @@ def test_async_client(tiny_server) -> None:
     torch.testing.assert_close(got, reference_embeddings(tiny_server, IMAGES[:1])[0], rtol=1e-4, atol=1e-5)
 
 
+def test_async_client_without_cuda_stays_on_grpc_aio_for_every_transport(tiny_server) -> None:
+    import asyncio
+
+    async def run(transport: str) -> tuple[list[torch.Tensor], object]:
+        async with AsyncEncoderClient(tiny_server.grpc_target, transport=transport) as client:
+            return await client.encode_images(IMAGES[:2]), client.ipc_stats
+
+    want = reference_embeddings(tiny_server, IMAGES[:2])
+    for transport in ("auto", "ipc", "serialized"):  # a CPU consumer cannot map a pool: serialized, no IPC session
+        got, stats = asyncio.run(run(transport))
+        assert stats is None
+        for a, b in zip(got, want, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="transport"):
+        AsyncEncoderClient(tiny_server.grpc_target, transport="shm")
+
+
 def test_one_bad_image_fails_the_request_and_names_it(tiny_server) -> None:
     bad = b"\x89PNG\r\n\x1a\n" + b"\x00" * 40  # PNG magic, garbage after
     with EncoderClient(tiny_server.grpc_target) as client, pytest.raises(InvalidMediaError) as info:

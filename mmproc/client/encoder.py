@@ -1,7 +1,8 @@
-"""`EncoderClient` (blocking, serialized and CUDA IPC transports) and `AsyncEncoderClient` (asyncio, serialized)."""
+"""`EncoderClient` (blocking) and `AsyncEncoderClient` (asyncio), both with the serialized and CUDA IPC transports."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import uuid
@@ -250,7 +251,14 @@ class EncoderClient:
 
 
 class AsyncEncoderClient:
-    """asyncio client (grpc.aio). Use from one event loop."""
+    """asyncio client (grpc.aio). Use from one event loop.
+
+    CUDA IPC: when the transport allows it and this process has CUDA and CuPy, `encode_images` runs a blocking
+    `EncoderClient` (its IPC session, the process-wide handle cache, the stream-ordered read and ack) in a worker
+    thread, on the caller's current CUDA stream, so the event loop never blocks; without IPC everything stays on
+    grpc.aio. A cancelled call's thread finishes its request (and returns its lease) in the background.
+    Zero-copy views (`encode_images_view`) are only offered by the blocking client.
+    """
 
     def __init__(
         self,
@@ -260,9 +268,12 @@ class AsyncEncoderClient:
         transport: str = "auto",
         timeout: float = 60.0,
         max_message_bytes: int = 64 << 20,
+        handle_cache: bool = True,
         retry: RetryPolicy | None = None,
         token: str | None = None,
     ) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {sorted(TRANSPORTS)}, got {transport!r}")
         self.device = torch.device(device)
         self.transport = transport
         self.timeout = timeout
@@ -270,11 +281,32 @@ class AsyncEncoderClient:
         interceptors = aio_bearer(token)
         channel = lambda t: grpc.aio.insecure_channel(t, options=options, interceptors=interceptors)  # noqa: E731
         self._targets = Targets(target, channel, retry)
+        self._ipc: EncoderClient | None = None
+        if transport != "serialized" and self.device.type == "cuda" and ipc_unavailable_reason() is None:
+            self._ipc = EncoderClient(
+                target, device=self.device, transport=transport, timeout=timeout,
+                max_message_bytes=max_message_bytes, handle_cache=handle_cache, retry=retry, token=token,
+            )  # fmt: skip
+
+    @property
+    def ipc_stats(self) -> dict[str, int] | None:
+        """Handle-cache and fallback counters (None when IPC is not in use)."""
+        return None if self._ipc is None else self._ipc.ipc_stats
 
     async def encode_images(
         self, images: Sequence[bytes], *, request_id: str | None = None, timeout: float | None = None
     ) -> list[torch.Tensor]:
+        """One (tokens_i, hidden) tensor per image, on this client's device, in the server's dtype (the same
+        values over either transport)."""
         images = check_images(images)
+        if self._ipc is not None:
+            ipc, stream = self._ipc, torch.cuda.current_stream(self.device)
+
+            def blocking() -> list[torch.Tensor]:
+                with torch.cuda.stream(stream):  # the copies are ordered on the caller's stream, as in the sync client
+                    return ipc.encode_images(images, request_id=request_id, timeout=timeout)
+
+            return await asyncio.to_thread(blocking)
         request = make_request(images, request_id, self.transport)
 
         async def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> list[torch.Tensor]:
@@ -294,6 +326,8 @@ class AsyncEncoderClient:
         return await self._targets.acall(attempt, timeout or self.timeout)
 
     async def close(self) -> None:
+        if self._ipc is not None:
+            self._ipc.close()
         for channel in self._targets.channels:
             await channel.close()
 
