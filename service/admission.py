@@ -30,8 +30,9 @@ def header_patches(data: bytes, config: PreprocessConfig) -> int:
     return min(gh * gw for gh, gw in grids)
 
 
-def check_patch_budget(images: Sequence[bytes], config: PreprocessConfig, max_patches: int) -> None:
-    """TOO_MANY_PATCHES when the headers alone already ask for more than `max_patches` in total."""
+def check_patch_budget(images: Sequence[bytes], config: PreprocessConfig, max_patches: int) -> int:
+    """TOO_MANY_PATCHES when the headers alone already ask for more than `max_patches` in total; else the total
+    (a lower bound of the patches the request will need)."""
     total = 0
     for data in images:
         total += header_patches(data, config)
@@ -40,3 +41,4 @@ def check_patch_budget(images: Sequence[bytes], config: PreprocessConfig, max_pa
                 f"request needs at least {total} patches (from the image headers), limit {max_patches}",
                 reason=Reason.TOO_MANY_PATCHES,
             )
+    return total

@@ -61,6 +61,7 @@ def build_engine(settings: ServerSettings, metrics: Metrics | None = None) -> En
         settings.runner_config(),
         preprocess_workers=settings.preprocess_workers,
         max_inflight_requests=settings.max_inflight_requests,
+        max_inflight_patches=settings.max_inflight_patches,
         metrics=metrics,
         decode=settings.decode_config(),
     )

@@ -74,6 +74,7 @@ class Engine:
         *,
         preprocess_workers: int = 2,
         max_inflight_requests: int = 256,
+        max_inflight_patches: int = 2_097_152,
         metrics: Metrics | None = None,
         decode: DecodePoolConfig | None = None,
     ) -> None:
@@ -94,6 +95,9 @@ class Engine:
         )
         self._max_inflight = max_inflight_requests
         self._inflight = 0
+        # Patches (from the headers) of the requests in flight: bounds the decoded pixels held at once.
+        self._max_inflight_patches = max_inflight_patches
+        self._inflight_patches = 0
         self._max_queued_images = runner_config.max_queued_images
         self._decoding_images = 0  # admitted, not yet queued: counted against the runner queue's limit
         self._arriving = 0  # requests admitted and not yet handed to the runner (a batch waits only for these)
@@ -153,8 +157,8 @@ class Engine:
                 f"{count} images in one request, limit {self.request_limits.max_images}", reason=Reason.TOO_MANY_IMAGES
             )
 
-    def check_request(self, images: list[bytes]) -> None:
-        """Request-level limits, checked before any image is decoded (patches: from the headers)."""
+    def check_request(self, images: list[bytes]) -> int:
+        """Request-level limits, checked before any image is decoded; returns the patches the headers ask for."""
         limits = self.request_limits
         self.check_image_count(len(images))
         total = sum(len(data) for data in images)
@@ -163,7 +167,7 @@ class Engine:
                 f"request carries {total} bytes of images, limit {limits.max_request_bytes}",
                 reason=Reason.REQUEST_TOO_LARGE,
             )
-        check_patch_budget(images, self.preprocess, limits.max_patches)
+        return check_patch_budget(images, self.preprocess, limits.max_patches)
 
     async def encode(
         self,
@@ -184,11 +188,16 @@ class Engine:
         if not self.ready or self.draining:
             raise UnavailableError("server is draining" if self.draining else "server is not ready")
         check_readers(readers)
-        self.check_request(images)
+        patches = self.check_request(images)
         if self._inflight >= self._max_inflight:
             raise ResourceExhaustedError(f"too many requests in flight (limit {self._max_inflight})")
+        if self._inflight_patches and self._inflight_patches + patches > self._max_inflight_patches:
+            raise ResourceExhaustedError(
+                f"too many patches in flight ({self._inflight_patches} + {patches}, limit {self._max_inflight_patches})"
+            )
         self._reserve_queue(len(images))
         self._inflight += 1
+        self._inflight_patches += patches
         self._arriving += 1
         try:
             try:
@@ -215,6 +224,7 @@ class Engine:
             ]
         finally:
             self._inflight -= 1
+            self._inflight_patches -= patches
 
     async def _run(
         self, prepared: list[PreprocessedImage], deadline: float | None, request_id: str, lease: Lease | None

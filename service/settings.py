@@ -63,6 +63,9 @@ class ServerSettings(BaseSettings):
     # Concurrency and batching
     preprocess_workers: int = Field(2, ge=1, le=256)
     max_inflight_requests: int = Field(256, ge=1, le=100_000)
+    max_inflight_patches: int = Field(
+        2_097_152, ge=1, description="patches (from the headers) of all requests in flight; ~2.4 KB each once decoded"
+    )
     max_batch_patches: int = Field(32768, ge=1)
     max_batch_images: int = Field(64, ge=1)
     max_wait_ms: float = Field(2.0, ge=0, le=1000)
@@ -121,6 +124,8 @@ class ServerSettings(BaseSettings):
             raise ValueError("max_image_mb must not exceed max_request_mb")
         if self.max_request_mb + 1 > self.max_message_mb:
             raise ValueError("max_message_mb must exceed max_request_mb by at least 1 (protobuf framing)")
+        if self.max_inflight_patches < self.max_patches_per_request:
+            raise ValueError("max_inflight_patches must be at least max_patches_per_request (one request must fit)")
         if self.stream_chunk_mb + 1 > self.max_message_mb:
             raise ValueError("max_message_mb must exceed stream_chunk_mb by at least 1 (each chunk carries a header)")
         return self

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from mmproc.client import EncoderClient
-from mmproc.errors import DeadlineExceededError, InvalidMediaError
+from mmproc.errors import DeadlineExceededError, InvalidMediaError, ResourceExhaustedError
 from mmproc.model import load_encoder
 from mmproc.runner import EncoderRunner, RunnerConfig
 from mmproc.types import PreprocessedImage
@@ -175,3 +175,26 @@ def test_overload_is_resource_exhausted_quickly(server: ServiceThread) -> None:
     # work: every refusal is back before the first admitted request is done.
     assert max(refused) < min(served), outcomes
     settle(server)
+
+
+def test_patches_in_flight_are_bounded_and_returned() -> None:
+    # Two heavy images are ~11k patches: with a 16k budget, a second heavy request is refused at once while the
+    # first is in flight (RESOURCE_EXHAUSTED, retryable, before any decoding); a small one still fits; once the
+    # first is done, the budget is whole again.
+    settings = test_settings(max_inflight_patches=16_000, max_patches_per_request=16_000)
+    server = ServiceThread(settings).start()
+    engine = server.service.engine
+    try:
+        with EncoderClient(server.grpc_target) as client, concurrent.futures.ThreadPoolExecutor(1) as pool:
+            first = pool.submit(client.encode_images, HEAVY[:2])
+            deadline = time.monotonic() + 10
+            while engine.inflight == 0 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            with pytest.raises(ResourceExhaustedError, match="patches in flight"):
+                client.encode_images(HEAVY[2:])
+            assert len(client.encode_images([SMALL])) == 1
+            assert len(first.result(60)) == 2
+            assert engine._inflight_patches == 0
+            assert len(client.encode_images(HEAVY[2:])) == 2
+    finally:
+        server.stop()
