@@ -126,9 +126,7 @@ class EncoderServicer(pb_grpc.EncoderServicer):
                 self._state.metrics.ipc_sessions_opened.inc()
             yield event
 
-    async def _abort(
-        self, context: grpc.aio.ServicerContext, request: object, exc: BaseException
-    ) -> None:
+    async def _abort(self, context: grpc.aio.ServicerContext, request: object, exc: BaseException) -> None:
         mapped = map_error(exc, metrics=self._state.metrics)  # counted and logged there, with the request id
         await context.abort_with_status(to_grpc_status(mapped))
 

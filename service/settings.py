@@ -184,9 +184,7 @@ def load_settings(config_file: Path | None = None, **overrides: object) -> Serve
         env_only = ServerSettings()  # defaults + environment
         return ServerSettings(**{**file_values, **_explicit(env_only), **given})
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{_source(e['loc'], given, file_values, config_file)}: {e['msg']}" for e in exc.errors()
-        )
+        problems = "; ".join(f"{_source(e['loc'], given, file_values, config_file)}: {e['msg']}" for e in exc.errors())
         raise ConfigError(f"invalid settings: {problems}") from None
 
 
