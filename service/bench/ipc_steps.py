@@ -11,6 +11,7 @@ Requests are the serve bench's seeded images (`service.bench.images`).
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import time
@@ -97,6 +98,24 @@ def local_yardstick(
     return {"copy_us": _median_us(copy), "synchronize_us": _median_us(sync), "idle_synchronize_us": _median_us(bare)}
 
 
+def keep_waiting_thread_busy(client: EncoderClient) -> None:
+    """Make the client's unary EncodeImages wait by polling its future (yielding the GIL each turn) instead of
+    sleeping in the call: the consumer then behaves like a busy LLM worker, whose thread is hot when the reply
+    lands. Tells the IPC path's own cost apart from a thread's wake-up cost (`--busy-wait`)."""
+    ipc = client._ipc
+    assert ipc is not None
+    blocking = ipc._stub.EncodeImages
+
+    def polling(request: pb.EncodeImagesRequest, timeout: float | None = None) -> pb.EncodeImagesResponse:
+        future = blocking.future(request, timeout=timeout)
+        while not future.done():
+            time.sleep(0)  # sched_yield: the gRPC thread that completes the call gets the GIL
+        return future.result()
+
+    ipc._stub = copy.copy(ipc._stub)  # only this client's stub
+    ipc._stub.EncodeImages = polling
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--target", required=True)
@@ -106,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images-per-request", type=int, default=4)
     parser.add_argument("--size", type=int, default=512)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--busy-wait", action="store_true", help="poll for the reply instead of sleeping in the call")
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)
@@ -114,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     payloads = [list(request_images(0, i, args.images_per_request, spec)) for i in range(args.warmup + args.requests)]
     samples: dict[str, list[float]] = {step: [] for step in STEPS}
     with EncoderClient(args.target, device=device, transport="ipc", timeout=60) as client:
+        if args.busy_wait:
+            keep_waiting_thread_busy(client)
         for i, images in enumerate(payloads):
             times = read_steps(client, images, 60)
             if i >= args.warmup:
@@ -132,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "gpu": torch.cuda.get_device_name(device),
         "requests": args.requests,
+        "busy_wait": args.busy_wait,
         "embedding_bytes": sum(2 * a * b for a, b in shapes),
         "steps_us": {s: {"p50": _median_us(v), "p90": _pct_us(v, 0.9)} for s, v in samples.items()},
         "reply_to_ready_us": {"p50": _median_us(after_reply), "p90": _pct_us(after_reply, 0.9)},
