@@ -1,5 +1,6 @@
-"""Typed errors. Every failure a caller can see is one of these; `service/errors.py` maps them to
-gRPC status codes and HTTP statuses in exactly one place.
+"""Typed errors. Every failure a caller can see is one of these, and each class names its HTTP status and gRPC
+status code here, the one table: `service/errors.py` maps exceptions to statuses with it and `mmproc.client`
+maps statuses back to these classes with it.
 
 Client-side, `mmproc.client` raises the same classes, so an LLM worker catches `InvalidMediaError`
 (a `ValueError`) for bad input and never has to parse status strings.
@@ -32,6 +33,7 @@ class MmprocError(Exception):
     """Base of every typed mmproc error."""
 
     http_status: int = 500
+    grpc_code: str = "INTERNAL"  # a grpc.StatusCode name (this package does not import grpc)
 
 
 class InvalidMediaError(MmprocError, ValueError):
@@ -43,6 +45,7 @@ class InvalidMediaError(MmprocError, ValueError):
     """
 
     http_status = 400
+    grpc_code = "INVALID_ARGUMENT"
 
     def __init__(self, message: str, *, reason: Reason | str, index: int = -1) -> None:
         super().__init__(message)
@@ -71,12 +74,14 @@ class ResourceExhaustedError(MmprocError):
     """Queue or pool full past the deadline: HTTP 429 / RESOURCE_EXHAUSTED. Safe to retry later."""
 
     http_status = 429
+    grpc_code = "RESOURCE_EXHAUSTED"
 
 
 class UnavailableError(MmprocError):
     """Not ready yet, or draining for shutdown: HTTP 503 / UNAVAILABLE. Retry elsewhere."""
 
     http_status = 503
+    grpc_code = "UNAVAILABLE"
 
 
 class UnauthenticatedError(MmprocError):
@@ -84,12 +89,14 @@ class UnauthenticatedError(MmprocError):
     UNAUTHENTICATED."""
 
     http_status = 401
+    grpc_code = "UNAUTHENTICATED"
 
 
 class DeadlineExceededError(MmprocError, TimeoutError):
     """The request's deadline passed before its embeddings were ready: HTTP 504 / DEADLINE_EXCEEDED."""
 
     http_status = 504
+    grpc_code = "DEADLINE_EXCEEDED"
 
 
 class StaleSessionError(MmprocError):
@@ -97,6 +104,7 @@ class StaleSessionError(MmprocError):
     ended): HTTP 409 / FAILED_PRECONDITION. The client opens a new session and sends the request again."""
 
     http_status = 409
+    grpc_code = "FAILED_PRECONDITION"
 
 
 class InternalError(MmprocError):
@@ -107,3 +115,14 @@ class InternalError(MmprocError):
 
 class ConfigError(MmprocError):
     """A bad setting or checkpoint found at start-up; the message names the setting or tensor."""
+
+
+# The classes a server sends as their own gRPC status (everything else is INTERNAL to a client).
+STATUS_ERRORS: tuple[type[MmprocError], ...] = (
+    InvalidMediaError,
+    ResourceExhaustedError,
+    UnavailableError,
+    DeadlineExceededError,
+    UnauthenticatedError,
+    StaleSessionError,
+)

@@ -1,4 +1,4 @@
-"""The one place where typed mmproc errors become gRPC status codes and HTTP responses.
+"""Where typed mmproc errors become gRPC statuses and HTTP responses (each class's codes: mmproc/errors.py).
 
 invalid media / bad request -> INVALID_ARGUMENT (400) with google.rpc.BadRequest + ErrorInfo details
 queue or pool full          -> RESOURCE_EXHAUSTED (429)
@@ -23,15 +23,7 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from mmproc.errors import (
-    DeadlineExceededError,
-    InvalidMediaError,
-    MmprocError,
-    ResourceExhaustedError,
-    StaleSessionError,
-    UnauthenticatedError,
-    UnavailableError,
-)
+from mmproc.errors import STATUS_ERRORS, InvalidMediaError
 
 if TYPE_CHECKING:
     from service.metrics import Metrics
@@ -57,16 +49,6 @@ class MappedError:
         return {"request_id": request_id, "error": error}
 
 
-_CODES: tuple[tuple[type[BaseException], grpc.StatusCode], ...] = (
-    (InvalidMediaError, grpc.StatusCode.INVALID_ARGUMENT),
-    (ResourceExhaustedError, grpc.StatusCode.RESOURCE_EXHAUSTED),
-    (UnavailableError, grpc.StatusCode.UNAVAILABLE),
-    (DeadlineExceededError, grpc.StatusCode.DEADLINE_EXCEEDED),
-    (UnauthenticatedError, grpc.StatusCode.UNAUTHENTICATED),
-    (StaleSessionError, grpc.StatusCode.FAILED_PRECONDITION),
-)
-
-
 def map_error(exc: BaseException, *, metrics: Metrics | None = None) -> MappedError:
     """Classify any exception; count it as a rejection and log it (see the module docstring)."""
     mapped = _classify(exc)
@@ -83,10 +65,9 @@ def map_error(exc: BaseException, *, metrics: Metrics | None = None) -> MappedEr
 def _classify(exc: BaseException) -> MappedError:
     if isinstance(exc, InvalidMediaError):
         return MappedError(grpc.StatusCode.INVALID_ARGUMENT, 400, exc.message, exc.reason, exc.index)
-    for cls, code in _CODES:
-        if isinstance(exc, cls):
-            assert isinstance(exc, MmprocError)
-            return MappedError(code, exc.http_status, str(exc), code.name.lower())
+    if isinstance(exc, STATUS_ERRORS):
+        code = grpc.StatusCode[exc.grpc_code]
+        return MappedError(code, exc.http_status, str(exc), code.name.lower())
     return MappedError(grpc.StatusCode.INTERNAL, 500, INTERNAL_MESSAGE, "internal")
 
 

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 
+from mmproc.client.shared import pool_info_pb
 from mmproc.transport.ipc_pool import IpcPool
 from mmproc.transport.leases import LeaseNotOwnedError, UnknownLeaseError
 from mmproc.transport.node import node_identity
@@ -33,18 +34,6 @@ def refusal(hello: pb.SessionHello) -> str | None:
     return None
 
 
-def pool_info(pool: IpcPool) -> pb.PoolInfo:
-    ident = pool.identity
-    return pb.PoolInfo(
-        pool_id=ident.pool_id,
-        epoch=ident.epoch,
-        device_uuid=ident.device_uuid,
-        ipc_handle=ident.ipc_handle,
-        pool_bytes=ident.pool_bytes,
-        num_word_slots=ident.num_word_slots,
-    )
-
-
 async def run_session(
     pool: IpcPool | None, requests: AsyncIterator[pb.SessionRequest], context: grpc.aio.ServicerContext
 ) -> AsyncIterator[pb.SessionEvent]:
@@ -62,7 +51,7 @@ async def run_session(
     session_id = pool.leases.open_session(f"pid {hello.pid}@{hello.hostname} on {hello.device_uuid}")
     logger.info("IPC session %s opened for pid %d@%s (%s)", session_id, hello.pid, hello.hostname, hello.device_uuid)
     try:
-        yield pb.SessionEvent(opened=pb.SessionOpened(session_id=session_id, pool=pool_info(pool)))
+        yield pb.SessionEvent(opened=pb.SessionOpened(session_id=session_id, pool=pool_info_pb(pool.identity)))
         async for message in requests:
             if message.WhichOneof("kind") != "release":
                 continue

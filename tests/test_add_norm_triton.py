@@ -12,10 +12,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 import torch
@@ -23,6 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from mmproc.model import add_norm_triton
+from tests.python_subprocess import run_python
 
 WIDTH = 1152  # MoonViT hidden size
 ROWS = [1, 480, 5660]  # one patch; a small image; a large one
@@ -152,23 +149,8 @@ def test_launch_config_covers_the_row_with_power_of_two_lanes() -> None:
     assert add_norm_triton.launch_config(1152) == (2048, 8)
 
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": path, **env},
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-
-
 def test_imports_without_triton() -> None:
-    done = _run_python(
+    done = run_python(
         """
         import sys
         sys.modules["triton"] = None  # makes `import triton` raise ImportError
@@ -186,7 +168,7 @@ needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, re
 def test_interpreter_on_cpu() -> None:
     # The same kernel under TRITON_INTERPRET=1 on CPU tensors (set before triton.jit runs, hence the subprocess):
     # every dtype, widths below/at/above a power of two, one row and many, strided rows.
-    done = _run_python(_INTERPRETER_BODY, TRITON_INTERPRET="1")
+    done = run_python(_INTERPRETER_BODY, TRITON_INTERPRET="1")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "interpreter ok" in done.stdout
 
@@ -240,7 +222,7 @@ print("interpreter ok")
 def test_compiles_for_hopper_without_a_gpu() -> None:
     # Triton compiles to a cubin for sm_90 with the ptxas it ships, no driver needed: a typo or a type error in the
     # kernel fails here, on a CPU machine, instead of in the first GPU run. Every dtype, the MoonViT width.
-    done = _run_python(_COMPILE_BODY)
+    done = run_python(_COMPILE_BODY)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("cubin ok") == 3
 

@@ -117,3 +117,21 @@ def test_chunks_outside_the_reply_are_refused() -> None:
     assembler.add(first)
     with pytest.raises(InternalError, match="malformed"):
         assembler.add(received(pb.EncodeImagesChunk(index=0, offset=6, data=b"xyz")))
+
+
+def test_every_status_error_survives_the_trip_from_server_to_client() -> None:
+    # The server's mapping (service.errors) and the client's (ERRORS_BY_CODE) come from one table in mmproc.errors.
+    import grpc
+
+    from mmproc.client.wire import ERRORS_BY_CODE
+    from mmproc.errors import STATUS_ERRORS, InternalError, InvalidMediaError
+    from service.errors import map_error
+
+    for cls in STATUS_ERRORS:
+        exc = cls("x", reason="bad_request") if cls is InvalidMediaError else cls("x")
+        mapped = map_error(exc)
+        assert mapped.http_status == cls.http_status and mapped.grpc_code.name == cls.grpc_code
+        if cls is not InvalidMediaError:  # that one is rebuilt from its BadRequest details instead
+            assert ERRORS_BY_CODE[mapped.grpc_code] is cls
+    assert map_error(InternalError("secret")).grpc_code is grpc.StatusCode.INTERNAL
+    assert map_error(RuntimeError("boom")).http_status == 500

@@ -33,14 +33,15 @@ def server() -> Iterator[ServiceThread]:
     srv.stop()
 
 
-def consumer(mode: str, target: str, *args: str) -> subprocess.Popen:
+def consumer(mode: str, target: str, *args: str, **env: str) -> subprocess.Popen:
+    """A `tests.ipc_consumer` process (`env`: extra variables, e.g. CUDA_VISIBLE_DEVICES)."""
     return subprocess.Popen(
         [sys.executable, "-m", "tests.ipc_consumer", mode, target, *args],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
     )
 
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from tests.conftest import ServiceThread
-from tests.test_ipc_gpu import next_event, pool_stats, wait_until
+from tests.test_ipc_gpu import consumer, next_event, pool_stats, wait_until
 from tests.test_ipc_gpu import start as start_ipc_server
 
 GPUS = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -62,15 +62,7 @@ def rank_plan() -> list[tuple[str, str]]:
 
 
 def rank(mode: str, target: str, *args: str, visible: str) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "CUDA_VISIBLE_DEVICES": visible}
-    return subprocess.Popen(
-        [sys.executable, "-m", "tests.ipc_consumer", mode, target, *args],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    return consumer(mode, target, *args, CUDA_VISIBLE_DEVICES=visible)
 
 
 def say(proc: subprocess.Popen, line: str = "go") -> None:

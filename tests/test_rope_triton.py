@@ -10,17 +10,13 @@ reassociation noise (~1e-7). We allow two machine epsilons (bf16 eps 2**-7 -> 1.
 from __future__ import annotations
 
 import importlib.util
-import os
-import subprocess
-import sys
-import textwrap
-from pathlib import Path
 
 import pytest
 import torch
 from torch import Tensor
 
 from mmproc.model import rope_triton
+from tests.python_subprocess import run_python
 
 HEADS, HEAD_DIM = 16, 72  # MoonViT: hidden 1152 = 16 heads x 72
 TOLERANCE = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3}
@@ -154,23 +150,8 @@ def test_rejects_bad_layouts_before_launch() -> None:
         rope_triton.apply_rope_qkv_(qkv[:, :-1], cos, sin, HEADS)
 
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _run_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
-    path = os.pathsep.join([str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": path, **env},
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-
-
 def test_imports_without_triton() -> None:
-    done = _run_python(
+    done = run_python(
         """
         import sys
         sys.modules["triton"] = None  # makes `import triton` raise ImportError
@@ -187,7 +168,7 @@ def test_interpreter_on_cpu() -> None:
     # hence the subprocess). Covers both pair-loading variants, unaligned strides (dh=6 -> 4-byte rows) and
     # head/token counts that are not multiples of the blocks.
     code = "import torch\nfrom mmproc.model import rope_triton as rt\n" + _INTERPRETER_BODY
-    done = _run_python(code, TRITON_INTERPRET="1")
+    done = run_python(code, TRITON_INTERPRET="1")
     assert done.returncode == 0, done.stdout + done.stderr
 
 

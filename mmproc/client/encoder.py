@@ -33,6 +33,18 @@ from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 logger = logging.getLogger(__name__)
 
 
+def ipc_wanted(transport: str, device: torch.device) -> bool:
+    """Whether a client on `device` should try CUDA IPC; says why not (loudly when "ipc" was asked for)."""
+    if transport == "serialized":
+        return False
+    reason = "the client device is not CUDA" if device.type != "cuda" else ipc_unavailable_reason()
+    if reason is not None:
+        log = logger.warning if transport == "ipc" else logger.debug
+        log("CUDA IPC unavailable in this process (%s): using the serialized transport", reason)
+        return False
+    return True
+
+
 class EncoderClient:
     """Blocking client. Thread-safe (one channel, shared)."""
 
@@ -61,17 +73,7 @@ class EncoderClient:
         channel = lambda t: bearer_channel(grpc.insecure_channel(t, options=options), token)  # noqa: E731
         self._targets = Targets(target, channel, retry)
         self._stub = self._targets.stubs[0]  # the IPC session talks to the first target (IPC is same-node)
-        self._ipc = IpcClient(self._stub, self.device, handle_cache) if self._wants_ipc() else None
-
-    def _wants_ipc(self) -> bool:
-        if self.transport == "serialized":
-            return False
-        reason = "the client device is not CUDA" if self.device.type != "cuda" else ipc_unavailable_reason()
-        if reason is not None:
-            log = logger.warning if self.transport == "ipc" else logger.debug
-            log("CUDA IPC unavailable in this process (%s): using the serialized transport", reason)
-            return False
-        return True
+        self._ipc = IpcClient(self._stub, self.device, handle_cache) if ipc_wanted(transport, self.device) else None
 
     @property
     def ipc_stats(self) -> dict[str, int] | None:
@@ -282,7 +284,7 @@ class AsyncEncoderClient:
         channel = lambda t: grpc.aio.insecure_channel(t, options=options, interceptors=interceptors)  # noqa: E731
         self._targets = Targets(target, channel, retry)
         self._ipc: EncoderClient | None = None
-        if transport != "serialized" and self.device.type == "cuda" and ipc_unavailable_reason() is None:
+        if ipc_wanted(transport, self.device):
             self._ipc = EncoderClient(
                 target, device=self.device, transport=transport, timeout=timeout,
                 max_message_bytes=max_message_bytes, handle_cache=handle_cache, retry=retry, token=token,

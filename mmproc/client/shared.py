@@ -48,16 +48,7 @@ class SharedEmbeddings:
         if reply.transport == pb.TRANSPORT_IPC:
             if pool is None:
                 raise InternalError("an IPC reply without the pool it points into")
-            message.pool.CopyFrom(
-                pb.PoolInfo(
-                    pool_id=pool.pool_id,
-                    epoch=pool.epoch,
-                    device_uuid=pool.device_uuid,
-                    ipc_handle=pool.ipc_handle,
-                    pool_bytes=pool.pool_bytes,
-                    num_word_slots=pool.num_word_slots,
-                )
-            )
+            message.pool.CopyFrom(pool_info_pb(pool))
         return cls(message)
 
     def to_bytes(self) -> bytes:
@@ -165,6 +156,18 @@ def descriptor_from_pb(ipc: pb.IpcDescriptor) -> SliceDescriptor:
         nbytes=ipc.nbytes,
         ready_offset=ipc.ready_offset_bytes,
         ack_offsets=acks,
+    )
+
+
+def pool_info_pb(identity: PoolIdentity) -> pb.PoolInfo:
+    """What a consumer needs to open the pool (the server's Session reply; a shared batch names it too)."""
+    return pb.PoolInfo(
+        pool_id=identity.pool_id,
+        epoch=identity.epoch,
+        device_uuid=identity.device_uuid,
+        ipc_handle=identity.ipc_handle,
+        pool_bytes=identity.pool_bytes,
+        num_word_slots=identity.num_word_slots,
     )
 
 

@@ -12,16 +12,7 @@ import torch
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from mmproc.errors import (
-    DeadlineExceededError,
-    InternalError,
-    InvalidMediaError,
-    MmprocError,
-    ResourceExhaustedError,
-    StaleSessionError,
-    UnauthenticatedError,
-    UnavailableError,
-)
+from mmproc.errors import STATUS_ERRORS, InternalError, InvalidMediaError, MmprocError, UnavailableError
 from mmproc.transport import bytes_to_tensor, tensor_nbytes
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
@@ -29,12 +20,8 @@ from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 PB_DTYPES = {pb.DTYPE_FLOAT32: "float32", pb.DTYPE_BFLOAT16: "bfloat16", pb.DTYPE_FLOAT16: "float16"}
 TRANSPORTS = {"auto": pb.TRANSPORT_AUTO, "serialized": pb.TRANSPORT_SERIALIZED, "ipc": pb.TRANSPORT_IPC}
 ERRORS_BY_CODE: dict[grpc.StatusCode, type[MmprocError]] = {
-    grpc.StatusCode.RESOURCE_EXHAUSTED: ResourceExhaustedError,
-    grpc.StatusCode.UNAVAILABLE: UnavailableError,
+    **{grpc.StatusCode[cls.grpc_code]: cls for cls in STATUS_ERRORS if cls is not InvalidMediaError},
     grpc.StatusCode.CANCELLED: UnavailableError,  # from the server's side: it is shutting down; retry elsewhere
-    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceededError,
-    grpc.StatusCode.FAILED_PRECONDITION: StaleSessionError,
-    grpc.StatusCode.UNAUTHENTICATED: UnauthenticatedError,
 }
 
 
