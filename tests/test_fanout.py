@@ -122,7 +122,7 @@ class FakePool:
     def wait_ready(self, desc: SliceDescriptor, stream: object, timeout: float) -> None:
         self.waits.append((desc.ready_offset, desc.generation))
 
-    def view(self, desc: SliceDescriptor, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    def view(self, offset: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         return torch.zeros(shape, dtype=dtype)
 
     def ack(self, desc: SliceDescriptor, stream: object, reader: int = 0) -> None:

@@ -12,7 +12,7 @@ import grpc
 import torch
 
 from mmproc.client.auth import aio_bearer, bearer_channel
-from mmproc.client.ipc import IpcClient
+from mmproc.client.ipc import IpcClient, clone_views
 from mmproc.client.retry import RetryPolicy
 from mmproc.client.shared import SharedEmbeddings, collect_reply
 from mmproc.client.targets import Targets
@@ -90,7 +90,7 @@ class EncoderClient:
         if self._ipc is not None:
             with self._ipc_views(images, request_id, timeout) as views:
                 if views is not None:
-                    return [view.clone() for view in views]  # stream-ordered copy; the ack follows it
+                    return clone_views(views)  # stream-ordered copy; the ack follows it
         return self._encode_serialized(images, request_id, timeout)
 
     def encode_images_into(

@@ -13,7 +13,8 @@ import logging
 import os
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import grpc
 import torch
@@ -22,14 +23,47 @@ from mmproc.client.shared import SharedEmbeddings, descriptor_from_pb, identity_
 from mmproc.client.wire import PB_DTYPES
 from mmproc.errors import InternalError, StaleSessionError, UnavailableError
 from mmproc.transport.cuda_ipc import device_uuid
-from mmproc.transport.ipc_pool import PoolIdentity
+from mmproc.transport.ipc_pool import PoolIdentity, SliceDescriptor
 from mmproc.transport.node import node_identity
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 
+if TYPE_CHECKING:
+    from mmproc.transport.ipc_consumer import OpenedPool
+
 logger = logging.getLogger(__name__)
 
 _MAX_OWNED = 4096  # shared leases this client requested and has not read yet (rank 0 that never reads: TTL)
+
+
+_TORCH_DTYPES = {code: getattr(torch, name) for code, name in PB_DTYPES.items()}
+
+
+def request_lease(embeddings: Sequence[pb.Embedding]) -> tuple[SliceDescriptor, list[int]]:
+    """The lease every image of a request lies in (its ready word, generation and ack words: the server leases
+    one slice per request) and the lease ids to release."""
+    return descriptor_from_pb(embeddings[0].ipc), sorted({emb.ipc.lease_id for emb in embeddings})
+
+
+def pool_views(pool: OpenedPool, embeddings: Sequence[pb.Embedding]) -> list[torch.Tensor]:
+    """Zero-copy (tokens_i, hidden) views of a reply's embeddings in the opened pool."""
+    return [
+        pool.view(emb.ipc.offset_bytes, emb.ipc.nbytes, _TORCH_DTYPES[emb.dtype], tuple(emb.shape))
+        for emb in embeddings
+    ]
+
+
+def clone_views(views: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Fresh tensors with the views' values (stream-ordered). A request's images lie back to back in the pool,
+    so that is one copy of their span, split per image (views of one new tensor); else one copy per view."""
+    first = views[0]
+    same_rows = all(v.dtype == first.dtype and v.shape[1:] == first.shape[1:] and v.is_contiguous() for v in views)
+    adjacent = all(b.data_ptr() == a.data_ptr() + a.nbytes for a, b in zip(views, views[1:]))
+    if first.dim() == 0 or not (same_rows and adjacent):
+        return [v.clone() for v in views]
+    rows = sum(v.shape[0] for v in views)
+    span = first.as_strided((rows, *first.shape[1:]), first.stride(), first.storage_offset()).clone()
+    return list(span.split([v.shape[0] for v in views]))
 
 
 class IpcClient:
@@ -139,8 +173,7 @@ class IpcClient:
         """Views of the reply's slices, ordered after the producer's writes; ack + release on exit.
         None when the pool cannot be opened (the lease is given back unread)."""
         assert self.identity is not None
-        descs = [descriptor_from_pb(emb.ipc) for emb in reply.embeddings]
-        lease_ids = sorted({d.lease_id for d in descs})
+        lease, lease_ids = request_lease(reply.embeddings)
         if any(emb.ipc.pool_id != self.identity.pool_id for emb in reply.embeddings):
             raise InternalError("reply names a pool other than this session's")
         try:
@@ -153,13 +186,10 @@ class IpcClient:
             return
         stream = torch.cuda.current_stream(self._device)
         try:
-            pool.wait_ready(descs[0], stream, timeout)  # one lease (slot, generation) for the whole request
-            yield [
-                pool.view(d, getattr(torch, PB_DTYPES[emb.dtype]), tuple(emb.shape))
-                for d, emb in zip(descs, reply.embeddings)
-            ]
+            pool.wait_ready(lease, stream, timeout)
+            yield pool_views(pool, reply.embeddings)
         finally:
-            pool.ack(descs[0], stream)
+            pool.ack(lease, stream)
             self._send(pb.LeaseRelease(lease_ids=lease_ids))
             self._cache.release(pool)
 
@@ -183,8 +213,7 @@ class IpcClient:
                 f"shared embeddings point into pool {pool_named.pool_id} but the server now serves pool "
                 f"{identity.pool_id} (it restarted after rank 0 encoded): encode again"
             )
-        descs = shared.descriptors()
-        lease_ids = sorted({d.lease_id for d in descs})
+        lease, lease_ids = request_lease(shared.reply.embeddings)
         owner = rank == 0
         if owner:
             with self._lock:
@@ -203,13 +232,10 @@ class IpcClient:
             raise UnavailableError(f"cannot open the server's IPC pool on {self._device}: {exc}") from exc
         stream = torch.cuda.current_stream(self._device)
         try:
-            pool.wait_ready(descs[0], stream, timeout)  # one lease (ready word, generation) for the whole batch
-            yield [
-                pool.view(d, getattr(torch, PB_DTYPES[emb.dtype]), tuple(emb.shape))
-                for d, emb in zip(descs, shared.reply.embeddings)
-            ]
+            pool.wait_ready(lease, stream, timeout)
+            yield pool_views(pool, shared.reply.embeddings)
         finally:
-            pool.ack(descs[0], stream, reader=rank)
+            pool.ack(lease, stream, reader=rank)
             if owner:
                 self._send(pb.LeaseRelease(lease_ids=lease_ids))
             self._cache.release(pool)

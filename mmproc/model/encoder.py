@@ -6,7 +6,8 @@ State-dict names: `tower.*` (the checkpoint's `vision_tower.*`) and `projector.{
 Host -> device traffic per forward: one non_blocking copy of `pixel_values` (packed in the model dtype for a
 bf16/fp16 CUDA model, see `mmproc.batching.pixel_transfer_dtype`; any other dtype is cast on the device) and one
 non_blocking copy of a single int64 buffer holding every index (RoPE rows, merge gather, cu_seqlens), built on
-the CPU from the batch's Python ints. Nothing is read back from the device.
+the CPU from the batch's Python ints, both on a side stream that overlaps the previous forward's compute.
+Nothing is read back from the device.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class VisionEncoder(nn.Module):
         self.projector = Projector(
             config.hidden_size, config.merge_kernel_size, config.text_hidden_size, config.projector_ln_eps
         )
+        self._upload_streams: dict[torch.device, torch.cuda.Stream] = {}  # per device, made on first use
 
     @property
     def device(self) -> torch.device:
@@ -72,10 +74,8 @@ class VisionEncoder(nn.Module):
         cos_table, sin_table = self.tower.rope_table(
             device, max(h for h, _ in grids), max(w for _, w in grids)
         )  # (Th, Tw, dh/2) float32
-        rope_rows, merge_idx, cu_dev = self._indices_to_device(batch, cos_table.shape[1], device)
-
-        # (L, 3, P, P): no cast when packed in the model dtype, else cast on the device after the copy
-        pixels = batch.pixel_values.to(device, non_blocking=True).to(dtype)
+        pixels, rope_rows, merge_idx, cu_dev = self._inputs_to_device(batch, cos_table.shape[1], device)
+        pixels = pixels.to(dtype)  # (L, 3, P, P): no cast when packed in the model dtype
         cos, sin = gather_rope(cos_table, sin_table, rope_rows)  # (L, dh/2) each
         inputs = TowerInputs(
             grid_hws=grids,
@@ -87,18 +87,36 @@ class VisionEncoder(nn.Module):
         hidden = self.tower(pixels, inputs)  # (L, D)
         return self.projector(hidden, merge_idx, out)
 
-    def _indices_to_device(self, batch: PackedBatch, table_w: int, device: torch.device) -> tuple[Tensor, ...]:
-        """RoPE rows (L,), merge gather (T*kk,) int64 and cu_seqlens (N+1,) int32, on `device`, via ONE copy."""
+    def _inputs_to_device(self, batch: PackedBatch, table_w: int, device: torch.device) -> tuple[Tensor, ...]:
+        """Pixels, RoPE rows (L,), merge gather (T*kk,) int64 and cu_seqlens (N+1,) int32 on `device`: the pixels
+        in one copy, the indices (built on the CPU) in ONE more.
+
+        On CUDA both copies run on a side stream, which the compute stream then waits for (an event): under load
+        the copy engine uploads this batch while the GPU still computes the previous one."""
         rows = rope_row_index(batch.grid_hws, table_w)
         merge = merge_gather_index(batch.grid_hws, self.config.merge_kernel_size)
         if device.type == "cpu":
-            return rows, merge, batch.cu_seqlens
+            return batch.pixel_values, rows, merge, batch.cu_seqlens
         cu = batch.cu_seqlens
         sizes = (rows.numel(), merge.numel(), cu.numel())
         host = torch.empty(sum(sizes), dtype=torch.int64, pin_memory=True)
         torch.cat((rows, merge, cu.to(torch.int64)), out=host)
-        rows_d, merge_d, cu_d = host.to(device, non_blocking=True).split(sizes)
-        return rows_d, merge_d, cu_d.to(torch.int32)
+        compute = torch.cuda.current_stream(device)
+        upload = self._upload_stream(device)
+        with torch.cuda.stream(upload):
+            pixels = batch.pixel_values.to(device, non_blocking=True)
+            indices = host.to(device, non_blocking=True)
+        compute.wait_stream(upload)
+        for tensor in (pixels, indices):
+            tensor.record_stream(compute)  # freed after the forward: not reused before the compute stream is done
+        rows_d, merge_d, cu_d = indices.split(sizes)
+        return pixels, rows_d, merge_d, cu_d.to(torch.int32)
+
+    def _upload_stream(self, device: torch.device) -> torch.cuda.Stream:
+        stream = self._upload_streams.get(device)
+        if stream is None:
+            stream = self._upload_streams[device] = torch.cuda.Stream(device)
+        return stream
 
 
 def _check_out(out: Tensor, shape: tuple[int, int], dtype: torch.dtype, device: torch.device) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from mmproc.errors import DeadlineExceededError
+from mmproc.errors import DeadlineExceededError, InternalError
 from mmproc.transport import cuda_ipc
 from mmproc.transport.ipc_pool import WORD_BYTES, PoolIdentity, SliceDescriptor
 
@@ -35,6 +35,29 @@ class HandleCacheStats:
     open_failures: int = 0
 
 
+class TypedViews:
+    """Contiguous views at byte offsets of one flat uint8 tensor, each ONE `as_strided` over a cached view of the
+    whole memory as the dtype: the consumer's read path costs a few microseconds of host time per torch op, so it
+    takes one per image. torch checks the bounds against the memory."""
+
+    def __init__(self, memory: torch.Tensor) -> None:
+        self._memory = memory
+        self._typed: dict[torch.dtype, torch.Tensor] = {}
+
+    def view(self, offset: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        typed = self._typed.get(dtype)
+        if typed is None:
+            typed = self._typed.setdefault(dtype, self._memory.view(dtype))
+        itemsize = typed.element_size()
+        strides, numel = [], 1
+        for dim in reversed(shape):
+            strides.append(numel)
+            numel *= dim
+        if offset % itemsize or numel * itemsize != nbytes or offset < 0:
+            raise InternalError(f"descriptor at byte {offset} ({nbytes} bytes) does not hold {shape} x {dtype}")
+        return typed.as_strided(shape, strides[::-1], offset // itemsize)
+
+
 class OpenedPool:
     """A producer pool mapped into this process on `device`."""
 
@@ -45,11 +68,12 @@ class OpenedPool:
         self._ptr = cuda_ipc.open_handle(identity.ipc_handle, self._index)
         self.memory = cuda_ipc.wrap(self._ptr, identity.pool_bytes, self._index, owner=self)
         self.words = self.memory[: identity.num_word_slots * 2 * WORD_BYTES].view(torch.int64).view(-1, 2)
+        self._views = TypedViews(self.memory)
         self.closed = False
 
-    def view(self, desc: SliceDescriptor, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    def view(self, offset: int, nbytes: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         """Zero-copy view of one embedding; only valid between wait_ready and ack."""
-        return self.memory[desc.offset : desc.offset + desc.nbytes].view(dtype).view(shape)
+        return self._views.view(offset, nbytes, dtype, shape)
 
     def wait_ready(self, desc: SliceDescriptor, stream: torch.cuda.Stream, timeout_s: float) -> None:
         """Order `stream` after the producer's ready write for this lease generation.
@@ -81,7 +105,7 @@ class OpenedPool:
         if not self.closed:
             self.closed = True
             torch.cuda.synchronize(self.device)
-            del self.words, self.memory
+            del self.words, self.memory, self._views
             cuda_ipc.close_handle(self._ptr, self._index)
 
 

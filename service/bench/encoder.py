@@ -190,13 +190,14 @@ def time_back_to_back(
         for _ in range(reps):
             fn(batch)
         end.record()
+        host_ms = (time.perf_counter() - t0) * 1e3 / reps  # the CPU's time to issue one forward
         end.synchronize()
         ms = start.elapsed_time(end) / reps
     else:
         for _ in range(reps):
             fn(batch)
-        ms = (time.perf_counter() - t0) * 1e3 / reps
-    return {"first_s": 0.0, "ms": ms, "min_ms": ms, "max_ms": ms}
+        ms = host_ms = (time.perf_counter() - t0) * 1e3 / reps
+    return {"first_s": 0.0, "ms": ms, "min_ms": ms, "max_ms": ms, "host_ms": host_ms}
 
 
 def count_syncs(fn: Forward, batch: PackedBatch, device: torch.device | None = None) -> int:
@@ -345,6 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             check = {"workload": name, "syncs_per_forward": count_syncs(model, batch, device)}
             pipelined = _row("mmproc-b2b", name, batch, flops, time_back_to_back(model, batch, args.reps, device),
                              args.peak)  # fmt: skip
+            check["host_ms_to_issue_forward"] = round(pipelined["host_ms"], 2)  # vs the GPU's ms: launch-bound?
             group = [ours, pipelined]
             if baseline is not None:
                 t = time_forward(baseline, batch, 1, args.reps, device)

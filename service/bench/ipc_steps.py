@@ -20,13 +20,12 @@ import uuid
 import torch
 
 from mmproc.client import EncoderClient
-from mmproc.client.shared import descriptor_from_pb
-from mmproc.client.wire import PB_DTYPES
+from mmproc.client.ipc import clone_views, pool_views, request_lease
 from mmproc.v1 import encoder_pb2 as pb
 from service.bench.images import ImageSpec, request_images
 from service.bench.provenance import git_commit
 
-STEPS = ("reply", "descriptors", "acquire", "wait_ready", "views", "copy", "synchronize", "ack_release")
+STEPS = ("reply", "probe", "descriptors", "acquire", "wait_ready", "views", "copy", "synchronize", "ack_release")
 
 
 def _median_us(samples: list[float]) -> float:
@@ -38,37 +37,59 @@ def _pct_us(samples: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1e6
 
 
-def read_steps(client: EncoderClient, images: list[bytes], timeout: float) -> dict[str, float]:
-    """One request, the read path of `IpcClient.read` + a copy, timed step by step (seconds)."""
+_PROBE_MEMORY = torch.empty(1 << 20, dtype=torch.uint8)
+
+
+def cpu_probe() -> None:
+    """A fixed piece of host work (Python + 4 torch views of CPU memory, no CUDA): timed right after a reply
+    and again in a hot loop, it tells whether the consumer thread itself runs slowly after waiting."""
+    total = 0
+    for i in range(200):
+        total += i
+    for offset in (0, 4096, 8192, 12288):
+        _PROBE_MEMORY.as_strided((16, 256), (256, 1), offset)
+
+
+def read_steps(client: EncoderClient, images: list[bytes], timeout: float) -> tuple[dict[str, float], dict[str, float]]:
+    """One request through the steps of `IpcClient.read` + `encode_images`' copy, each timed: (wall seconds, this
+    thread's CPU seconds) per step. CPU time well below wall time means the thread waited (the GIL, the
+    scheduler); equal means its own work was slow."""
     ipc = client._ipc
     assert ipc is not None
     device = client.device
-    times = {}
-    t = time.perf_counter()
+    wall, cpu = {}, {}
+    t, c = time.perf_counter(), time.thread_time()
+
+    def lap(step: str) -> None:
+        nonlocal t, c
+        now, now_cpu = time.perf_counter(), time.thread_time()
+        wall[step], cpu[step] = now - t, now_cpu - c
+        t, c = now, now_cpu
+
     reply = client._ipc_request(images, uuid.uuid4().hex[:16], timeout)
     assert reply is not None and reply.transport == pb.TRANSPORT_IPC, "the server did not answer over IPC"
-    t, times["reply"] = time.perf_counter(), time.perf_counter() - t
-    descs = [descriptor_from_pb(emb.ipc) for emb in reply.embeddings]
-    t, times["descriptors"] = time.perf_counter(), time.perf_counter() - t
+    lap("reply")
+    cpu_probe()
+    lap("probe")
+    lease, lease_ids = request_lease(reply.embeddings)
+    lap("descriptors")
     pool = ipc._cache.acquire(ipc.identity, device)
-    t, times["acquire"] = time.perf_counter(), time.perf_counter() - t
+    lap("acquire")
     stream = torch.cuda.current_stream(device)
-    pool.wait_ready(descs[0], stream, timeout)
-    t, times["wait_ready"] = time.perf_counter(), time.perf_counter() - t
-    views = [
-        pool.view(d, getattr(torch, PB_DTYPES[emb.dtype]), tuple(emb.shape)) for d, emb in zip(descs, reply.embeddings)
-    ]
-    t, times["views"] = time.perf_counter(), time.perf_counter() - t
-    outs = [v.clone() for v in views]
-    t, times["copy"] = time.perf_counter(), time.perf_counter() - t
+    pool.wait_ready(lease, stream, timeout)
+    lap("wait_ready")
+    views = pool_views(pool, reply.embeddings)
+    lap("views")
+    outs = clone_views(views)
+    lap("copy")
     stream.synchronize()
-    t, times["synchronize"] = time.perf_counter(), time.perf_counter() - t
-    pool.ack(descs[0], stream)
-    ipc._send(pb.LeaseRelease(lease_ids=sorted({d.lease_id for d in descs})))
+    lap("synchronize")
+    pool.ack(lease, stream)
+    ipc._send(pb.LeaseRelease(lease_ids=lease_ids))
     ipc._cache.release(pool)
-    times["ack_release"] = time.perf_counter() - t
+    lap("ack_release")
     del outs
-    return times
+    return wall, cpu
 
 
 def local_yardstick(
@@ -78,14 +99,15 @@ def local_yardstick(
     sleep that long before each repetition, as the consumer sleeps in the gRPC call before a reply arrives (a
     thread waking from idle can run slower: CPU frequency, caches, a virtual CPU being rescheduled)."""
     stream = torch.cuda.current_stream(device)
-    sources = [torch.randn(shape, device=device).to(torch.bfloat16) for shape in shapes]
+    rows = [shape[0] for shape in shapes]
+    sources = list(torch.randn(sum(rows), *shapes[0][1:], device=device).to(torch.bfloat16).split(rows))
     copy, sync, bare = [], [], []
     for _ in range(reps):
         stream.synchronize()
         if idle_s:
             time.sleep(idle_s)
         t = time.perf_counter()
-        outs = [s.clone() for s in sources]
+        outs = clone_views(sources)
         t1 = time.perf_counter()
         stream.synchronize()
         t2 = time.perf_counter()
@@ -133,21 +155,29 @@ def main(argv: list[str] | None = None) -> int:
     spec = ImageSpec(resolutions=((args.size, args.size),), fmt="jpeg")
     payloads = [list(request_images(0, i, args.images_per_request, spec)) for i in range(args.warmup + args.requests)]
     samples: dict[str, list[float]] = {step: [] for step in STEPS}
+    cpu_samples: dict[str, list[float]] = {step: [] for step in STEPS}
     with EncoderClient(args.target, device=device, transport="ipc", timeout=60) as client:
         if args.busy_wait:
             keep_waiting_thread_busy(client)
         for i, images in enumerate(payloads):
-            times = read_steps(client, images, 60)
+            wall, cpu = read_steps(client, images, 60)
             if i >= args.warmup:
-                for step, seconds in times.items():
-                    samples[step].append(seconds)
+                for step in STEPS:
+                    samples[step].append(wall[step])
+                    cpu_samples[step].append(cpu[step])
+        hot_probe = []
+        for _ in range(args.requests):
+            t = time.perf_counter()
+            cpu_probe()
+            hot_probe.append(time.perf_counter() - t)
         reply_shapes = client.encode_images(payloads[0])
         shapes = [tuple(t.shape) for t in reply_shapes]
         yardstick = local_yardstick(device, shapes, args.requests)
         idle = statistics.median(samples["reply"])
         after_idle = local_yardstick(device, shapes, min(args.requests, 100), idle_s=idle)
         stats = client.ipc_stats
-    after_reply = [sum(samples[s][i] for s in STEPS[1:7]) for i in range(args.requests)]
+    ready_steps = STEPS[STEPS.index("descriptors") : STEPS.index("synchronize") + 1]
+    after_reply = [sum(samples[s][i] for s in ready_steps) for i in range(args.requests)]
     result = {
         "bench": "ipc_steps",
         "commit": git_commit(),
@@ -156,7 +186,11 @@ def main(argv: list[str] | None = None) -> int:
         "requests": args.requests,
         "busy_wait": args.busy_wait,
         "embedding_bytes": sum(2 * a * b for a, b in shapes),
-        "steps_us": {s: {"p50": _median_us(v), "p90": _pct_us(v, 0.9)} for s, v in samples.items()},
+        "steps_us": {
+            s: {"p50": _median_us(v), "p90": _pct_us(v, 0.9), "cpu_p50": _median_us(cpu_samples[s])}
+            for s, v in samples.items()
+        },
+        "probe_hot_us": _median_us(hot_probe),
         "reply_to_ready_us": {"p50": _median_us(after_reply), "p90": _pct_us(after_reply, 0.9)},
         "local_yardstick_us": yardstick,
         "local_yardstick_after_idle_us": after_idle,
@@ -165,11 +199,12 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"# IPC read path, {args.requests} requests x {args.images_per_request} images ({result['embedding_bytes']} B)"
     )
-    print("| step | p50 us | p90 us |\n| --- | ---: | ---: |")
+    print("| step | p50 us | p90 us | thread CPU p50 us |\n| --- | ---: | ---: | ---: |")
     for step, v in result["steps_us"].items():
-        print(f"| {step} | {v['p50']:.1f} | {v['p90']:.1f} |")
+        print(f"| {step} | {v['p50']:.1f} | {v['p90']:.1f} | {v['cpu_p50']:.1f} |")
     r = result["reply_to_ready_us"]
-    print(f"| reply -> ready (descriptors .. synchronize) | {r['p50']:.1f} | {r['p90']:.1f} |")
+    print(f"| reply -> ready (descriptors .. synchronize) | {r['p50']:.1f} | {r['p90']:.1f} | |")
+    print(f"the probe in a hot loop: {result['probe_hot_us']:.1f} us (after each reply: the probe row)")
     print(
         "local yardstick (same copies on own memory, us):", json.dumps({k: round(v, 1) for k, v in yardstick.items()})
     )

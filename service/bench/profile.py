@@ -95,6 +95,25 @@ def summarize(rows: list[tuple[str, float, float]], forward_ms: float, top: int 
         "launches": len(rows),
         "categories": categories,
         "top_kernels": kernels,
+        "gaps": gaps(rows),
+    }
+
+
+def gaps(rows: list[tuple[str, float, float]], top: int = 8, width: int = 60) -> dict:
+    """Where the timeline is empty between one row's end and the next row's start: the total, and the largest
+    gaps with the rows around them (what the GPU waited for). Overlapping rows (CPU ops nest) leave no gap."""
+    ordered = sorted(rows, key=lambda row: row[1])
+    found, end, before = [], None, None
+    for name, start_us, dur_us in ordered:
+        if end is not None and start_us > end:
+            found.append(((start_us - end) / 1e3, before[:width], name[:width]))
+        if end is None or start_us + dur_us >= end:
+            end, before = start_us + dur_us, name
+    largest = sorted(found, reverse=True)[:top]
+    return {
+        "between_ms": sum(ms for ms, _, _ in found),
+        "count": len(found),
+        "largest": [{"ms": ms, "after": after, "before": next_} for ms, after, next_ in largest],
     }
 
 
@@ -137,6 +156,10 @@ def format_report(workload: str, report: dict, width: int = 100) -> str:
         lines.append(f"  {row['category']:<20} {row['ms']:>10.2f} ms {row['pct']:>6.1f}%")
     idle = report["idle_ms"]
     lines.append(f"  {'idle (not covered)':<20} {idle:>10.2f} ms {100 * idle / max(report['forward_ms'], 1e-9):>6.1f}%")
+    gap = report["gaps"]
+    lines.append(f"  of which between rows {gap['between_ms']:.2f} ms in {gap['count']} gaps; the largest:")
+    for g in gap["largest"]:
+        lines.append(f"  {g['ms']:>10.3f} ms after {g['after']} -> before {g['before']}")
     lines.append(f"  top {len(report['top_kernels'])} by total time:")
     for k in report["top_kernels"]:
         name = k["name"] if len(k["name"]) <= width else k["name"][: width - 3] + "..."
