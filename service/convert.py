@@ -1,9 +1,10 @@
 """Engine results <-> protobuf messages (serialized transport), and the streamed reply serialized by hand with one
-copy of the payload. Shared by the gRPC servicer, the HTTP app and their tests."""
+copy of the payload (made by several threads, overlapping the D2H of later images: mmproc.transport.host_copy).
+Shared by the gRPC servicer, the HTTP app and their tests."""
 
 from __future__ import annotations
 
-from mmproc.transport import DTYPE_NAMES, stage_to_host, tensor_bytes_view, tensor_to_bytes
+from mmproc.transport import DTYPE_NAMES, HostCopies, concat_bytes, start_staging, tensor_bytes_view
 from mmproc.transport.ipc_pool import PoolIdentity
 from mmproc.v1 import encoder_pb2 as pb
 from service.engine import EncodedImage
@@ -24,8 +25,13 @@ def embedding_header(result: EncodedImage) -> pb.Embedding:
 
 
 def serialized_payloads(results: list[EncodedImage]) -> list[bytes]:
-    """Raw bytes of every result; from a GPU, one pinned staging buffer and one synchronize per request."""
-    return [tensor_to_bytes(host) for host in stage_to_host([r.embedding for r in results])]
+    """Raw bytes of every result. From a GPU: one pinned staging buffer per request (start_staging), and image
+    i's bytes are copied out of it as soon as its own D2H has landed, while later images are still in flight."""
+    payloads = []
+    with HostCopies() as copies:  # every payload is complete when the block ends
+        for staged in start_staging([r.embedding for r in results]):
+            payloads.append(copies.message(b"", tensor_bytes_view(staged.wait())))
+    return payloads
 
 
 def serialized_reply(request_id: str, results: list[EncodedImage], payloads: list[bytes]) -> pb.EncodeImagesResponse:
@@ -41,16 +47,19 @@ def serialized_stream(request_id: str, results: list[EncodedImage], chunk_bytes:
     """Every message of a streamed reply, already serialized: what EncodeImagesStream hands gRPC.
 
     Each image: a message with its header and the first `chunk_bytes` of its payload, then the rest in
-    `chunk_bytes` pieces. From a GPU: one pinned staging buffer and one synchronize per request (stage_to_host);
-    after that the payload is copied exactly once, from the staging buffer into each message's bytes.
+    `chunk_bytes` pieces. From a GPU: one pinned staging buffer per request (start_staging). The payload is
+    copied exactly once, from the staging buffer into each message's bytes, by the copy threads; image i's
+    copies start as soon as its own D2H has landed, while later images are still in flight.
     """
     messages = []
-    for result, host in zip(results, stage_to_host([r.embedding for r in results])):
-        data = tensor_bytes_view(host)  # (nbytes,) over the staging buffer, no copy
-        header = embedding_header(result)
-        for offset in range(0, max(len(data), 1), chunk_bytes):  # an empty payload still sends its header
-            piece = data[offset : offset + chunk_bytes]
-            messages.append(chunk_wire(request_id, result.index, offset, piece, header if offset == 0 else None))
+    with HostCopies() as copies:  # every message is complete when the block ends
+        for result, staged in zip(results, start_staging([r.embedding for r in results])):
+            data = tensor_bytes_view(staged.wait())  # (nbytes,) over the staging buffer, no copy
+            header = embedding_header(result)
+            for offset in range(0, max(len(data), 1), chunk_bytes):  # an empty payload still sends its header
+                piece = data[offset : offset + chunk_bytes]
+                first = header if offset == 0 else None
+                messages.append(chunk_wire(request_id, result.index, offset, piece, first, copies=copies))
     return messages
 
 
@@ -79,17 +88,25 @@ _DATA_TAG = _varint(_DATA_FIELD.number << 3 | _LEN)
 
 
 def chunk_wire(
-    request_id: str, index: int, offset: int, data: memoryview | bytes, header: pb.Embedding | None = None
+    request_id: str,
+    index: int,
+    offset: int,
+    data: memoryview | bytes,
+    header: pb.Embedding | None = None,
+    *,
+    copies: HostCopies | None = None,
 ) -> bytes:
     """The serialized EncodeImagesChunk with these fields, copying `data` once (into the returned bytes).
 
     `pb.EncodeImagesChunk(..., data=bytes(data)).SerializeToString()` gives the same bytes, but copies the payload
-    three times (into a bytes object, into the message, into the serialization).
+    three times (into a bytes object, into the message, into the serialization). With `copies`, the payload's
+    copy may still be in flight on return: the bytes are complete after `copies.wait()`.
     """
     head = pb.EncodeImagesChunk(request_id=request_id, header=header, index=index, offset=offset).SerializeToString()
     if not len(data):  # proto3 writes no empty bytes field
         return head
-    return b"".join((head, _DATA_TAG, _varint(len(data)), data))
+    prefix = b"".join((head, _DATA_TAG, _varint(len(data))))
+    return concat_bytes(prefix, data) if copies is None else copies.message(prefix, data)
 
 
 def stream_response_serializer(message: bytes | pb.EncodeImagesChunk) -> bytes:

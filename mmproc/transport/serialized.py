@@ -1,8 +1,10 @@
 """Serialized transport: embeddings as raw little-endian bytes plus dtype and shape. No pickle on any wire.
 
-Producer: `stage_to_host` copies a request's embeddings to the CPU together (one pinned buffer, one
-synchronize when they come from a GPU); `tensor_bytes_view` exposes each as raw bytes without copying, and
-`tensor_to_bytes` copies them into a bytes object (the one copy into what protobuf / gRPC sends).
+Producer: `start_staging` copies a request's embeddings to the CPU together (one pinned buffer, non-blocking
+D2H, a CUDA event after each tensor's copy, so each can be read as soon as its own copy has landed);
+`stage_to_host` does the same and waits for all of them. `tensor_bytes_view` exposes a staged tensor as raw
+bytes without copying, and `tensor_to_bytes` copies it into a bytes object (the one copy into what protobuf /
+gRPC sends, in parallel when large: host_copy).
 Consumer: `bytes_to_tensor` views the received bytes as a tensor and copies it once to its device.
 """
 
@@ -11,8 +13,11 @@ from __future__ import annotations
 import sys
 import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
+
+from mmproc.transport.host_copy import concat_bytes
 
 # Wire names of the dtypes we send; the proto's DType enum is mapped from these in the service/client.
 DTYPE_NAMES: dict[torch.dtype, str] = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -29,13 +34,29 @@ def tensor_nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
     return n * torch.empty((), dtype=dtype).element_size()
 
 
-def stage_to_host(embeddings: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """Copy device tensors (T_i, hidden) to the CPU for serialization; CPU tensors pass through.
+@dataclass(frozen=True)
+class StagedTensor:
+    """A tensor on its way to the host: `host` (same shape and dtype, on the CPU) holds its values once `ready`
+    has fired. `ready` is None for a tensor that was on the CPU already (then `host` is that tensor)."""
 
-    From CUDA the copies go into one pinned buffer, non-blocking on the current stream, followed by a single
-    synchronize per device, so the host never reads before the copies are done.
+    host: torch.Tensor
+    ready: torch.cuda.Event | None = None
+
+    def wait(self) -> torch.Tensor:
+        """`host`, after its D2H copy has landed (blocks this thread only, not the device)."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        return self.host
+
+
+def start_staging(embeddings: Sequence[torch.Tensor]) -> list[StagedTensor]:
+    """Start copying device tensors (T_i, hidden) to the CPU; CPU tensors pass through, already ready.
+
+    From CUDA the copies go into one pinned buffer for the whole request, non-blocking on the current stream of
+    each tensor's device, with an event recorded right after each copy: the caller can serialize tensor i while
+    the copies of tensors i+1.. are still in flight, and must `wait()` each one before reading it.
     """
-    out: list[torch.Tensor | None] = [t if t.device.type == "cpu" else None for t in embeddings]
+    out = [StagedTensor(t) if t.device.type == "cpu" else None for t in embeddings]
     on_gpu = [i for i, t in enumerate(embeddings) if t.device.type != "cpu"]
     if not on_gpu:
         return out  # type: ignore[return-value]
@@ -44,12 +65,17 @@ def stage_to_host(embeddings: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     for i in on_gpu:
         tensor = embeddings[i]
         host = staging[start : start + tensor.nbytes].view(tensor.dtype).view(tensor.shape)
-        host.copy_(tensor, non_blocking=True)
-        out[i] = host
+        host.copy_(tensor, non_blocking=True)  # enqueued on the current stream of tensor.device
+        ready = torch.cuda.Event()
+        ready.record(torch.cuda.current_stream(tensor.device))  # fires once this copy (and earlier work) is done
+        out[i] = StagedTensor(host, ready)
         start += tensor.nbytes
-    for device in {embeddings[i].device for i in on_gpu}:
-        torch.cuda.current_stream(device).synchronize()
     return out  # type: ignore[return-value]
+
+
+def stage_to_host(embeddings: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """`start_staging`, then wait for every copy: the tensors (T_i, hidden) on the CPU, readable now."""
+    return [staged.wait() for staged in start_staging(embeddings)]
 
 
 def tensor_bytes_view(tensor: torch.Tensor) -> memoryview:
@@ -64,8 +90,9 @@ def tensor_bytes_view(tensor: torch.Tensor) -> memoryview:
 
 
 def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
-    """Raw row-major bytes of a CPU tensor (any of DTYPE_NAMES' dtypes), copied once into a bytes object."""
-    return tensor_bytes_view(tensor).tobytes()
+    """Raw row-major bytes of a CPU tensor (any of DTYPE_NAMES' dtypes), copied once into a bytes object (by
+    several threads when large: host_copy.concat_bytes)."""
+    return concat_bytes(b"", tensor_bytes_view(tensor))
 
 
 def bytes_to_tensor(

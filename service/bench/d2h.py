@@ -28,6 +28,8 @@ from mmproc.client.wire import Assembler, read_chunk
 from mmproc.v1 import encoder_pb2 as pb
 from service.convert import serialized_payloads, serialized_stream, stream_response_serializer
 from service.engine import EncodedImage
+from service.host_memory import reuse_freed_host_memory
+from service.settings import ServerSettings
 
 MiB = 1 << 20
 
@@ -236,7 +238,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=20, help="repetitions per stage (median reported)")
     parser.add_argument("--chunk-mb", type=int, default=4, help="stream chunk size in MiB (the server's default)")
     parser.add_argument("--json", type=Path, help="write the record here")
+    parser.add_argument("--host-malloc-reuse-mb", type=int, default=ServerSettings.model_fields["host_malloc_reuse_mb"].default,
+                        help="as the server's setting (0: glibc defaults)")  # fmt: skip
     args = parser.parse_args(argv)
+    reuse_freed_host_memory(args.host_malloc_reuse_mb * MiB)  # what `mmproc serve` does at start-up
     if torch.device(args.device).type == "cuda":
         record = transport_microbench(args.device, args.mb, args.reps, chunk_bytes=args.chunk_mb * MiB)
         stages = record["serialized"]
