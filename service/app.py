@@ -25,7 +25,7 @@ from service.auth import BearerToken, require_bearer_token
 from service.convert import DTYPE_TO_PB
 from service.engine import Engine, RequestLimits
 from service.grpc_server import create_server, set_serving
-from service.host_memory import reuse_freed_host_memory
+from service.host_memory import reuse_freed_host_memory, set_torch_threads
 from service.http_app import create_http_app
 from service.ipc_setup import setup_ipc
 from service.metrics import Metrics
@@ -287,6 +287,7 @@ class Service:
 
 async def serve(settings: ServerSettings) -> int:
     reuse_freed_host_memory(settings.host_malloc_reuse_mb * MiB)  # process-wide: only the serving process does it
+    set_torch_threads(settings.torch_threads)
     service = Service(settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -1,10 +1,10 @@
 """Engine results <-> protobuf messages (serialized transport), and the streamed reply serialized by hand with one
-copy of the payload (made by several threads, overlapping the D2H of later images: mmproc.transport.host_copy).
+copy of the payload (by torch's threads, while the D2H of later images is still running: mmproc.transport.host_copy).
 Shared by the gRPC servicer, the HTTP app and their tests."""
 
 from __future__ import annotations
 
-from mmproc.transport import DTYPE_NAMES, HostCopies, concat_bytes, start_staging, tensor_bytes_view
+from mmproc.transport import DTYPE_NAMES, concat_bytes, start_staging, tensor_bytes_view
 from mmproc.transport.ipc_pool import PoolIdentity
 from mmproc.v1 import encoder_pb2 as pb
 from service.engine import EncodedImage
@@ -27,11 +27,7 @@ def embedding_header(result: EncodedImage) -> pb.Embedding:
 def serialized_payloads(results: list[EncodedImage]) -> list[bytes]:
     """Raw bytes of every result. From a GPU: one pinned staging buffer per request (start_staging), and image
     i's bytes are copied out of it as soon as its own D2H has landed, while later images are still in flight."""
-    payloads = []
-    with HostCopies() as copies:  # every payload is complete when the block ends
-        for staged in start_staging([r.embedding for r in results]):
-            payloads.append(copies.message(b"", tensor_bytes_view(staged.wait())))
-    return payloads
+    return [concat_bytes(b"", staged.wait()) for staged in start_staging([r.embedding for r in results])]
 
 
 def serialized_reply(request_id: str, results: list[EncodedImage], payloads: list[bytes]) -> pb.EncodeImagesResponse:
@@ -52,14 +48,12 @@ def serialized_stream(request_id: str, results: list[EncodedImage], chunk_bytes:
     copies start as soon as its own D2H has landed, while later images are still in flight.
     """
     messages = []
-    with HostCopies() as copies:  # every message is complete when the block ends
-        for result, staged in zip(results, start_staging([r.embedding for r in results])):
-            data = tensor_bytes_view(staged.wait())  # (nbytes,) over the staging buffer, no copy
-            header = embedding_header(result)
-            for offset in range(0, max(len(data), 1), chunk_bytes):  # an empty payload still sends its header
-                piece = data[offset : offset + chunk_bytes]
-                first = header if offset == 0 else None
-                messages.append(chunk_wire(request_id, result.index, offset, piece, first, copies=copies))
+    for result, staged in zip(results, start_staging([r.embedding for r in results])):
+        data = tensor_bytes_view(staged.wait())  # (nbytes,) over the staging buffer, no copy
+        header = embedding_header(result)
+        for offset in range(0, max(len(data), 1), chunk_bytes):  # an empty payload still sends its header
+            piece = data[offset : offset + chunk_bytes]
+            messages.append(chunk_wire(request_id, result.index, offset, piece, header if offset == 0 else None))
     return messages
 
 
@@ -88,25 +82,17 @@ _DATA_TAG = _varint(_DATA_FIELD.number << 3 | _LEN)
 
 
 def chunk_wire(
-    request_id: str,
-    index: int,
-    offset: int,
-    data: memoryview | bytes,
-    header: pb.Embedding | None = None,
-    *,
-    copies: HostCopies | None = None,
+    request_id: str, index: int, offset: int, data: memoryview | bytes, header: pb.Embedding | None = None
 ) -> bytes:
     """The serialized EncodeImagesChunk with these fields, copying `data` once (into the returned bytes).
 
     `pb.EncodeImagesChunk(..., data=bytes(data)).SerializeToString()` gives the same bytes, but copies the payload
-    three times (into a bytes object, into the message, into the serialization). With `copies`, the payload's
-    copy may still be in flight on return: the bytes are complete after `copies.wait()`.
+    three times (into a bytes object, into the message, into the serialization).
     """
     head = pb.EncodeImagesChunk(request_id=request_id, header=header, index=index, offset=offset).SerializeToString()
     if not len(data):  # proto3 writes no empty bytes field
         return head
-    prefix = b"".join((head, _DATA_TAG, _varint(len(data))))
-    return concat_bytes(prefix, data) if copies is None else copies.message(prefix, data)
+    return concat_bytes(b"".join((head, _DATA_TAG, _varint(len(data)))), data)
 
 
 def stream_response_serializer(message: bytes | pb.EncodeImagesChunk) -> bytes:

@@ -1,4 +1,4 @@
-"""Host-memory allocator tuning for the serving process (glibc malloc).
+"""Host tuning for the serving process: glibc malloc's freed-memory reuse, and torch's CPU thread count.
 
 Every serialized reply allocates tens of MB of Python bytes (the messages handed to gRPC). glibc serves large
 allocations with fresh mmap pages and unmaps them on free, so every reply first-touches every page again: on the
@@ -12,6 +12,9 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
+import os
+
+import torch
 
 logger = logging.getLogger(__name__)
 
@@ -40,3 +43,13 @@ def reuse_freed_host_memory(reuse_bytes: int) -> bool:
     else:
         logger.warning("mallopt refused a threshold of %d bytes: host allocator left as is", value)
     return applied
+
+
+def set_torch_threads(threads: int) -> int:
+    """Use at most `threads` of this process's CPUs for torch's CPU ops (0: leave torch's default); returns the
+    count in effect. The serialized reply copies run on them: 8 threads copy at 33.5 GB/s on the 16-vCPU H200
+    host, 16 at 21.6 GB/s (mmproc/transport/host_copy.py); more threads than CPUs only oversubscribe."""
+    if threads > 0:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        torch.set_num_threads(min(threads, cpus))
+    return torch.get_num_threads()

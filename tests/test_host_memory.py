@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
+import torch
+
+from service.host_memory import set_torch_threads
 
 # 20 cycles of a 4-image reply (four 5 MB buffers written, then freed); minor page faults counted over the last 10.
 # glibc's defaults adapt the mmap threshold to 5 MB but then trim the 20 MB freed at the heap top (trim threshold
@@ -39,3 +43,13 @@ def test_reuse_keeps_freed_reply_buffers_instead_of_faulting_them_in_again() -> 
     assert not default_applied and tuned_applied
     assert default_faults > 1000  # glibc default: most of the 5120 pages are new every time
     assert tuned_faults < 50, tuned_faults  # reused heap memory: no new pages
+
+
+def test_torch_threads_are_capped_by_the_cpus_and_zero_keeps_the_default() -> None:
+    before = torch.get_num_threads()
+    try:
+        assert set_torch_threads(1) == 1
+        assert set_torch_threads(0) == 1  # 0: left as it is
+        assert set_torch_threads(100_000) == len(os.sched_getaffinity(0))  # never more threads than CPUs
+    finally:
+        torch.set_num_threads(before)

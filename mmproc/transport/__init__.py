@@ -1,6 +1,6 @@
 """Hand-off of embeddings to the consumer: serialized raw bytes (here) or a CUDA IPC pool (ipc)."""
 
-from mmproc.transport.host_copy import HostCopies, concat_bytes, new_bytes
+from mmproc.transport.host_copy import concat_bytes, new_bytes
 from mmproc.transport.serialized import (
     DTYPE_NAMES,
     StagedTensor,
@@ -14,7 +14,6 @@ from mmproc.transport.serialized import (
 
 __all__ = [
     "DTYPE_NAMES",
-    "HostCopies",
     "StagedTensor",
     "bytes_to_tensor",
     "concat_bytes",

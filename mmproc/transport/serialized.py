@@ -4,7 +4,7 @@ Producer: `start_staging` copies a request's embeddings to the CPU together (one
 D2H, a CUDA event after each tensor's copy, so each can be read as soon as its own copy has landed);
 `stage_to_host` does the same and waits for all of them. `tensor_bytes_view` exposes a staged tensor as raw
 bytes without copying, and `tensor_to_bytes` copies it into a bytes object (the one copy into what protobuf /
-gRPC sends, in parallel when large: host_copy).
+gRPC sends, by torch's threads: host_copy).
 Consumer: `bytes_to_tensor` views the received bytes as a tensor and copies it once to its device.
 """
 
@@ -91,7 +91,7 @@ def tensor_bytes_view(tensor: torch.Tensor) -> memoryview:
 
 def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
     """Raw row-major bytes of a CPU tensor (any of DTYPE_NAMES' dtypes), copied once into a bytes object (by
-    several threads when large: host_copy.concat_bytes)."""
+    torch's threads: host_copy.concat_bytes)."""
     return concat_bytes(b"", tensor_bytes_view(tensor))
 
 

@@ -28,7 +28,7 @@ from mmproc.client.wire import Assembler, read_chunk
 from mmproc.v1 import encoder_pb2 as pb
 from service.convert import serialized_payloads, serialized_stream, stream_response_serializer
 from service.engine import EncodedImage
-from service.host_memory import reuse_freed_host_memory
+from service.host_memory import reuse_freed_host_memory, set_torch_threads
 from service.settings import ServerSettings
 
 MiB = 1 << 20
@@ -240,8 +240,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the record here")
     parser.add_argument("--host-malloc-reuse-mb", type=int, default=ServerSettings.model_fields["host_malloc_reuse_mb"].default,
                         help="as the server's setting (0: glibc defaults)")  # fmt: skip
+    parser.add_argument("--torch-threads", type=int, default=ServerSettings.model_fields["torch_threads"].default,
+                        help="as the server's setting (0: torch's default)")  # fmt: skip
     args = parser.parse_args(argv)
     reuse_freed_host_memory(args.host_malloc_reuse_mb * MiB)  # what `mmproc serve` does at start-up
+    set_torch_threads(args.torch_threads)
     if torch.device(args.device).type == "cuda":
         record = transport_microbench(args.device, args.mb, args.reps, chunk_bytes=args.chunk_mb * MiB)
         stages = record["serialized"]

@@ -14,6 +14,7 @@ import argparse
 import copy
 import json
 import statistics
+import sys
 import time
 import uuid
 
@@ -120,18 +121,22 @@ def local_yardstick(
     return {"copy_us": _median_us(copy), "synchronize_us": _median_us(sync), "idle_synchronize_us": _median_us(bare)}
 
 
-def keep_waiting_thread_busy(client: EncoderClient) -> None:
-    """Make the client's unary EncodeImages wait by polling its future (yielding the GIL each turn) instead of
-    sleeping in the call: the consumer then behaves like a busy LLM worker, whose thread is hot when the reply
-    lands. Tells the IPC path's own cost apart from a thread's wake-up cost (`--busy-wait`)."""
+def keep_waiting_thread_busy(client: EncoderClient, *, spin: bool = False) -> None:
+    """Make the client's unary EncodeImages wait by polling its future instead of sleeping in the call, yielding
+    the CPU each turn (`--busy-wait`: sched_yield) or not at all (`--spin`: the thread never leaves the CPU; the
+    GIL switch interval is cut to 20 us so the gRPC thread that completes the call still gets the GIL). Tells the
+    IPC path's own cost apart from a thread's wake-up cost: a busy LLM worker's thread is hot when a reply lands."""
     ipc = client._ipc
     assert ipc is not None
     blocking = ipc._stub.EncodeImages
+    if spin:
+        sys.setswitchinterval(20e-6)
 
     def polling(request: pb.EncodeImagesRequest, timeout: float | None = None) -> pb.EncodeImagesResponse:
         future = blocking.future(request, timeout=timeout)
         while not future.done():
-            time.sleep(0)  # sched_yield: the gRPC thread that completes the call gets the GIL
+            if not spin:
+                time.sleep(0)  # sched_yield: the gRPC thread that completes the call gets the GIL
         return future.result()
 
     ipc._stub = copy.copy(ipc._stub)  # only this client's stub
@@ -148,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", type=int, default=512)
     parser.add_argument("--json", default=None)
     parser.add_argument("--busy-wait", action="store_true", help="poll for the reply instead of sleeping in the call")
+    parser.add_argument("--spin", action="store_true", help="poll for the reply without ever yielding the CPU")
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)
@@ -157,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     samples: dict[str, list[float]] = {step: [] for step in STEPS}
     cpu_samples: dict[str, list[float]] = {step: [] for step in STEPS}
     with EncoderClient(args.target, device=device, transport="ipc", timeout=60) as client:
-        if args.busy_wait:
-            keep_waiting_thread_busy(client)
+        if args.busy_wait or args.spin:
+            keep_waiting_thread_busy(client, spin=args.spin)
         for i, images in enumerate(payloads):
             wall, cpu = read_steps(client, images, 60)
             if i >= args.warmup:
@@ -185,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
         "gpu": torch.cuda.get_device_name(device),
         "requests": args.requests,
         "busy_wait": args.busy_wait,
+        "spin": args.spin,
         "embedding_bytes": sum(2 * a * b for a, b in shapes),
         "steps_us": {
             s: {"p50": _median_us(v), "p90": _pct_us(v, 0.9), "cpu_p50": _median_us(cpu_samples[s])}
