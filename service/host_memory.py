@@ -47,8 +47,9 @@ def reuse_freed_host_memory(reuse_bytes: int) -> bool:
 
 def set_torch_threads(threads: int) -> int:
     """Use at most `threads` of this process's CPUs for torch's CPU ops (0: leave torch's default); returns the
-    count in effect. The serialized reply copies run on them: 8 threads copy at 33.5 GB/s on the 16-vCPU H200
-    host, 16 at 21.6 GB/s (mmproc/transport/host_copy.py); more threads than CPUs only oversubscribe."""
+    count in effect. The serialized reply copies run on them (mmproc/transport/host_copy.py; on the 16-vCPU H200
+    host 8 and 16 threads each came out ahead once: docs/benchmarks/transport.md); more threads than CPUs only
+    oversubscribe."""
     if threads > 0:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         torch.set_num_threads(min(threads, cpus))

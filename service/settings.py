@@ -52,7 +52,7 @@ class ServerSettings(BaseSettings):
         1024, ge=0, le=2047, description="keep freed host memory up to this for the next reply (glibc); 0: default"
     )
     torch_threads: int = Field(
-        8, ge=0, le=1024, description="torch's CPU threads (reply copies, batch packing, a CPU model); 0: torch's own"
+        0, ge=0, le=1024, description="torch's CPU threads (reply copies, batch packing, a CPU model); 0: torch's own"
     )
 
     # Request limits (validated before any decoding)

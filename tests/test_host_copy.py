@@ -3,6 +3,7 @@ from any source, safe from concurrent reply threads."""
 
 from __future__ import annotations
 
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -59,3 +60,13 @@ def test_concurrent_callers_get_their_own_bytes() -> None:
     with ThreadPoolExecutor(8) as callers:  # like concurrent replies, each from its own executor thread
         got = list(callers.map(lambda p: concat_bytes(p[:5], p[5:]), payloads))
     assert got == payloads
+
+
+def test_filling_bytes_warns_nobody() -> None:
+    # torch warns once per process that a tensor over bytes is writable; host_copy has that warning at import,
+    # silenced, so no reply ever shows it (if torch starts warning on every call, this fails).
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        concat_bytes(b"head", pattern(100))
+        concat_bytes(b"", bytes(pattern(3 * MiB)))
+    assert not caught

@@ -155,6 +155,7 @@ def test_pool_exhaustion_behaves_as_configured_within_the_deadline(fallback: boo
         out = subprocess.run(
             [sys.executable, "-c", script, srv.grpc_target], capture_output=True, text=True, timeout=120
         )
+        assert out.stdout.strip(), f"the client printed nothing (rc {out.returncode}): {out.stderr[-3000:]}"
         event = json.loads(out.stdout.strip().splitlines()[-1])
         assert event["seconds"] < 4.5, event
         if fallback:

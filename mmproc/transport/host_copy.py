@@ -3,8 +3,8 @@
 The serialized transport copies every payload byte exactly once, from the pinned staging buffer into the
 `bytes` of the message handed to gRPC. `b"".join` does that copy on one core under the GIL (13 GB/s on the H200
 host, a quarter of the pinned D2H before it). One torch `copy_` of the same bytes releases the GIL and runs on
-torch's intra-op threads (OpenMP) with no Python per piece: 33.5 GB/s there with 8 threads, 21.6 GB/s with 16 on
-16 vCPUs (docs/benchmarks/raw/session3/run1_probe_copy.log), hence `mmproc serve`'s `host_copy_threads`.
+torch's intra-op threads (OpenMP) with no Python per piece: 21.6-33.5 GB/s there (8 or 16 threads; the probe in
+docs/benchmarks/raw/session3/run1_probe_copy.log), and `mmproc serve`'s `torch_threads` sets how many.
 """
 
 from __future__ import annotations
@@ -38,9 +38,14 @@ def new_bytes(n: int) -> bytes:
 
 def _u8(buffer: bytes | bytearray | memoryview) -> torch.Tensor:
     """(len,) uint8 tensor over the buffer's memory, writable even for bytes (see new_bytes: we fill it once)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # frombuffer warns that `bytes` is read-only
-        return torch.frombuffer(buffer, dtype=torch.uint8)
+    return torch.frombuffer(buffer, dtype=torch.uint8)
+
+
+# torch warns ONCE per process that a tensor over `bytes` is writable: have that once here, silenced, rather
+# than a warnings context (tens of microseconds) around every message (tests/test_host_copy.py checks it).
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", UserWarning)
+    _u8(b"\0")
 
 
 def _payload_u8(payload: Payload) -> torch.Tensor:
@@ -60,6 +65,6 @@ def concat_bytes(prefix: bytes, payload: Payload) -> bytes:
         return out
     target = _u8(out)
     if prefix:
-        target[: len(prefix)].copy_(_u8(prefix))
+        target[: len(prefix)].numpy()[:] = memoryview(prefix)  # a few bytes: no torch op
     target[len(prefix) :].copy_(source)
     return out
