@@ -10,6 +10,8 @@ flatten to kh*kw*D, Linear, exact GELU, Linear to the LLM width.
 
 from __future__ import annotations
 
+import functools
+import itertools
 from collections.abc import Sequence
 
 import torch
@@ -23,17 +25,21 @@ def merge_gather_index(grid_hws: Sequence[tuple[int, int]], kernel: tuple[int, i
     Row-major over output tokens, then (ih, iw) row-major within the kernel: TL, TR, BL, BR for 2x2.
     """
     kh, kw = kernel
-    parts = []
-    base = 0
     for h, w in grid_hws:
         if h % kh or w % kw:
             raise ValueError(f"grid {(h, w)} is not divisible by the merge kernel {kernel}")
-        idx = torch.arange(base, base + h * w, dtype=torch.int64).view(h // kh, kh, w // kw, kw)
-        parts.append(idx.permute(0, 2, 1, 3).reshape(-1))  # (h/kh, w/kw, kh, kw) flattened
-        base += h * w
-    if not parts:
+    if not grid_hws:
         return torch.zeros(0, dtype=torch.int64)
-    return torch.cat(parts)
+    sizes = [h * w for h, w in grid_hws]
+    starts = torch.tensor([0, *itertools.accumulate(sizes[:-1])], dtype=torch.int64)  # each image's first row
+    local = torch.cat([_image_merge_index(h, w, kh, kw) for h, w in grid_hws])
+    return local + starts.repeat_interleave(torch.tensor(sizes))
+
+
+@functools.lru_cache(maxsize=256)  # per grid size: a batch of equal images builds it once (read-only: cat copies)
+def _image_merge_index(h: int, w: int, kh: int, kw: int) -> Tensor:
+    """One image's gather order from its own row 0: (h/kh, w/kw, kh, kw) flattened."""
+    return torch.arange(h * w, dtype=torch.int64).view(h // kh, kh, w // kw, kw).permute(0, 2, 1, 3).reshape(-1)
 
 
 class Projector(nn.Module):

@@ -12,6 +12,7 @@ the reference does, so a table of any size holds the same values at the same (ro
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import torch
@@ -40,15 +41,17 @@ def rope_row_index(grid_hws: Sequence[tuple[int, int]], table_w: int) -> Tensor:
 
     Patches are row-major per image, images in order (the packed sequence order).
     """
-    parts = []
-    for h, w in grid_hws:
+    for _, w in grid_hws:
         if w > table_w:
             raise ValueError(f"grid width {w} exceeds the RoPE table width {table_w}")
-        rows = torch.arange(h, dtype=torch.int64).unsqueeze(1) * table_w  # (h, 1)
-        parts.append((rows + torch.arange(w, dtype=torch.int64)).view(-1))  # (h*w,)
-    if not parts:
+    if not grid_hws:
         return torch.zeros(0, dtype=torch.int64)
-    return torch.cat(parts)
+    return torch.cat([_image_rope_rows(h, w, table_w) for h, w in grid_hws])
+
+
+@functools.lru_cache(maxsize=256)  # per grid size: a batch of equal images builds it once (read-only: cat copies)
+def _image_rope_rows(h: int, w: int, table_w: int) -> Tensor:
+    return (torch.arange(h, dtype=torch.int64).unsqueeze(1) * table_w + torch.arange(w, dtype=torch.int64)).view(-1)
 
 
 def gather_rope(cos_table: Tensor, sin_table: Tensor, rows: Tensor) -> tuple[Tensor, Tensor]:
