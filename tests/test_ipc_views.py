@@ -73,3 +73,14 @@ def test_clone_of_scattered_views_copies_each() -> None:
     assert got[0].untyped_storage().data_ptr() != got[1].untyped_storage().data_ptr()
     single = clone_views([first])
     assert torch.equal(single[0], images[0]) and single[0].data_ptr() != first.data_ptr()
+
+
+def test_clone_of_separate_tensors_that_lie_back_to_back_copies_each() -> None:
+    # A serialized fallback gives separate tensors; an allocator may place them back to back in memory. They are
+    # not one mapping: copying their span would read past the first one's storage.
+    memory = bytearray(torch.arange(64, dtype=torch.bfloat16).view(torch.uint8).numpy().tobytes())
+    first = torch.frombuffer(memoryview(memory)[:64], dtype=torch.bfloat16).view(4, HIDDEN)
+    second = torch.frombuffer(memoryview(memory)[64:], dtype=torch.bfloat16).view(4, HIDDEN)
+    assert second.data_ptr() == first.data_ptr() + first.nbytes  # adjacent, yet two storages
+    got = clone_views([first, second])
+    assert torch.equal(got[0], first) and torch.equal(got[1], second)

@@ -57,7 +57,12 @@ def clone_views(views: list[torch.Tensor]) -> list[torch.Tensor]:
     """Fresh tensors with the views' values (stream-ordered). A request's images lie back to back in the pool,
     so that is one copy of their span, split per image (views of one new tensor); else one copy per view."""
     first = views[0]
-    same_rows = all(v.dtype == first.dtype and v.shape[1:] == first.shape[1:] and v.is_contiguous() for v in views)
+    storage = first.untyped_storage().data_ptr()
+    same_rows = all(
+        v.dtype == first.dtype and v.shape[1:] == first.shape[1:] and v.is_contiguous()
+        and v.untyped_storage().data_ptr() == storage  # one pool mapping (separate tensors can lie back to back)
+        for v in views
+    )  # fmt: skip
     adjacent = all(b.data_ptr() == a.data_ptr() + a.nbytes for a, b in zip(views, views[1:]))
     if first.dim() == 0 or not (same_rows and adjacent):
         return [v.clone() for v in views]
