@@ -201,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
         after_idle = local_yardstick(device, shapes, min(args.requests, 100), idle_s=idle)
         stats = client.ipc_stats
     after_reply = [sum(samples[s][i] for s in READY_STEPS) for i in range(args.requests)]
+    zero_copy = [
+        sum(samples[s][i] for s in READY_STEPS[: READY_STEPS.index("views") + 1]) for i in range(args.requests)
+    ]
     result = {
         "bench": "ipc_steps",
         "commit": git_commit(),
@@ -222,6 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         "probe_hot_us": _median_us(hot_probe),
         "reply_to_ready_us": {"p50": _median_us(after_reply), "p90": _pct_us(after_reply, 0.9)},
         "ready_steps_hot_us": {"p50": _median_us(hot_totals), "p90": _pct_us(hot_totals, 0.9)},
+        "reply_to_views_us": {"p50": _median_us(zero_copy), "p90": _pct_us(zero_copy, 0.9)},
         "local_yardstick_us": yardstick,
         "local_yardstick_after_idle_us": after_idle,
         "ipc_stats": stats,
@@ -236,6 +240,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {step} | {v['p50']:.1f} | {v['p90']:.1f} | {v['cpu_p50']:.1f} | {hot_p50} |")
     r, h = result["reply_to_ready_us"], result["ready_steps_hot_us"]
     print(f"| reply -> ready (descriptors .. synchronize) | {r['p50']:.1f} | {r['p90']:.1f} | | {h['p50']:.1f} |")
+    z = result["reply_to_views_us"]
+    print(
+        f"| reply -> zero-copy views usable on the stream (descriptors .. views) | {z['p50']:.1f} | {z['p90']:.1f} | | |"
+    )
     print(f"the probe in a hot loop: {result['probe_hot_us']:.1f} us (after each reply: the probe row)")
     print(
         "local yardstick (same copies on own memory, us):", json.dumps({k: round(v, 1) for k, v in yardstick.items()})
