@@ -346,7 +346,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             check = {"workload": name, "syncs_per_forward": count_syncs(model, batch, device)}
             pipelined = _row("mmproc-b2b", name, batch, flops, time_back_to_back(model, batch, args.reps, device),
                              args.peak)  # fmt: skip
-            check["host_ms_to_issue_forward"] = round(pipelined["host_ms"], 2)  # vs the GPU's ms: launch-bound?
+            # An upper bound on the CPU's cost: once CUDA's launch queue is full the host waits for the GPU.
+            check["host_ms_to_issue_forward"] = round(pipelined["host_ms"], 2)
             group = [ours, pipelined]
             if baseline is not None:
                 t = time_forward(baseline, batch, 1, args.reps, device)
