@@ -44,7 +44,7 @@ def serialized_stream(request_id: str, results: list[EncodedImage], chunk_bytes:
 
     Each image: a message with its header and the first `chunk_bytes` of its payload, then the rest in
     `chunk_bytes` pieces. From a GPU: one pinned staging buffer per request (start_staging). The payload is
-    copied exactly once, from the staging buffer into each message's bytes, by the copy threads; image i's
+    copied exactly once, from the staging buffer into each message's bytes, by torch's threads; image i's
     copies start as soon as its own D2H has landed, while later images are still in flight.
     """
     messages = []
