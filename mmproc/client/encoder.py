@@ -88,9 +88,9 @@ class EncoderClient:
         Both transports give the same values bit for bit."""
         images = check_images(images)
         if self._ipc is not None:
-            with self._ipc_views(images, request_id, timeout) as views:
-                if views is not None:
-                    return clone_views(views)  # stream-ordered copy; the ack follows it
+            with self._ipc_views(images, request_id, timeout) as (views, in_pool):
+                if views is not None:  # pool views: a stream-ordered copy, the ack follows it; else already fresh
+                    return clone_views(views) if in_pool else views
         return self._encode_serialized(images, request_id, timeout)
 
     def encode_images_into(
@@ -125,7 +125,7 @@ class EncoderClient:
         """
         images = check_images(images)
         if self._ipc is not None:
-            with self._ipc_views(images, request_id, timeout) as views:
+            with self._ipc_views(images, request_id, timeout) as (views, _):
                 if views is not None:
                     yield views
                     return
@@ -209,17 +209,18 @@ class EncoderClient:
     @contextlib.contextmanager
     def _ipc_views(
         self, images: list[bytes], request_id: str | None, timeout: float | None
-    ) -> Iterator[list[torch.Tensor] | None]:
+    ) -> Iterator[tuple[list[torch.Tensor] | None, bool]]:
+        """(the embeddings, whether they are views into the server's pool); (None, False) without a session."""
         assert self._ipc is not None
         reply = self._ipc_request(images, request_id or uuid.uuid4().hex[:16], timeout)
         if reply is None:  # no session (refused, or the server has no pool)
-            yield None
+            yield None, False
             return
-        if reply.transport != pb.TRANSPORT_IPC:  # the server fell back (pool full): bytes are in the reply
-            yield [embedding_from_bytes(emb, self.device) for emb in reply.embeddings]
+        if reply.transport != pb.TRANSPORT_IPC:  # the server fell back (pool full): fresh tensors from the bytes
+            yield [embedding_from_bytes(emb, self.device) for emb in reply.embeddings], False
             return
         with self._ipc.read(reply, timeout or self.timeout) as views:
-            yield views
+            yield views, views is not None
 
     def _encode_serialized(
         self, images: list[bytes], request_id: str | None, timeout: float | None
