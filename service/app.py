@@ -18,7 +18,7 @@ import torch
 import uvicorn
 
 import mmproc
-from mmproc.model import VisionEncoder, load_encoder
+from mmproc.models import VisionEncoder, load_encoder
 from mmproc.preprocess import PreprocessConfig, load_preprocess_config
 from mmproc.v1 import encoder_pb2 as pb
 from service.auth import BearerToken, require_bearer_token
@@ -38,12 +38,11 @@ logger = logging.getLogger(__name__)
 def load_model(settings: ServerSettings) -> tuple[VisionEncoder, PreprocessConfig]:
     dtype = getattr(torch, settings.torch_dtype_name)
     encoder = load_encoder(settings.model_path, preset=settings.model, device=settings.device, dtype=dtype)
+    family = encoder.config.family
     if settings.model_path is not None:
-        preprocess = load_preprocess_config(settings.model_path)
-    elif encoder.config.layout == "kimi_k25":
-        preprocess = PreprocessConfig.kimi_k25()
+        preprocess = load_preprocess_config(settings.model_path, family)
     else:
-        preprocess = PreprocessConfig.kimi_vl()
+        preprocess = PreprocessConfig.default_for(family)
     return encoder, preprocess
 
 
@@ -75,7 +74,7 @@ def build_server_info(settings: ServerSettings, engine: Engine) -> pb.ServerInfo
     return pb.ServerInfo(
         version=mmproc.__version__,
         model_name=cfg.name,
-        model_layout=cfg.layout,
+        model_layout=cfg.family,
         hidden_size=encoder.output_dim,
         vision_hidden_size=cfg.hidden_size,
         dtype=DTYPE_TO_PB[settings.torch_dtype_name],

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from mmproc.batching import pack_images
-from mmproc.model import VisionConfig, VisionEncoder
-from mmproc.model.init import random_state_dict
-from mmproc.model.loader import build_encoder, expected_shapes
-from mmproc.model.moonvit import addmm_gelu_tanh, linear_gelu_tanh
+from mmproc.layers.kernels import addmm_gelu_tanh, linear_gelu_tanh
+from mmproc.models import VisionConfig, VisionEncoder
+from mmproc.models.init import random_state_dict
+from mmproc.models.loader import build_encoder, expected_shapes
 from mmproc.types import PreprocessedImage
 
 pytestmark = [
@@ -21,7 +21,9 @@ pytestmark = [
 ]
 
 # Full-width tower (1152 wide, 16 heads of 72, mlp 4304) cut to 2 layers; projector to a small LLM width.
-CONFIG = VisionConfig(hidden_size=1152, num_layers=2, num_heads=16, intermediate_size=4304, text_hidden_size=512)
+CONFIG = VisionConfig(
+    family="kimi_vl", hidden_size=1152, num_layers=2, num_heads=16, intermediate_size=4304, text_hidden_size=512
+)
 # Short segments (varlen), one >= 2048 patches (own SDPA call), odd sizes; a second batch of equal segments.
 GRIDS = [(4, 4), (32, 32), (6, 10), (48, 48), (2, 2), (8, 14)]
 UNIFORM = [(16, 16)] * 4

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mmproc.model import VisionConfig
+from mmproc.models import VisionConfig
 from service.bench.encoder import time_forward
 
 ATTN_SEQS = (1024, 5476, 11660)  # 448^2, 1024^2 and the largest mixed-set image, in patches

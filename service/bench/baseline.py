@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mmproc.model import VisionEncoder
-from mmproc.model.moonvit import EncoderLayer
-from mmproc.model.rope import build_rope_table
+from mmproc.layers.rope import build_rope_table
+from mmproc.models import VisionEncoder
+from mmproc.models.tower import EncoderLayer
 from mmproc.types import PackedBatch
 
 

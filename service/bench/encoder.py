@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from mmproc.batching import pixel_transfer_dtype
-from mmproc.model import PRESETS, VisionConfig, VisionEncoder
+from mmproc.models import PRESETS, VisionConfig, VisionEncoder
 from mmproc.preprocess import PreprocessConfig, target_grid
 from mmproc.types import PackedBatch
 from service.bench.provenance import git_commit, git_dirty

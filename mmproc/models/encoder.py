@@ -1,7 +1,7 @@
 """`VisionEncoder`: MoonViT tower + patch merger + projector as one module over a `PackedBatch`.
 
-State-dict names: `tower.*` (the checkpoint's `vision_tower.*`) and `projector.{pre_norm,linear_1,linear_2}.*`;
-`mmproc.model.loader` maps each checkpoint layout onto them.
+State-dict names: `tower.*` (the checkpoint's `vision_tower.*`) and `projector.{pre_norm,linear_1,linear_2}.*`
+(K3: `projector.{linear_1,linear_2,post_norm}.*`); each family's `CheckpointLayout` maps its checkpoints onto them.
 
 Host -> device traffic per forward: one non_blocking copy of `pixel_values` (packed in the model dtype for a
 bf16/fp16 CUDA model, see `mmproc.batching.pixel_transfer_dtype`; any other dtype is cast on the device) and one
@@ -15,11 +15,11 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from mmproc.model.attention import VarlenMeta
-from mmproc.model.config import VisionConfig
-from mmproc.model.moonvit import KernelOptions, MoonViT, TowerInputs
-from mmproc.model.projector import Projector, merge_gather_index
-from mmproc.model.rope import gather_rope, rope_row_index
+from mmproc.layers.attention import VarlenMeta
+from mmproc.layers.projector import PROJECTORS, merge_gather_index
+from mmproc.layers.rope import gather_rope, rope_row_index
+from mmproc.models.config import VisionConfig
+from mmproc.models.tower import KernelOptions, MoonViT, TowerInputs
 from mmproc.types import PackedBatch
 
 
@@ -28,7 +28,7 @@ class VisionEncoder(nn.Module):
         super().__init__()
         self.config = config
         self.tower = MoonViT(config, options)
-        self.projector = Projector(
+        self.projector = PROJECTORS[config.projector](
             config.hidden_size, config.merge_kernel_size, config.text_hidden_size, config.projector_ln_eps
         )
         self._upload_streams: dict[torch.device, torch.cuda.Stream] = {}  # per device, made on first use
