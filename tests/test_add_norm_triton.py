@@ -71,6 +71,25 @@ def test_fused_matches_plain(rows: int, dtype: torch.dtype) -> None:
 
 @pytest.mark.cuda
 @requires_fused
+@DTYPES
+@pytest.mark.parametrize("rows", ROWS)
+def test_fused_rms_norm_matches_plain_and_float64(rows: int, dtype: torch.dtype) -> None:
+    # Kimi K3's blocks: RMSNorm (weight only) at width 1024, eps = float32's (nn.RMSNorm built without one).
+    x, y, weight, _ = make_inputs(rows, dtype, "cuda", width=1024)
+    eps = torch.finfo(torch.float32).eps
+    want_x = x + y
+    want = F.rms_norm(want_x, (1024,), weight, eps)
+    got = add_norm_triton.add_rms_norm_(x, y, weight, eps)
+    assert torch.equal(x, want_x), "the residual stream must be bit-identical to torch's add"
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    s = want_x.double()
+    exact = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
+    torch.testing.assert_close(got.double(), exact, rtol=tol, atol=tol)
+
+
+@pytest.mark.cuda
+@requires_fused
 @pytest.mark.parametrize("width", [1, 72, 1000, 4304])
 def test_other_widths_and_strided_rows(width: int) -> None:
     # Rows that are views of wider buffers (row stride != width) and a weight in float32 with bf16 data.
@@ -87,17 +106,18 @@ def test_other_widths_and_strided_rows(width: int) -> None:
 
 @pytest.mark.cuda
 @requires_fused
-def test_encoder_fused_add_norm_matches_plain_path() -> None:
-    # The whole tower on a full-width 2-layer config: fused vs plain add + LayerNorm, bf16.
+@pytest.mark.parametrize("preset", ["kimi-k2.5", "kimi-k3"])
+def test_encoder_fused_add_norm_matches_plain_path(preset: str) -> None:
+    # The whole tower on a full-width 2-layer config: fused vs plain add + LayerNorm (K3: RMSNorm), bf16.
+    import dataclasses
+
     from mmproc.batching import pack_images
-    from mmproc.models import VisionConfig
+    from mmproc.models import PRESETS
     from mmproc.models.init import random_state_dict
     from mmproc.models.loader import build_encoder, expected_shapes
     from mmproc.types import PreprocessedImage
 
-    config = VisionConfig(
-        family="kimi_vl", hidden_size=1152, num_layers=2, num_heads=16, intermediate_size=4304, text_hidden_size=512
-    )
+    config = dataclasses.replace(PRESETS[preset], num_layers=2, text_hidden_size=512)
     model = build_encoder(config, random_state_dict(expected_shapes(config), seed=5), device="cuda", dtype="bfloat16")
     gen = torch.Generator().manual_seed(0)
     grids = [(4, 4), (32, 32), (48, 48), (6, 10)]

@@ -5,12 +5,14 @@ Run on the GPU host with `bash scripts/gpu_encoder_check.sh` (or `pytest --nocon
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from mmproc.batching import pack_images
 from mmproc.layers.kernels import addmm_gelu_tanh, linear_gelu_tanh
-from mmproc.models import VisionConfig, VisionEncoder
+from mmproc.models import PRESETS, VisionConfig, VisionEncoder
 from mmproc.models.init import random_state_dict
 from mmproc.models.loader import build_encoder, expected_shapes
 from mmproc.types import PreprocessedImage
@@ -20,10 +22,16 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-# Full-width tower (1152 wide, 16 heads of 72, mlp 4304) cut to 2 layers; projector to a small LLM width.
-CONFIG = VisionConfig(
-    family="kimi_vl", hidden_size=1152, num_layers=2, num_heads=16, intermediate_size=4304, text_hidden_size=512
-)
+# Full-width towers cut to 2 layers, projector to a small LLM width: MoonViT (1152 wide, 16 heads of 72, mlp
+# 4304, LayerNorm, biases) and MoonViT3d (Kimi K3: 1024 wide, 12 heads of 128, mlp 4096, RMSNorm, no biases,
+# bilinear pos emb, post-norm projector), the second built from the K3 preset's own fields.
+CONFIGS = {
+    "moonvit": VisionConfig(
+        family="kimi_vl", hidden_size=1152, num_layers=2, num_heads=16, intermediate_size=4304, text_hidden_size=512
+    ),
+    "moonvit3d": dataclasses.replace(PRESETS["kimi-k3"], num_layers=2, text_hidden_size=512),
+}
+TEXT_HIDDEN = 512
 # Short segments (varlen), one >= 2048 patches (own SDPA call), odd sizes; a second batch of equal segments.
 GRIDS = [(4, 4), (32, 32), (6, 10), (48, 48), (2, 2), (8, 14)]
 UNIFORM = [(16, 16)] * 4
@@ -42,13 +50,18 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-def make_encoder(device: str, dtype: torch.dtype) -> VisionEncoder:
-    return build_encoder(CONFIG, random_state_dict(expected_shapes(CONFIG), seed=3), device=device, dtype=dtype)
+def make_encoder(config: VisionConfig, device: str, dtype: torch.dtype) -> VisionEncoder:
+    return build_encoder(config, random_state_dict(expected_shapes(config), seed=3), device=device, dtype=dtype)
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def config(request) -> VisionConfig:
+    return CONFIGS[request.param]
 
 
 @pytest.fixture(scope="module")
-def gpu() -> VisionEncoder:
-    return make_encoder("cuda", torch.bfloat16)
+def gpu(config) -> VisionEncoder:
+    return make_encoder(config, "cuda", torch.bfloat16)
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +72,7 @@ def batch():
 @torch.inference_mode()
 def test_no_device_to_host_sync_in_forward(gpu, batch):
     uniform = pack_images(make_images(UNIFORM, seed=1), pin_memory=True)
-    out = torch.empty(batch.num_tokens, CONFIG.text_hidden_size, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(batch.num_tokens, TEXT_HIDDEN, device="cuda", dtype=torch.bfloat16)
     assert gpu.tower.options.uniform_attention  # the default: equal segments take the batched SDPA route
     for b in (batch, uniform):
         gpu(b)  # warm-up: RoPE table, pos-emb cache, attention probe, Triton compile may sync once
@@ -75,8 +88,8 @@ def test_no_device_to_host_sync_in_forward(gpu, batch):
 
 
 @torch.inference_mode()
-def test_bfloat16_matches_cpu_float32(gpu, batch):
-    cpu = make_encoder("cpu", torch.float32)
+def test_bfloat16_matches_cpu_float32(gpu, batch, config):
+    cpu = make_encoder(config, "cpu", torch.float32)
     want = cpu(batch)
     assert rel_err(gpu(batch), want) < 2e-2
     gpu.tower.set_options(fused_gelu=False, fused_rope=False)

@@ -87,17 +87,18 @@ def workload_grids(name: str, seed: int) -> list[tuple[int, int]]:
 
 
 def encoder_flops(config: VisionConfig, grids: Sequence[tuple[int, int]]) -> dict[str, int]:
-    """Exact FLOPs of one forward over images with these grids: 2*M*N*K per matmul, 4*L^2*D attention."""
-    d, inter, text = config.hidden_size, config.intermediate_size, config.text_hidden_size
+    """Exact FLOPs of one forward over images with these grids: 2*M*N*K per matmul, 4*L^2*A attention (A the
+    attention width: hidden for MoonViT, qkv_hidden_size for K3; the real head dim, never a padded one)."""
+    d, inter, text, a = config.hidden_size, config.intermediate_size, config.text_hidden_size, config.qkv_width
     kk = config.merge_kernel_size[0] * config.merge_kernel_size[1]
     patch_in = 3 * config.patch_size**2
-    per_patch_layer = 2 * d * (3 * d + d + 2 * inter)  # wqkv, wo, fc0, fc1
+    per_patch_layer = 2 * d * (3 * a + a + 2 * inter)  # wqkv, wo, fc0, fc1
     matmul = attention = 0
     for h, w in grids:
         seq, tokens = h * w, h * w // kk
         matmul += 2 * seq * patch_in * d + config.num_layers * seq * per_patch_layer
         matmul += 2 * tokens * (kk * d) * (kk * d + text)  # projector linear_1, linear_2
-        attention += config.num_layers * 4 * seq * seq * d  # QK^T and PV
+        attention += config.num_layers * 4 * seq * seq * a  # QK^T and PV
     return {"matmul": matmul, "attention": attention, "total": matmul + attention}
 
 
