@@ -5,6 +5,9 @@ resizes, composites transparent pixels, normalizes and encodes on its own."""
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -187,3 +190,18 @@ def test_served_k3_checkpoint_matches_the_reference(k3_checkpoint) -> None:
         new_w, new_h, pad_w, pad_h = navit_size(image.width, image.height, reference_cfg(path))
         assert got.shape[0] == (new_w + pad_w) * (new_h + pad_h) // 28**2, what
         assert rel_err(got, want) < 1e-3, what
+
+
+def test_serving_a_bad_k3_checkpoint_exits_2_naming_the_key(tmp_path) -> None:
+    write_checkpoint(tmp_path, "kimi_k3", sharded=False, with_language_model=False, config_overrides=BAD_NORM)
+    env = {k: v for k, v in os.environ.items() if not k.upper().startswith("MMPROC_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "service.cli", "serve", "--model-path", str(tmp_path), "--grpc-address",
+         "127.0.0.1:0", "--http-address", "127.0.0.1:0"],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr
+    assert "vision_config.norm_type 'batchnorm'" in proc.stderr and "Traceback" not in proc.stderr
+
+
+BAD_NORM = {"vision_config": {"norm_type": "batchnorm"}}
