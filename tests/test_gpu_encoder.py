@@ -192,3 +192,31 @@ def test_bf16_pixels_give_the_float32_pixels_result(gpu):
     packed_bf16 = pack_images(images, pin_memory=True, dtype=torch.bfloat16)
     packed_f32 = pack_images(images, pin_memory=True)
     assert rel_err(gpu(packed_bf16), gpu(packed_f32)) < 1e-3  # same bits reach the model: expected 0
+
+
+@torch.inference_mode()
+def test_cuda_graph_replay_matches_eager_without_syncs(gpu):
+    small = pack_images(make_images([(4, 4), (8, 14)], seed=5), pin_memory=True)
+    other = pack_images(make_images([(16, 16)], seed=6), pin_memory=True)
+    want, want_other = gpu(small), gpu(other)  # eager: no graphs yet
+    gpu.use_cuda_graphs(capacity=1, max_patches=1024, min_hits=2)
+    try:
+        assert torch.equal(gpu(small), want) and not gpu.graphs.graphs  # first sighting: still eager
+        got = gpu(small)  # second: captured, then replayed
+        assert len(gpu.graphs.graphs) == 1 and rel_err(got, want) < 1e-3
+        rows = torch.empty_like(want)
+        chunks = [torch.empty(n, TEXT_HIDDEN, device="cuda", dtype=torch.bfloat16) for n in small.token_counts]
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            gpu(small, out=rows)
+            gpu(small, out=chunks)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert torch.equal(rows, got) and torch.equal(torch.cat(chunks), got)
+        gpu(other), gpu(other)  # a second key evicts the first (capacity 1)
+        assert len(gpu.graphs.graphs) == 1 and rel_err(gpu(other), want_other) < 1e-3
+        assert rel_err(gpu(small), want) < 1e-3  # evicted: eager again, same result
+    finally:
+        gpu.use_cuda_graphs(capacity=0, max_patches=1)
+    assert gpu.graphs is None

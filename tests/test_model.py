@@ -421,3 +421,15 @@ def test_kernel_options_name_the_add_norm_choice():
     assert model.tower.options.fused_add_norm  # on by default; CUDA picks Triton when it passes its probe
     model.tower.set_options(fused_add_norm=False)
     assert model.tower.kernels(model.device, model.dtype).add_norm is add_norm
+
+
+def test_cuda_graph_cache_stays_eager_on_the_cpu() -> None:
+    model = load_encoder(None, preset="tiny")
+    model.use_cuda_graphs(capacity=2, max_patches=4096, min_hits=1)
+    batch = pack_images(make_images([(4, 6)]))
+    with torch.inference_mode():
+        want = model(batch)
+        assert torch.equal(model(batch), want)
+    assert not model.graphs.graphs and not model.graphs.sightings  # never looked at off CUDA
+    with pytest.raises(ValueError, match="capacity"):
+        model.use_cuda_graphs(capacity=1, max_patches=0)

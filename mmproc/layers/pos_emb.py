@@ -148,7 +148,7 @@ class Learnable2DInterpPosEmb(nn.Module):
         old = self._cache.pop(key)
         self._cache_bytes -= old.numel() * old.element_size()
 
-    def _tables(self, grid_hws: Sequence[tuple[int, int]]) -> list[Tensor]:
+    def tables(self, grid_hws: Sequence[tuple[int, int]]) -> list[Tensor]:
         """One (h*w, D) table per image, in the weight's dtype and device (shared objects for equal sizes)."""
         stamp = self._stamp()
         if stamp != self._cache_stamp:
@@ -166,7 +166,7 @@ class Learnable2DInterpPosEmb(nn.Module):
 
     def forward(self, grid_hws: Sequence[tuple[int, int]]) -> Tensor:
         """Position embeddings of the packed sequence: (sum h*w, D) in the weight's dtype and device."""
-        pieces = self._tables(grid_hws)
+        pieces = self.tables(grid_hws)
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
     def add_to_(self, x: Tensor, grid_hws: Sequence[tuple[int, int]]) -> Tensor:
@@ -177,7 +177,7 @@ class Learnable2DInterpPosEmb(nn.Module):
         images (view (N, h*w, D)), one per image for a mixed batch.
         """
         start = 0
-        for (h, w), count, table in _equal_runs(grid_hws, self._tables(grid_hws)):
+        for (h, w), count, table in _equal_runs(grid_hws, self.tables(grid_hws)):
             rows = count * h * w
             x[start : start + rows].view(count, h * w, -1).add_(table)
             start += rows

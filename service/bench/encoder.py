@@ -71,6 +71,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--no-baseline", action="store_true", help="skip the eager per-image baseline")
     p.add_argument("--attention", action="store_true", help="also time one image's SDPA per backend and layout")
     p.add_argument("--profile", action="store_true", help="per workload, kernel time by category of one warm forward")
+    p.add_argument("--latency", nargs="*", default=None, metavar="WORKLOAD",
+                   help="one batch at a time: p50/p99 latency eager and as a CUDA graph vs GPU busy time (CUDA; "
+                        "default workloads 448x1 1024x1 256x4)")  # fmt: skip
+    p.add_argument("--latency-reps", type=int, default=50)
     p.add_argument("--json", type=Path, default=None, help="write machine-readable results here")
     return p.parse_args(argv)
 
@@ -369,6 +373,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     _summary(rows)
+    latency = []
+    if args.latency is not None and device.type == "cuda":
+        from service.bench.latency import latency_row, print_latency
+
+        with torch.inference_mode():
+            for name in args.latency or ["448x1", "1024x1", "256x4"]:
+                grids = workload_grids(name, args.seed)
+                batch = random_batch(grids, config.patch_size, config.merge_kernel_size, args.seed, pixel_dtype, True)
+                latency.append(latency_row(model, name, batch, args.latency_reps, device))
+        print_latency(latency)
     attention = []
     if args.attention and device.type == "cuda":
         from service.bench.attention import attention_table  # its own module: one image's SDPA per backend
@@ -396,6 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "results": rows,
             "checks": checks,
             "attention": attention,
+            "latency": latency,
             "profiles": profiles,
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
