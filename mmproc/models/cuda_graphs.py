@@ -46,7 +46,8 @@ class CapturedForward:
             encoder.run(self.inputs)
         torch.cuda.current_stream(device).wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
+        # thread_local: only this thread is barred from unsafe CUDA calls while capturing (reply copies go on)
+        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
             out = encoder.run(self.inputs)
         assert out is not None
         self.out: Tensor = out  # (T, text_hidden), overwritten by each replay
