@@ -7,12 +7,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
+import numpy as np
 from PIL import Image
 
 from mmproc.preprocess.config import PreprocessConfig
 from mmproc.preprocess.kimi_k3 import plan_kimi_k3, preprocess_kimi_k3
-from mmproc.preprocess.kimi_k25 import plan_kimi_k25, preprocess_kimi_k25
-from mmproc.preprocess.kimi_vl import plan_kimi_vl, preprocess_kimi_vl
+from mmproc.preprocess.kimi_k25 import kimi_k25_lut, plan_kimi_k25, preprocess_kimi_k25
+from mmproc.preprocess.kimi_vl import kimi_vl_lut, plan_kimi_vl, preprocess_kimi_vl
 from mmproc.preprocess.patchify import ResizePlan
 from mmproc.types import PreprocessedImage
 
@@ -20,17 +21,20 @@ from mmproc.types import PreprocessedImage
 @dataclass(frozen=True)
 class Rule:
     """plan(width, height, cfg): the resize/pad/grid from the size alone. run(image, cfg): the patches.
-    keeps_alpha: the rule composites transparent images itself, so the decoder should keep their alpha."""
+    lut(cfg): (3, 256) float32, the normalized value of each byte per channel (the same for an opaque image on
+    any device: mmproc/preprocess/device.py). keeps_alpha: the rule composites transparent images itself, so the
+    decoder should keep their alpha."""
 
     plan: Callable[[int, int, PreprocessConfig], ResizePlan]
     run: Callable[[Image.Image, PreprocessConfig], PreprocessedImage]
+    lut: Callable[[PreprocessConfig], np.ndarray]
     keeps_alpha: bool = False
 
 
 RULES: Mapping[str, Rule] = MappingProxyType(
     {
-        "kimi_vl": Rule(plan_kimi_vl, preprocess_kimi_vl),
-        "kimi_k25": Rule(plan_kimi_k25, preprocess_kimi_k25),
-        "kimi_k3": Rule(plan_kimi_k3, preprocess_kimi_k3, keeps_alpha=True),
+        "kimi_vl": Rule(plan_kimi_vl, preprocess_kimi_vl, kimi_vl_lut),
+        "kimi_k25": Rule(plan_kimi_k25, preprocess_kimi_k25, kimi_k25_lut),
+        "kimi_k3": Rule(plan_kimi_k3, preprocess_kimi_k3, kimi_k25_lut, keeps_alpha=True),
     }
 )

@@ -1,0 +1,42 @@
+"""The image rules on torch tensors, on whatever device the pixels are (a GPU when JPEGs are decoded there): the
+same resize plan, Pillow's BICUBIC bit for bit (resize.py), black padding, the family's normalization table and
+the patch layout, so an opaque image gives the same patches as `preprocess_image` on the CPU.
+
+Opaque images only: an image with alpha keeps the CPU path (Pillow premultiplies before resizing; K3 composites).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from mmproc.errors import InvalidMediaError, Reason
+from mmproc.preprocess.config import PreprocessConfig
+from mmproc.preprocess.resize import pillow_bicubic
+from mmproc.preprocess.rules import RULES
+from mmproc.types import PreprocessedImage
+
+
+def preprocess_tensor(rgb: Tensor, cfg: PreprocessConfig) -> PreprocessedImage:
+    """(H, W, 3) uint8 on any device -> patches (grid_h * grid_w, 3, p, p) float32 on that device, grid, tokens."""
+    if rgb.dtype != torch.uint8 or rgb.dim() != 3 or rgb.shape[2] != 3:
+        raise ValueError(f"want an (H, W, 3) uint8 image, got {rgb.dtype} {tuple(rgb.shape)}")
+    height, width = rgb.shape[0], rgb.shape[1]
+    if width < 1 or height < 1:
+        raise InvalidMediaError(f"image is {width}x{height}", reason=Reason.TOO_SMALL)
+    rule = RULES[cfg.family]
+    plan = rule.plan(width, height, cfg)
+    if plan.resize_to is not None and plan.resize_to != (width, height):
+        rgb = pillow_bicubic(rgb, plan.resize_to)
+    pad_w, pad_h = plan.pad_wh
+    p = cfg.patch_size
+    gh, gw = plan.grid_hw
+    padded = torch.zeros(gh * p, gw * p, 3, dtype=torch.uint8, device=rgb.device)  # black bytes, as the references
+    padded[: rgb.shape[0], : rgb.shape[1]] = rgb
+    assert padded.shape[0] == rgb.shape[0] + pad_h and padded.shape[1] == rgb.shape[1] + pad_w, (plan, rgb.shape)
+    lut = torch.from_numpy(rule.lut(cfg)).to(rgb.device)  # (3, 256) float32
+    grid = padded.view(gh, p, gw, p, 3).permute(0, 2, 4, 1, 3)  # (gh, gw, 3, p, p) uint8 view
+    channel = torch.arange(3, device=rgb.device).view(1, 1, 3, 1, 1)
+    patches = lut[channel, grid.long()]  # gather: (gh, gw, 3, p, p) float32
+    kh, kw = cfg.merge_kernel_size
+    return PreprocessedImage(patches.reshape(gh * gw, 3, p, p), (gh, gw), (gh // kh) * (gw // kw))
