@@ -10,6 +10,8 @@ Family rules live in `kimi_vl.py` (KimiVLImageProcessor) and `kimi_k25.py` (Kimi
 
 from __future__ import annotations
 
+import dataclasses
+
 from PIL import Image
 
 from mmproc.errors import InvalidMediaError, Reason
@@ -28,9 +30,8 @@ def preprocess_image(image: Image.Image, cfg: PreprocessConfig) -> PreprocessedI
     """
     if image.width < 1 or image.height < 1:
         raise InvalidMediaError(f"image is {image.width}x{image.height}", reason=Reason.TOO_SMALL)
-    if cfg.family == "kimi_vl":
-        return preprocess_kimi_vl(image, cfg)
-    return preprocess_kimi_k25(image, cfg)
+    out = preprocess_kimi_vl(image, cfg) if cfg.family == "kimi_vl" else preprocess_kimi_k25(image, cfg)
+    return dataclasses.replace(out, image_size=image.size)
 
 
 def target_grid(width: int, height: int, cfg: PreprocessConfig) -> tuple[int, int]:
