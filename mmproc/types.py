@@ -15,7 +15,8 @@ from PIL import Image
 class DecodedImage:
     """One validated, decoded image.
 
-    `image` is always mode "RGB" with EXIF orientation applied; `source_format` is the format found by
+    `image` is mode "RGB" ("RGBA" for a transparent image when the decoder was asked to keep alpha) with EXIF
+    orientation applied; `source_format` is the format found by
     magic bytes ("jpeg", "png", "webp", "gif", "bmp"); `source_size` is (width, height) before orientation.
     """
 

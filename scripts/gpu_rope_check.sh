@@ -21,7 +21,7 @@ for name in ("torch", "triton", "pytest", "safetensors", "PIL"):
         print(name, "MISSING:", exc)
 PY
 
-# mmproc.model's package __init__ imports the weight loader (safetensors), which these tests never use. If the host
+# mmproc.models's package __init__ imports the weight loader (safetensors), which these tests never use. If the host
 # lacks it, put a stub on the path for this run only (it raises if anything actually tries to load weights).
 if ! python3 -c "import safetensors" 2>/dev/null; then
   STUB="$(mktemp -d)"

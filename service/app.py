@@ -19,9 +19,9 @@ import torch
 import uvicorn
 
 import mmproc
-from mmproc.model import VisionEncoder, load_encoder
+from mmproc.models import VisionEncoder, load_encoder
 from mmproc.preprocess import PreprocessConfig, load_preprocess_config
-from mmproc.prompt import framing, placeholder_token_id
+from mmproc.prompt import FRAMINGS, framing, placeholder_token_id
 from mmproc.v1 import encoder_pb2 as pb
 from service.auth import BearerToken, require_bearer_token
 from service.convert import DTYPE_TO_PB
@@ -41,12 +41,13 @@ logger = logging.getLogger(__name__)
 def load_model(settings: ServerSettings) -> tuple[VisionEncoder, PreprocessConfig]:
     dtype = getattr(torch, settings.torch_dtype_name)
     encoder = load_encoder(settings.model_path, preset=settings.model, device=settings.device, dtype=dtype)
+    # Small batches are launch-bound on a GPU: replayed graphs (docs/benchmarks/encoder.md). A no-op on the CPU.
+    encoder.use_cuda_graphs(settings.cuda_graphs, settings.cuda_graph_max_patches)
+    family = encoder.config.family
     if settings.model_path is not None:
-        preprocess = load_preprocess_config(settings.model_path)
-    elif encoder.config.layout == "kimi_k25":
-        preprocess = PreprocessConfig.kimi_k25()
+        preprocess = load_preprocess_config(settings.model_path, family)
     else:
-        preprocess = PreprocessConfig.kimi_vl()
+        preprocess = PreprocessConfig.default_for(family)
     return encoder, preprocess
 
 
@@ -83,7 +84,7 @@ def build_server_info(settings: ServerSettings, engine: Engine) -> pb.ServerInfo
     return pb.ServerInfo(
         version=mmproc.__version__,
         model_name=cfg.name,
-        model_layout=cfg.layout,
+        model_layout=cfg.family,
         hidden_size=encoder.output_dim,
         vision_hidden_size=cfg.hidden_size,
         dtype=DTYPE_TO_PB[settings.torch_dtype_name],
@@ -118,7 +119,11 @@ def build_server_info(settings: ServerSettings, engine: Engine) -> pb.ServerInfo
 
 
 def prompt_info(family: str, model_path: Path | None) -> pb.PromptFraming:
-    """The family's prompt framing (mmproc.prompt) and the placeholder's id from the checkpoint's config.json."""
+    """The family's prompt framing (mmproc.prompt) and the placeholder's id from the checkpoint's config.json;
+    empty for a family mmproc.prompt does not list yet (engines then need their own framing)."""
+    if family not in FRAMINGS:
+        logger.warning("no prompt framing for family %s in mmproc.prompt: ServerInfo.prompt is empty", family)
+        return pb.PromptFraming()
     frame = framing(family)
     info = pb.PromptFraming(
         image_header=frame.image_header, placeholder=frame.placeholder, image_footer=frame.image_footer

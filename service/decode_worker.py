@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 
 from mmproc.media import MediaLimits, decode_image
-from mmproc.preprocess import PreprocessConfig, preprocess_image
+from mmproc.preprocess import RULES, PreprocessConfig, preprocess_image
 from mmproc.types import PreprocessedImage
 from service.decode_transfer import Shipped, ship
 from service.logs import configure_logging, request_context
@@ -39,7 +39,7 @@ class Prepared(NamedTuple):
 def prepare_image(data: bytes, limits: MediaLimits, config: PreprocessConfig) -> Prepared:
     """Validate, decode and preprocess one image (in a decode thread or a decode worker process)."""
     started = time.perf_counter()
-    decoded = decode_image(data, limits).image
+    decoded = decode_image(data, limits, keep_alpha=RULES[config.family].keeps_alpha).image
     decoded_at = time.perf_counter()
     image = preprocess_image(decoded, config)
     return Prepared(image, decoded_at - started, time.perf_counter() - decoded_at)

@@ -25,7 +25,7 @@ from mmproc.errors import (
     UnavailableError,
 )
 from mmproc.media import MediaLimits
-from mmproc.model import VisionEncoder
+from mmproc.models import VisionEncoder
 from mmproc.preprocess import PreprocessConfig, preprocess_image
 from mmproc.runner import BatchStats, EncoderRunner, RunnerConfig
 from mmproc.transport.ipc_pool import IpcPool, SliceDescriptor

@@ -35,6 +35,10 @@ class ServerSettings(BaseSettings):
     dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         None, description="default: float32 on cpu, bfloat16 on cuda"
     )
+    cuda_graphs: int = Field(
+        8, ge=0, le=64, description="CUDA graphs kept for small batches whose exact sizes repeat (0: none)"
+    )
+    cuda_graph_max_patches: int = Field(4096, ge=1, le=1 << 20, description="largest batch, in patches, to capture")
 
     # Addresses
     grpc_address: str = Field("127.0.0.1:50051", description="HOST:PORT or unix:PATH (socket made mode 0600)")

@@ -1,12 +1,13 @@
-"""Small random-weight checkpoints in the REAL Hugging Face layouts of Kimi-VL and Kimi K2.5, for tests.
+"""Small random-weight checkpoints in the REAL Hugging Face layouts of Kimi-VL, Kimi K2.5 and Kimi K3, for tests.
 
 `write_checkpoint(dir, layout=...)` writes config.json, preprocessor_config.json and safetensors (one file, or
 three shards with model.safetensors.index.json), optionally with language-model tensors that a loader must
 skip, and returns the vision tower + projector tensors it wrote (checkpoint names). Names and shapes are
-spelled out here from the published modules, independently of `mmproc.model`.
+spelled out here from the published modules, independently of `mmproc.models`.
 
 `vision` takes: hidden_size, num_layers, num_heads, intermediate_size, patch_size, pos_emb_height,
-pos_emb_width, merge_kernel_size (defaults: the tiny preset's sizes).
+pos_emb_width, merge_kernel_size (defaults: the tiny preset's sizes), and for K3 qkv_hidden_size (default
+TINY_K3_VISION: head dim 128 as the real K3 tower).
 """
 
 from __future__ import annotations
@@ -29,20 +30,45 @@ TINY_VISION: dict[str, Any] = {
     "pos_emb_width": 64,
     "merge_kernel_size": (2, 2),
 }
+TINY_K3_VISION: dict[str, Any] = {**TINY_VISION, "hidden_size": 128, "intermediate_size": 256, "qkv_hidden_size": 256}
 PROJECTOR_NAMES = {  # (pre_norm, first linear, second linear) checkpoint prefixes
     "kimi_vl": ("multi_modal_projector.pre_norm", "multi_modal_projector.linear_1", "multi_modal_projector.linear_2"),
     "kimi_k25": ("mm_projector.pre_norm", "mm_projector.proj.0", "mm_projector.proj.2"),
 }
 
 
-def vision_spec(vision: dict[str, Any] | None = None) -> dict[str, Any]:
-    spec = dict(TINY_VISION)
+def vision_spec(vision: dict[str, Any] | None = None, layout: str = "kimi_vl") -> dict[str, Any]:
+    spec = dict(TINY_K3_VISION if layout == "kimi_k3" else TINY_VISION)
     spec.update(vision or {})
     return spec
 
 
+def k3_tensor_shapes(vision: dict[str, Any] | None = None, text_hidden: int = 256) -> dict:
+    """Kimi K3 (SGLang 0.5.23 kimi_k3_vl.py): no biases, RMSNorm weights only, wqkv (3 * qkv, D), wo (D, qkv),
+    projector mm_projector.proj.0 / proj.2 / post_norm."""
+    v = vision_spec(vision, "kimi_k3")
+    d, p, m, q = v["hidden_size"], v["patch_size"], v["intermediate_size"], v["qkv_hidden_size"]
+    kh, kw = v["merge_kernel_size"]
+    shapes: dict[str, tuple[int, ...]] = {
+        "vision_tower.patch_embed.proj.weight": (d, 3, p, p),
+        "vision_tower.patch_embed.pos_emb.weight": (v["pos_emb_height"], v["pos_emb_width"], d),
+    }
+    for i in range(v["num_layers"]):
+        b = f"vision_tower.encoder.blocks.{i}"
+        shapes.update({f"{b}.norm0.weight": (d,), f"{b}.norm1.weight": (d,)})
+        shapes.update({f"{b}.wqkv.weight": (3 * q, d), f"{b}.wo.weight": (d, q)})
+        shapes.update({f"{b}.mlp.fc0.weight": (m, d), f"{b}.mlp.fc1.weight": (d, m)})
+    shapes["vision_tower.encoder.final_layernorm.weight"] = (d,)
+    merged = d * kh * kw
+    shapes.update({"mm_projector.proj.0.weight": (merged, merged), "mm_projector.proj.2.weight": (text_hidden, merged)})
+    shapes["mm_projector.post_norm.weight"] = (text_hidden,)
+    return shapes
+
+
 def vision_tensor_shapes(layout: str, vision: dict[str, Any] | None = None, text_hidden: int = 256) -> dict:
     """Checkpoint name -> shape for the tower and projector of `layout`."""
+    if layout == "kimi_k3":
+        return k3_tensor_shapes(vision, text_hidden)
     v = vision_spec(vision)
     d, p, m = v["hidden_size"], v["patch_size"], v["intermediate_size"]
     kh, kw = v["merge_kernel_size"]
@@ -108,7 +134,7 @@ def language_model_tensors(layout: str, text_hidden: int, seed: int, dtype: torc
         "language_model.lm_head.weight": (512, text_hidden),
     }
     tensors = {k: torch.randn(s, generator=gen).to(dtype) for k, s in shapes.items()}
-    if layout == "kimi_k25":  # the release packs LLM experts as int4 in int32 words: not a float tensor
+    if layout != "kimi_vl":  # the release packs LLM experts as int4 in int32 words: not a float tensor
         key = "language_model.model.layers.1.mlp.experts.0.down_proj.weight_packed"
         tensors[key] = torch.randint(0, 1 << 30, (64, 32), generator=gen, dtype=torch.int32)
     return tensors
@@ -116,7 +142,7 @@ def language_model_tensors(layout: str, text_hidden: int, seed: int, dtype: torc
 
 def hf_config(layout: str, vision: dict[str, Any] | None = None, text_hidden: int = 256) -> dict[str, Any]:
     """config.json as the released checkpoints spell it."""
-    v = vision_spec(vision)
+    v = vision_spec(vision, layout)
     common = {
         "patch_size": v["patch_size"],
         "init_pos_emb_height": v["pos_emb_height"],
@@ -138,6 +164,37 @@ def hf_config(layout: str, vision: dict[str, Any] | None = None, text_hidden: in
                 **common,
             },
             "text_config": {"model_type": "deepseek_v3", "hidden_size": text_hidden, "vocab_size": 512},
+        }
+    if layout == "kimi_k3":  # every key of KimiK3VisionConfig, as a real config.json spells them
+        return {
+            "architectures": ["KimiK3ForConditionalGeneration"],
+            "model_type": "kimi_k3",
+            "media_placeholder_token_id": 163605,
+            "vision_config": {
+                "model_type": "kimi_k3_vision",
+                "vt_hidden_size": v["hidden_size"],
+                "vt_num_hidden_layers": v["num_layers"],
+                "vt_num_attention_heads": v["num_heads"],
+                "vt_intermediate_size": v["intermediate_size"],
+                "qkv_hidden_size": v["qkv_hidden_size"],
+                "init_pos_emb_time": 4,
+                "pos_emb_type": "divided_fixed",
+                "pos_emb_interpolation_mode": "bilinear",
+                "merge_type": "sd2_tpool",
+                "video_attn_type": "spatial_temporal",
+                "mm_projector_type": "patchmergerv2",
+                "projector_hidden_act": "gelu",
+                "projector_ln_eps": 1e-5,
+                "norm_type": "rmsnorm",
+                "attn_bias": False,
+                "patch_embed_proj_bias": False,
+                "mlp_type": "mlp2",
+                "linear_bias": False,
+                "activation_func": "gelu_pytorch_tanh",
+                "text_hidden_size": text_hidden,
+                **common,
+            },
+            "text_config": {"model_type": "kimi_linear", "hidden_size": text_hidden, "vocab_size": 512},
         }
     return {
         "architectures": ["KimiK25ForConditionalGeneration"],
@@ -187,6 +244,15 @@ def preprocessor_config(layout: str, overrides: dict[str, Any] | None = None) ->
                 "patch_limit_on_one_side": 512,
             }
         }
+        if layout == "kimi_k3":
+            base["media_proc_cfg"]["transparent_bg_config"] = {
+                "pattern": "chessboard",
+                "chessboard_square_size": 16,
+                "chessboard_white_value": 255,
+                "chessboard_gray_value": 200,
+                "chessboard_square_on_top_left": True,
+                "transparent_bg_fill_stage": "after_resize",
+            }
     return deep_merge(base, overrides or {})
 
 

@@ -3,7 +3,7 @@ Kimi K2.5 `MoonViT3d` + `PatchMergerMLP`), written the way they are written ther
 a complex (512, 512, dh/2) RoPE table used through `torch.view_as_complex`, `F.interpolate` per image, a
 block-diagonal attention mask, a Python-loop patch merger, and module names equal to the checkpoint names.
 
-It must not import `mmproc.model`: it is the yardstick for it. Slow by design; tests only.
+It must not import `mmproc.models`: it is the yardstick for it. Slow by design; tests only.
 """
 
 from __future__ import annotations

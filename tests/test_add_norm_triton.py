@@ -1,4 +1,4 @@
-"""Fused residual add + LayerNorm (mmproc/model/add_norm_triton.py) against the plain path and float64.
+"""Fused residual add + LayerNorm (mmproc/layers/add_norm_triton.py) against the plain path and float64.
 
 What must hold: the residual stream x after `x += y` is BIT-identical to torch's `x + y` (both add in float32 and
 round once to the storage dtype), and the normalised output matches `F.layer_norm` of that sum within one rounding
@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mmproc.model import add_norm_triton
+from mmproc.layers import add_norm_triton
 from tests.python_subprocess import run_python
 
 WIDTH = 1152  # MoonViT hidden size
@@ -71,6 +71,25 @@ def test_fused_matches_plain(rows: int, dtype: torch.dtype) -> None:
 
 @pytest.mark.cuda
 @requires_fused
+@DTYPES
+@pytest.mark.parametrize("rows", ROWS)
+def test_fused_rms_norm_matches_plain_and_float64(rows: int, dtype: torch.dtype) -> None:
+    # Kimi K3's blocks: RMSNorm (weight only) at width 1024, eps = float32's (nn.RMSNorm built without one).
+    x, y, weight, _ = make_inputs(rows, dtype, "cuda", width=1024)
+    eps = torch.finfo(torch.float32).eps
+    want_x = x + y
+    want = F.rms_norm(want_x, (1024,), weight, eps)
+    got = add_norm_triton.add_rms_norm_(x, y, weight, eps)
+    assert torch.equal(x, want_x), "the residual stream must be bit-identical to torch's add"
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+    s = want_x.double()
+    exact = s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps) * weight.double()
+    torch.testing.assert_close(got.double(), exact, rtol=tol, atol=tol)
+
+
+@pytest.mark.cuda
+@requires_fused
 @pytest.mark.parametrize("width", [1, 72, 1000, 4304])
 def test_other_widths_and_strided_rows(width: int) -> None:
     # Rows that are views of wider buffers (row stride != width) and a weight in float32 with bf16 data.
@@ -87,15 +106,18 @@ def test_other_widths_and_strided_rows(width: int) -> None:
 
 @pytest.mark.cuda
 @requires_fused
-def test_encoder_fused_add_norm_matches_plain_path() -> None:
-    # The whole tower on a full-width 2-layer config: fused vs plain add + LayerNorm, bf16.
+@pytest.mark.parametrize("preset", ["kimi-k2.5", "kimi-k3"])
+def test_encoder_fused_add_norm_matches_plain_path(preset: str) -> None:
+    # The whole tower on a full-width 2-layer config: fused vs plain add + LayerNorm (K3: RMSNorm), bf16.
+    import dataclasses
+
     from mmproc.batching import pack_images
-    from mmproc.model import VisionConfig
-    from mmproc.model.init import random_state_dict
-    from mmproc.model.loader import build_encoder, expected_shapes
+    from mmproc.models import PRESETS
+    from mmproc.models.init import random_state_dict
+    from mmproc.models.loader import build_encoder, expected_shapes
     from mmproc.types import PreprocessedImage
 
-    config = VisionConfig(hidden_size=1152, num_layers=2, num_heads=16, intermediate_size=4304, text_hidden_size=512)
+    config = dataclasses.replace(PRESETS[preset], num_layers=2, text_hidden_size=512)
     model = build_encoder(config, random_state_dict(expected_shapes(config), seed=5), device="cuda", dtype="bfloat16")
     gen = torch.Generator().manual_seed(0)
     grids = [(4, 4), (32, 32), (48, 48), (6, 10)]
@@ -131,14 +153,14 @@ def test_rejects_bad_inputs_before_launch() -> None:
 def test_probe_failure_means_the_plain_path(caplog) -> None:
     # Without a working kernel (here: no Triton, or no CUDA device for a CPU tensor) the probe says no and logs
     # why; the encoder then runs the plain path instead of failing.
-    from mmproc.model import add_norm
+    from mmproc.layers import add_norm
 
     if importlib.util.find_spec("triton") is not None and os.environ.get("TRITON_INTERPRET") == "1":
         pytest.skip("the interpreter runs the kernel on CPU tensors")
     with caplog.at_level("WARNING"):
-        assert add_norm._probe_add_norm(torch.device("cpu"), torch.float32, 64) is False
+        assert add_norm._probe_add_norm(torch.device("cpu"), torch.float32, 64, "layernorm") is False
     assert "failed its probe" in caplog.text
-    assert add_norm.select_add_norm(torch.device("cpu"), torch.float32, 64)[0] == "eager"
+    assert add_norm.select_add_norm(torch.device("cpu"), torch.float32, 64, "layernorm")[0] == "eager"
 
 
 def test_launch_config_covers_the_row_with_power_of_two_lanes() -> None:
@@ -154,7 +176,7 @@ def test_imports_without_triton() -> None:
         """
         import sys
         sys.modules["triton"] = None  # makes `import triton` raise ImportError
-        from mmproc.model import add_norm_triton
+        from mmproc.layers import add_norm_triton
         assert add_norm_triton.available() is False
         """
     )
@@ -176,7 +198,7 @@ def test_interpreter_on_cpu() -> None:
 _INTERPRETER_BODY = """
 import torch
 import torch.nn.functional as F
-from mmproc.model import add_norm_triton as an
+from mmproc.layers import add_norm_triton as an
 
 tol = {torch.bfloat16: 1.6e-2, torch.float16: 2e-3, torch.float32: 1e-5}
 gen = torch.Generator().manual_seed(0)
@@ -198,7 +220,8 @@ for rows, width in [(1, 1152), (7, 1152), (3, 72), (2, 64), (5, 1), (4, 1000)]:
 
 # The whole tiny tower with the fused kernel in place of the plain path (x updated in place inside the blocks).
 from mmproc.batching import pack_images
-from mmproc.model import add_norm, load_encoder, moonvit
+from mmproc.layers import add_norm, kernels
+from mmproc.models import load_encoder
 from mmproc.types import PreprocessedImage
 
 images = [PreprocessedImage(torch.rand(h * w, 3, 14, 14, generator=gen) * 2 - 1, (h, w), h * w // 4)
@@ -207,7 +230,7 @@ batch = pack_images(images)
 model = load_encoder(None, preset="tiny")
 with torch.inference_mode():
     want = model(batch)
-    moonvit.select_add_norm = lambda device, dtype, width: ("triton", add_norm.fused_add_layer_norm)
+    kernels.select_add_norm = lambda device, dtype, width, kind: ("triton", add_norm.fused_add_norm)
     model.tower.set_options(fused_add_norm=True)  # selects the kernels again
     assert model.tower.kernels(model.device, model.dtype).names[3] == "triton"
     got = model(batch)
@@ -231,15 +254,16 @@ _COMPILE_BODY = """
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from mmproc.model import add_norm_triton as an
+from mmproc.layers import add_norm_triton as an
 
 block, warps = an.launch_config(1152)
 for ty in ("bf16", "fp16", "fp32"):
     signature = {"x_ptr": f"*{ty}", "y_ptr": f"*{ty}", "out_ptr": f"*{ty}", "w_ptr": f"*{ty}", "b_ptr": f"*{ty}",
                  "n_cols": "i32", "x_row_stride": "i32", "y_row_stride": "i32", "out_row_stride": "i32",
-                 "eps": "fp32", "BLOCK_D": "constexpr"}
-    src = ASTSource(an._add_layer_norm_kernel, signature, constexprs={"BLOCK_D": block})
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-    assert len(compiled.asm["cubin"]) > 0
+                 "eps": "fp32", "BLOCK_D": "constexpr", "RMS": "constexpr"}
+    for rms in (False, True):
+        src = ASTSource(an._add_layer_norm_kernel, signature, constexprs={"BLOCK_D": block, "RMS": rms})
+        compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+        assert len(compiled.asm["cubin"]) > 0
     print("cubin ok", ty, compiled.metadata.num_warps, compiled.metadata.shared)
 """

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from mmproc.batching import pack_images
-from mmproc.model import load_encoder
+from mmproc.models import load_encoder
 from mmproc.types import PreprocessedImage
 from service.bench import encoder as bench
 from service.bench.profile import CATEGORIES, categorize, profile_forward, summarize

@@ -17,7 +17,7 @@ import torch
 
 from mmproc.client import EncoderClient
 from mmproc.errors import DeadlineExceededError, InvalidMediaError, ResourceExhaustedError
-from mmproc.model import load_encoder
+from mmproc.models import load_encoder
 from mmproc.runner import EncoderRunner, RunnerConfig
 from mmproc.types import PreprocessedImage
 from mmproc.v1 import encoder_pb2 as pb

@@ -5,14 +5,16 @@ Run on the GPU host with `bash scripts/gpu_encoder_check.sh` (or `pytest --nocon
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 from mmproc.batching import pack_images
-from mmproc.model import VisionConfig, VisionEncoder
-from mmproc.model.init import random_state_dict
-from mmproc.model.loader import build_encoder, expected_shapes
-from mmproc.model.moonvit import addmm_gelu_tanh, linear_gelu_tanh
+from mmproc.layers.kernels import addmm_gelu_tanh, linear_gelu_tanh
+from mmproc.models import PRESETS, VisionConfig, VisionEncoder
+from mmproc.models.init import random_state_dict
+from mmproc.models.loader import build_encoder, expected_shapes
 from mmproc.types import PreprocessedImage
 
 pytestmark = [
@@ -20,8 +22,16 @@ pytestmark = [
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
 
-# Full-width tower (1152 wide, 16 heads of 72, mlp 4304) cut to 2 layers; projector to a small LLM width.
-CONFIG = VisionConfig(hidden_size=1152, num_layers=2, num_heads=16, intermediate_size=4304, text_hidden_size=512)
+# Full-width towers cut to 2 layers, projector to a small LLM width: MoonViT (1152 wide, 16 heads of 72, mlp
+# 4304, LayerNorm, biases) and MoonViT3d (Kimi K3: 1024 wide, 12 heads of 128, mlp 4096, RMSNorm, no biases,
+# bilinear pos emb, post-norm projector), the second built from the K3 preset's own fields.
+CONFIGS = {
+    "moonvit": VisionConfig(
+        family="kimi_vl", hidden_size=1152, num_layers=2, num_heads=16, intermediate_size=4304, text_hidden_size=512
+    ),
+    "moonvit3d": dataclasses.replace(PRESETS["kimi-k3"], num_layers=2, text_hidden_size=512),
+}
+TEXT_HIDDEN = 512
 # Short segments (varlen), one >= 2048 patches (own SDPA call), odd sizes; a second batch of equal segments.
 GRIDS = [(4, 4), (32, 32), (6, 10), (48, 48), (2, 2), (8, 14)]
 UNIFORM = [(16, 16)] * 4
@@ -40,13 +50,18 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a - b).norm() / b.norm()).item()
 
 
-def make_encoder(device: str, dtype: torch.dtype) -> VisionEncoder:
-    return build_encoder(CONFIG, random_state_dict(expected_shapes(CONFIG), seed=3), device=device, dtype=dtype)
+def make_encoder(config: VisionConfig, device: str, dtype: torch.dtype) -> VisionEncoder:
+    return build_encoder(config, random_state_dict(expected_shapes(config), seed=3), device=device, dtype=dtype)
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def config(request) -> VisionConfig:
+    return CONFIGS[request.param]
 
 
 @pytest.fixture(scope="module")
-def gpu() -> VisionEncoder:
-    return make_encoder("cuda", torch.bfloat16)
+def gpu(config) -> VisionEncoder:
+    return make_encoder(config, "cuda", torch.bfloat16)
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +72,7 @@ def batch():
 @torch.inference_mode()
 def test_no_device_to_host_sync_in_forward(gpu, batch):
     uniform = pack_images(make_images(UNIFORM, seed=1), pin_memory=True)
-    out = torch.empty(batch.num_tokens, CONFIG.text_hidden_size, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(batch.num_tokens, TEXT_HIDDEN, device="cuda", dtype=torch.bfloat16)
     assert gpu.tower.options.uniform_attention  # the default: equal segments take the batched SDPA route
     for b in (batch, uniform):
         gpu(b)  # warm-up: RoPE table, pos-emb cache, attention probe, Triton compile may sync once
@@ -73,8 +88,8 @@ def test_no_device_to_host_sync_in_forward(gpu, batch):
 
 
 @torch.inference_mode()
-def test_bfloat16_matches_cpu_float32(gpu, batch):
-    cpu = make_encoder("cpu", torch.float32)
+def test_bfloat16_matches_cpu_float32(gpu, batch, config):
+    cpu = make_encoder(config, "cpu", torch.float32)
     want = cpu(batch)
     assert rel_err(gpu(batch), want) < 2e-2
     gpu.tower.set_options(fused_gelu=False, fused_rope=False)
@@ -177,3 +192,31 @@ def test_bf16_pixels_give_the_float32_pixels_result(gpu):
     packed_bf16 = pack_images(images, pin_memory=True, dtype=torch.bfloat16)
     packed_f32 = pack_images(images, pin_memory=True)
     assert rel_err(gpu(packed_bf16), gpu(packed_f32)) < 1e-3  # same bits reach the model: expected 0
+
+
+@torch.inference_mode()
+def test_cuda_graph_replay_matches_eager_without_syncs(gpu):
+    small = pack_images(make_images([(4, 4), (8, 14)], seed=5), pin_memory=True)
+    other = pack_images(make_images([(16, 16)], seed=6), pin_memory=True)
+    want, want_other = gpu(small), gpu(other)  # eager: no graphs yet
+    gpu.use_cuda_graphs(capacity=1, max_patches=1024, min_hits=2)
+    try:
+        assert torch.equal(gpu(small), want) and not gpu.graphs.graphs  # first sighting: still eager
+        got = gpu(small)  # second: captured, then replayed
+        assert len(gpu.graphs.graphs) == 1 and rel_err(got, want) < 1e-3
+        rows = torch.empty_like(want)
+        chunks = [torch.empty(n, TEXT_HIDDEN, device="cuda", dtype=torch.bfloat16) for n in small.token_counts]
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            gpu(small, out=rows)
+            gpu(small, out=chunks)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert torch.equal(rows, got) and torch.equal(torch.cat(chunks), got)
+        gpu(other), gpu(other)  # a second key evicts the first (capacity 1)
+        assert len(gpu.graphs.graphs) == 1 and rel_err(gpu(other), want_other) < 1e-3
+        assert rel_err(gpu(small), want) < 1e-3  # evicted: eager again, same result
+    finally:
+        gpu.use_cuda_graphs(capacity=0, max_patches=1)
+    assert gpu.graphs is None

@@ -10,8 +10,8 @@ from safetensors.torch import load_file, save_file
 
 from mmproc.batching import pack_images
 from mmproc.errors import ConfigError
-from mmproc.model import PRESETS, VisionConfig, VisionEncoder, load_encoder
-from mmproc.model import loader as loader_mod
+from mmproc.models import PRESETS, VisionConfig, VisionEncoder, load_encoder, parse_config
+from mmproc.models import loader as loader_mod
 from tests.checkpoints import hf_config, preprocessor_config, write_checkpoint
 from tests.test_model import make_images
 
@@ -36,7 +36,7 @@ def internal_state(tensors: dict[str, torch.Tensor], layout: str) -> dict[str, t
 
 def in_memory_encoder(config: VisionConfig, tensors: dict[str, torch.Tensor], dtype=torch.float32) -> VisionEncoder:
     model = VisionEncoder(config).to(dtype)
-    model.load_state_dict({k: v.to(dtype) for k, v in internal_state(tensors, config.layout).items()})
+    model.load_state_dict({k: v.to(dtype) for k, v in internal_state(tensors, config.family).items()})
     return model.eval()
 
 
@@ -84,7 +84,7 @@ def test_kimi_vl_sharded_reads_only_vision_tensors(tmp_path, monkeypatch):
 
     assert sorted(spy.read) == sorted(tensors)  # every vision tensor once, no language-model tensor
     assert "model-00003-of-00003.safetensors" not in spy.opened  # the LLM-only shard is never opened
-    assert model.config.layout == "kimi_vl" and model.config.text_hidden_size == 256
+    assert model.config.family == "kimi_vl" and model.config.text_hidden_size == 256
     batch = pack_images(make_images([(4, 4), (10, 6), (64, 64)]))
     want = in_memory_encoder(model.config, tensors)(batch)
     torch.testing.assert_close(model(batch), want, atol=0, rtol=0)  # bit for bit
@@ -98,7 +98,7 @@ def test_k25_single_file_loads(tmp_path, monkeypatch):
     monkeypatch.setattr(loader_mod, "safe_open", spy)
     model = load_encoder(tmp_path)
     assert sorted(spy.read) == sorted(tensors)
-    assert model.config.layout == "kimi_k25"
+    assert model.config.family == "kimi_k25"
     batch = pack_images(make_images([(2, 2), (12, 20)]))
     torch.testing.assert_close(model(batch), in_memory_encoder(model.config, tensors)(batch), atol=0, rtol=0)
 
@@ -171,8 +171,8 @@ def test_missing_files_are_config_errors(tmp_path):
 
 
 def test_parse_kimi_vl_config():
-    cfg = VisionConfig.from_hf_config(hf_config("kimi_vl", {"hidden_size": 1152, "num_heads": 16}, 2048))
-    assert (cfg.layout, cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.text_hidden_size) == (
+    cfg = parse_config(hf_config("kimi_vl", {"hidden_size": 1152, "num_heads": 16}, 2048))
+    assert (cfg.family, cfg.hidden_size, cfg.num_heads, cfg.head_dim, cfg.text_hidden_size) == (
         "kimi_vl",
         1152,
         16,
@@ -185,16 +185,19 @@ def test_parse_kimi_vl_config():
 def test_parse_k25_config_and_text_hidden_precedence():
     raw = hf_config("kimi_k25", None, 7168)
     raw["vision_config"]["projector_ln_eps"] = 1e-6
-    cfg = VisionConfig.from_hf_config(raw)
-    assert (cfg.layout, cfg.text_hidden_size, cfg.projector_ln_eps, cfg.num_layers) == ("kimi_k25", 7168, 1e-6, 2)
+    cfg = parse_config(raw)
+    assert (cfg.family, cfg.text_hidden_size, cfg.projector_ln_eps, cfg.num_layers) == ("kimi_k25", 7168, 1e-6, 2)
     raw["text_hidden_size"], raw["text_config"]["hidden_size"] = 1000, 2000
-    assert VisionConfig.from_hf_config(raw).text_hidden_size == 7168  # vision_config wins
+    assert parse_config(raw).text_hidden_size == 7168  # vision_config wins
     del raw["vision_config"]["text_hidden_size"]
-    assert VisionConfig.from_hf_config(raw).text_hidden_size == 1000  # then the top level
+    assert parse_config(raw).text_hidden_size == 1000  # then the top level
     del raw["text_hidden_size"]
-    assert VisionConfig.from_hf_config(raw).text_hidden_size == 2000  # then text_config
-    del raw["model_type"]  # detected from the vt_ keys
-    assert VisionConfig.from_hf_config(raw).layout == "kimi_k25"
+    assert parse_config(raw).text_hidden_size == 2000  # then text_config
+    del raw["model_type"]  # the family is never guessed from which keys are present
+    with pytest.raises(ConfigError, match="model_type"):
+        parse_config(raw)
+    raw["vision_config"]["model_type"] = "kimi_k25_vision"
+    assert parse_config(raw).family == "kimi_k25"
 
 
 @pytest.mark.parametrize(
@@ -215,19 +218,23 @@ def test_bad_config_fields_are_named(layout, section, field, value):
     else:
         raw[section][field] = value
     with pytest.raises(ConfigError, match=field):
-        VisionConfig.from_hf_config(raw)
+        parse_config(raw)
 
 
 def test_config_validation():
     with pytest.raises(ConfigError, match="divisible by 4"):
-        VisionConfig(hidden_size=140, num_layers=1, num_heads=2, intermediate_size=8, text_hidden_size=8)
+        VisionConfig(
+            family="kimi_vl", hidden_size=140, num_layers=1, num_heads=2, intermediate_size=8, text_hidden_size=8
+        )
     with pytest.raises(ConfigError, match="num_heads"):
-        VisionConfig(hidden_size=144, num_layers=1, num_heads=5, intermediate_size=8, text_hidden_size=8)
+        VisionConfig(
+            family="kimi_vl", hidden_size=144, num_layers=1, num_heads=5, intermediate_size=8, text_hidden_size=8
+        )
     with pytest.raises(ConfigError, match="model_type"):
-        VisionConfig.from_hf_config({**hf_config("kimi_vl"), "model_type": "kimi_k25"})
+        parse_config({**hf_config("kimi_vl"), "model_type": "kimi_k25"})
     with pytest.raises(ConfigError, match="vision_config"):
-        VisionConfig.from_hf_config({"model_type": "kimi_vl"})
-    assert PRESETS["kimi-vl"].text_hidden_size == 2048 and PRESETS["kimi-k2.5"].layout == "kimi_k25"
+        parse_config({"model_type": "kimi_vl"})
+    assert PRESETS["kimi-vl"].text_hidden_size == 2048 and PRESETS["kimi-k2.5"].family == "kimi_k25"
     assert PRESETS["kimi-k2.5"].text_hidden_size == 7168 and PRESETS["tiny"].hidden_size == 144
 
 

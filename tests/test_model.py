@@ -10,14 +10,15 @@ import torch
 import torch.nn.functional as F
 
 from mmproc.batching import pack_images
-from mmproc.model import PRESETS, VisionConfig, VisionEncoder, load_encoder
-from mmproc.model.add_norm import add_layer_norm
-from mmproc.model.attention import VarlenMeta, long_segments_on_sdpa, sdpa_segments, select_attention
-from mmproc.model.loader import encoder_from_checkpoint_tensors
-from mmproc.model.moonvit import TowerInputs, linear_gelu_tanh
-from mmproc.model.pos_emb import Learnable2DInterpPosEmb, interpolate_pos_emb
-from mmproc.model.projector import merge_gather_index
-from mmproc.model.rope import apply_rope, build_rope_table, rope_cos_sin
+from mmproc.layers.add_norm import add_norm
+from mmproc.layers.attention import VarlenMeta, long_segments_on_sdpa, sdpa_segments, select_attention
+from mmproc.layers.kernels import linear_gelu_tanh
+from mmproc.layers.pos_emb import Learnable2DInterpPosEmb, interpolate_pos_emb
+from mmproc.layers.projector import merge_gather_index
+from mmproc.layers.rope import apply_rope, build_rope_table, rope_cos_sin
+from mmproc.models import PRESETS, VisionConfig, VisionEncoder, load_encoder
+from mmproc.models.loader import encoder_from_checkpoint_tensors
+from mmproc.models.tower import TowerInputs
 from mmproc.types import PackedBatch, PreprocessedImage
 from tests.checkpoints import TINY_VISION, make_vision_tensors
 from tests.reference_moonvit import reference_model
@@ -42,7 +43,7 @@ def config_for(layout: str) -> VisionConfig:
         num_heads=v["num_heads"],
         intermediate_size=v["intermediate_size"],
         text_hidden_size=256,
-        layout=layout,
+        family=layout,
     )
 
 
@@ -216,11 +217,13 @@ def test_pos_emb_cache_is_bounded():
 def test_pos_emb_cache_keeps_part_of_a_batch_larger_than_itself(monkeypatch):
     # A batch with 5 sizes through a cache of 3 entries, twice: plain LRU would evict each size just before its
     # next use (0 hits on the second call); entries of the batch being embedded are never evicted for each other.
-    from mmproc.model import pos_emb
+    from mmproc.layers import pos_emb
 
     computed = []
     original = pos_emb.interpolate_pos_emb
-    monkeypatch.setattr(pos_emb, "interpolate_pos_emb", lambda t, h, w: computed.append((h, w)) or original(t, h, w))
+    monkeypatch.setattr(
+        pos_emb, "interpolate_pos_emb", lambda t, h, w, mode: computed.append((h, w)) or original(t, h, w, mode)
+    )
     module = Learnable2DInterpPosEmb(64, 64, 8, max_cache_entries=3)
     with torch.no_grad():
         module.weight.normal_()
@@ -344,7 +347,7 @@ def test_cuda_bfloat16_matches_cpu_float32(tensors):
 
 
 def test_sdpa_uniform_equals_per_segment():
-    from mmproc.model.attention import sdpa_uniform
+    from mmproc.layers.attention import sdpa_uniform
 
     gen = torch.Generator().manual_seed(7)
     q, k, v = torch.randn(3, 4 * 6, 3, 8, generator=gen).unbind(0)  # 4 segments of 6, (L, H, dh)
@@ -387,7 +390,7 @@ def test_encoder_pairs_each_residual_add_with_the_next_layernorm(tensors):
     assert len({tuple(w[:4].tolist()) for w in norms}) == len(norms) == 2 * 3 + 2
     batch = pack_images(make_images([(4, 6), (10, 8), (2, 2)], seed=8))
     inputs = tower_inputs(model, batch)
-    assert inputs.kernels.names[3] == "eager" and inputs.kernels.add_norm is add_layer_norm
+    assert inputs.kernels.names[3] == "eager" and inputs.kernels.add_norm is add_norm
     x = model.tower.patch_embed(batch.pixel_values, batch.grid_hws)
     want = per_block_formula(model, x.clone(), inputs)
     torch.testing.assert_close(model.tower.encoder(x.clone(), inputs), want, atol=0, rtol=0)  # same ops, same bits
@@ -405,8 +408,8 @@ def test_encoder_pairs_each_residual_add_with_the_next_layernorm(tensors):
 
 
 def encoder_from_random(config: VisionConfig) -> VisionEncoder:
-    from mmproc.model.init import random_state_dict
-    from mmproc.model.loader import build_encoder, expected_shapes
+    from mmproc.models.init import random_state_dict
+    from mmproc.models.loader import build_encoder, expected_shapes
 
     return build_encoder(config, random_state_dict(expected_shapes(config), seed=4))
 
@@ -417,4 +420,16 @@ def test_kernel_options_name_the_add_norm_choice():
     assert len(kernels.names) == 4 and kernels.names[3] == "eager"  # CPU: the plain path
     assert model.tower.options.fused_add_norm  # on by default; CUDA picks Triton when it passes its probe
     model.tower.set_options(fused_add_norm=False)
-    assert model.tower.kernels(model.device, model.dtype).add_norm is add_layer_norm
+    assert model.tower.kernels(model.device, model.dtype).add_norm is add_norm
+
+
+def test_cuda_graph_cache_stays_eager_on_the_cpu() -> None:
+    model = load_encoder(None, preset="tiny")
+    model.use_cuda_graphs(capacity=2, max_patches=4096, min_hits=1)
+    batch = pack_images(make_images([(4, 6)]))
+    with torch.inference_mode():
+        want = model(batch)
+        assert torch.equal(model(batch), want)
+    assert not model.graphs.graphs and not model.graphs.sightings  # never looked at off CUDA
+    with pytest.raises(ValueError, match="capacity"):
+        model.use_cuda_graphs(capacity=1, max_patches=0)

@@ -1,4 +1,4 @@
-"""Fused in-place RoPE (mmproc/model/rope_triton.py) against a float32 complex-number reference.
+"""Fused in-place RoPE (mmproc/layers/rope_triton.py) against a float32 complex-number reference.
 
 Tolerances: the kernel rotates in float32 and rounds once to the storage dtype, so it differs from the float32
 reference by at most half an ulp of the output (relative 2**-9 in bf16, 2**-12 in fp16) plus float32
@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from mmproc.model import rope_triton
+from mmproc.layers import rope_triton
 from tests.python_subprocess import run_python
 
 HEADS, HEAD_DIM = 16, 72  # MoonViT: hidden 1152 = 16 heads x 72
@@ -95,7 +95,7 @@ def test_strided_from_qkv_in_place(seq: int, dtype: torch.dtype, entry: str) -> 
 @requires_fused
 def test_matches_plain_rope_on_real_tables() -> None:
     # Same numbers as the plain path the encoder falls back to, on the real 2D tables of a packed batch.
-    from mmproc.model.rope import apply_rope, build_rope_table, rope_cos_sin
+    from mmproc.layers.rope import apply_rope, build_rope_table, rope_cos_sin
 
     grids = [(34, 48), (60, 80), (1, 1)]  # (h, w) patches per image
     cos_t, sin_t = (t.cuda() for t in build_rope_table(HEAD_DIM, 64, 96))
@@ -155,7 +155,7 @@ def test_imports_without_triton() -> None:
         """
         import sys
         sys.modules["triton"] = None  # makes `import triton` raise ImportError
-        from mmproc.model import rope_triton
+        from mmproc.layers import rope_triton
         assert rope_triton.available() is False
         """
     )
@@ -167,7 +167,7 @@ def test_interpreter_on_cpu() -> None:
     # The same kernel under TRITON_INTERPRET=1 on CPU tensors (the env var must be set before triton.jit runs,
     # hence the subprocess). Covers both pair-loading variants, unaligned strides (dh=6 -> 4-byte rows) and
     # head/token counts that are not multiples of the blocks.
-    code = "import torch\nfrom mmproc.model import rope_triton as rt\n" + _INTERPRETER_BODY
+    code = "import torch\nfrom mmproc.layers import rope_triton as rt\n" + _INTERPRETER_BODY
     done = run_python(code, TRITON_INTERPRET="1")
     assert done.returncode == 0, done.stdout + done.stderr
 

@@ -10,7 +10,7 @@ import torch
 
 from mmproc.batching import pack_images
 from mmproc.errors import ConfigError, DeadlineExceededError, ResourceExhaustedError
-from mmproc.model import load_encoder
+from mmproc.models import load_encoder
 from mmproc.runner import BatchStats, EncoderRunner, RunnerConfig
 from mmproc.types import PackedBatch, PreprocessedImage
 

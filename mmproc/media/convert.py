@@ -18,6 +18,10 @@ The rule (faithfulness to how the model was trained beats prettiness):
 - 32-bit integer I: clipped to 0..65535, then the high byte, as for 16-bit.
 - F (32-bit float): NaN -> 0, clipped to 0..255, truncated toward zero (as Pillow's F -> L does), as grey.
 
+`to_rgb_keeping_alpha` is the same rule for a model whose processor composites transparent pixels itself
+(Kimi K3): an image with an alpha band or a palette "transparency" entry becomes straight-alpha "RGBA"
+(as the reference's `convert("RGBA")`), every other one "RGB" as above.
+
 Pure functions, no shared state: safe from any thread.
 """
 
@@ -45,6 +49,16 @@ def to_rgb(image: Image.Image) -> Image.Image:
     if mode in _PREMULTIPLIED_TO_STRAIGHT:
         return image.convert(_PREMULTIPLIED_TO_STRAIGHT[mode]).convert("RGB")
     return image.convert("RGB")
+
+
+def to_rgb_keeping_alpha(image: Image.Image) -> Image.Image:
+    """A new, fully loaded "RGBA" image when `image` has transparency, else `to_rgb(image)`."""
+    has_alpha = "A" in image.getbands() or "a" in image.getbands() or "transparency" in image.info
+    if not has_alpha:
+        return to_rgb(image)
+    if image.mode in _PREMULTIPLIED_TO_STRAIGHT:
+        image = image.convert(_PREMULTIPLIED_TO_STRAIGHT[image.mode])
+    return image.copy() if image.mode == "RGBA" else image.convert("RGBA")
 
 
 def _to_uint8_grey(image: Image.Image) -> np.ndarray:

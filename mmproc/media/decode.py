@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from PIL import Image
 
 from mmproc.errors import InvalidMediaError, Reason
-from mmproc.media.convert import to_rgb
+from mmproc.media.convert import to_rgb, to_rgb_keeping_alpha
 from mmproc.media.formats import (
     JPEG,
     PILLOW_FORMAT,
@@ -56,10 +56,11 @@ _EXIF_FORMATS = frozenset({JPEG, PNG, WEBP})
 _BOMB_ERRORS = (Image.DecompressionBombError, Image.DecompressionBombWarning)
 
 
-def decode_image(data: bytes, limits: MediaLimits) -> DecodedImage:
+def decode_image(data: bytes, limits: MediaLimits, *, keep_alpha: bool = False) -> DecodedImage:
     """Validate and decode one image; see the module docstring for the order of checks.
 
-    Returns a `DecodedImage` whose `image` is a fully loaded mode-"RGB" image, upright, without metadata,
+    Returns a `DecodedImage` whose `image` is a fully loaded mode-"RGB" image (or "RGBA" for a transparent
+    image when `keep_alpha`: see `convert.to_rgb_keeping_alpha`), upright, without metadata,
     holding no reference to `data`; `source_size` is (width, height) as stored, before EXIF orientation.
     Raises `InvalidMediaError` (index -1) for anything that is the client's fault; a `MemoryError` is left
     alone (the limits bound allocations, so running out is the server's problem, not a bad request).
@@ -82,7 +83,7 @@ def decode_image(data: bytes, limits: MediaLimits) -> DecodedImage:
             image.load()
         orientation = read_orientation(image) if fmt in _EXIF_FORMATS else 1
         with _decoder_errors(fmt, data, "convert"):
-            rgb = to_rgb(image)
+            rgb = to_rgb_keeping_alpha(image) if keep_alpha else to_rgb(image)
     upright = apply_orientation(rgb, orientation)
     upright.info = {}  # stale EXIF (orientation!), ICC, transparency: none of it describes the output
     return DecodedImage(image=upright, source_format=fmt, source_size=source_size)

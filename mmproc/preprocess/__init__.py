@@ -4,8 +4,8 @@
     out = preprocess_image(rgb_image, cfg)            # PreprocessedImage: (L, 3, p, p) float32, grid, tokens
     grid_h, grid_w = target_grid(width, height, cfg)  # the same grid from the size alone, no pixels
 
-Family rules live in `kimi_vl.py` (KimiVLImageProcessor) and `kimi_k25.py` (KimiK25VisionProcessor);
-`patchify.py` holds the pixel work both share, `bounds.py` the per-image patch bound used for batching.
+Family rules live in `kimi_vl.py` (KimiVLImageProcessor), `kimi_k25.py` (KimiK25VisionProcessor) and `kimi_k3.py`,
+listed in `rules.py`; `patchify.py` holds the pixel work they share, `bounds.py` the per-image patch bound.
 """
 
 from __future__ import annotations
@@ -16,11 +16,10 @@ from PIL import Image
 
 from mmproc.errors import InvalidMediaError, Reason
 from mmproc.preprocess.config import PreprocessConfig, load_preprocess_config
-from mmproc.preprocess.kimi_k25 import plan_kimi_k25, preprocess_kimi_k25
-from mmproc.preprocess.kimi_vl import plan_kimi_vl, preprocess_kimi_vl
+from mmproc.preprocess.rules import RULES
 from mmproc.types import PreprocessedImage
 
-__all__ = ["PreprocessConfig", "load_preprocess_config", "preprocess_image", "target_grid"]
+__all__ = ["RULES", "PreprocessConfig", "load_preprocess_config", "preprocess_image", "target_grid"]
 
 
 def preprocess_image(image: Image.Image, cfg: PreprocessConfig) -> PreprocessedImage:
@@ -30,8 +29,7 @@ def preprocess_image(image: Image.Image, cfg: PreprocessConfig) -> PreprocessedI
     """
     if image.width < 1 or image.height < 1:
         raise InvalidMediaError(f"image is {image.width}x{image.height}", reason=Reason.TOO_SMALL)
-    out = preprocess_kimi_vl(image, cfg) if cfg.family == "kimi_vl" else preprocess_kimi_k25(image, cfg)
-    return dataclasses.replace(out, image_size=image.size)
+    return dataclasses.replace(RULES[cfg.family].run(image, cfg), image_size=image.size)
 
 
 def target_grid(width: int, height: int, cfg: PreprocessConfig) -> tuple[int, int]:
@@ -41,5 +39,4 @@ def target_grid(width: int, height: int, cfg: PreprocessConfig) -> tuple[int, in
     """
     if width < 1 or height < 1:
         raise InvalidMediaError(f"image is {width}x{height}", reason=Reason.TOO_SMALL)
-    plan = plan_kimi_vl(width, height, cfg) if cfg.family == "kimi_vl" else plan_kimi_k25(width, height, cfg)
-    return plan.grid_hw
+    return RULES[cfg.family].plan(width, height, cfg).grid_hw

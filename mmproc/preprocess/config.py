@@ -11,6 +11,7 @@ Two layouts exist:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass
@@ -21,7 +22,9 @@ from typing import Any, Literal
 from mmproc.errors import ConfigError
 from mmproc.preprocess.bounds import max_patches_bound
 
-Family = Literal["kimi_vl", "kimi_k25"]
+Family = Literal["kimi_vl", "kimi_k25", "kimi_k3"]
+FAMILIES: tuple[Family, ...] = ("kimi_vl", "kimi_k25", "kimi_k3")
+NAVIT_FAMILIES = ("kimi_k25", "kimi_k3")  # K2.5's media_proc_cfg rules (K3 adds the transparent background)
 
 # MoonViT's 2D RoPE table covers 512 x 512 patches; KimiVLImageProcessor.rescale raises "Exceed pos emb" when a
 # grid side reaches it. K2.5 enforces the same limit through `patch_limit_on_one_side`.
@@ -67,6 +70,59 @@ def _triple(name: str, value: object, *, positive: bool) -> tuple[float, float, 
     return (out[0], out[1], out[2])
 
 
+_BG_PATTERNS = {"black": 0.0, "white": 255.0, "gray": 128.0, "chessboard": None}
+
+
+@dataclass(frozen=True)
+class TransparentBackground:
+    """K3 `media_proc_cfg.transparent_bg_config`: what transparent pixels are composited onto after the resize.
+
+    pattern: "chessboard" (squares of `square_size` resized pixels from the top-left corner; with
+    `square_on_top_left` the squares of odd parity (y // size + x // size) are `gray_value` and the top-left one
+    `white_value`, without it the reverse: SGLang's reading of the key), or "black" / "white" / "gray"
+    (0 / 255 / 128).
+    Defaults: those of SGLang 0.5.23's `fill_transparent_bg` for keys the file leaves out.
+    """
+
+    pattern: str = "black"
+    square_size: int = 16
+    white_value: float = 255.0
+    gray_value: float = 200.0
+    square_on_top_left: bool = True
+
+    def __post_init__(self) -> None:
+        if self.pattern not in _BG_PATTERNS:
+            raise ConfigError(f"preprocess config: transparent_bg_config.pattern must be one of {sorted(_BG_PATTERNS)}")
+        _positive_int("transparent_bg_config.chessboard_square_size", self.square_size)
+        for name in ("white_value", "gray_value"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 255:
+                raise ConfigError(f"preprocess config: transparent_bg_config.chessboard_{name} must be in 0..255")
+        if not isinstance(self.square_on_top_left, bool):
+            raise ConfigError("preprocess config: transparent_bg_config.chessboard_square_on_top_left must be a bool")
+
+    @property
+    def fill_value(self) -> float:
+        value = _BG_PATTERNS[self.pattern]
+        assert value is not None, "a chessboard has no single fill value"
+        return value
+
+    @classmethod
+    def from_dict(cls, data: object) -> TransparentBackground:
+        if not isinstance(data, dict):
+            raise ConfigError("preprocess config: transparent_bg_config must be an object")
+        stage = data.get("transparent_bg_fill_stage", "after_resize")
+        if stage != "after_resize":
+            raise ConfigError(f"preprocess config: transparent_bg_fill_stage {stage!r} is not supported")
+        return cls(
+            pattern=data.get("pattern", "black"),
+            square_size=data.get("chessboard_square_size", 16),
+            white_value=data.get("chessboard_white_value", 255.0),
+            gray_value=data.get("chessboard_gray_value", 200.0),
+            square_on_top_left=data.get("chessboard_square_on_top_left", True),
+        )
+
+
 @dataclass(frozen=True)
 class PreprocessConfig:
     """Image-processor rules of one checkpoint. Build with `kimi_vl()`, `kimi_k25()`, `from_dict()` or
@@ -85,10 +141,13 @@ class PreprocessConfig:
     pad_input: bool | None = None  # Kimi-VL: pad to the merge kernel (True) or resize down to it (False)
     in_patch_limit: int | None = None  # K2.5: limit on (w // p) * (h // p)
     patch_limit_on_one_side: int | None = None  # K2.5: limit on each side, in patches
+    transparent_bg: TransparentBackground | None = None  # K3: composite transparent images onto this
 
     def __post_init__(self) -> None:
-        if self.family not in ("kimi_vl", "kimi_k25"):
-            raise ConfigError(f"preprocess config: family must be 'kimi_vl' or 'kimi_k25', got {self.family!r}")
+        if self.family not in FAMILIES:
+            raise ConfigError(f"preprocess config: family must be one of {FAMILIES}, got {self.family!r}")
+        if self.transparent_bg is not None and self.family != "kimi_k3":
+            raise ConfigError("preprocess config: transparent_bg_config is a Kimi K3 setting")
         _positive_int("patch_size", self.patch_size)
         kernel = self.merge_kernel_size
         if not isinstance(kernel, (list, tuple)) or len(kernel) != 2:
@@ -148,23 +207,39 @@ class PreprocessConfig:
         """Kimi K2.5 preprocessor_config.json `media_proc_cfg` (image keys)."""
         return cls._from_media_proc_cfg({})
 
+    @classmethod
+    def kimi_k3(cls) -> PreprocessConfig:
+        """Kimi K3: K2.5's media_proc_cfg values, transparent pixels onto SGLang's default chessboard."""
+        return cls._from_media_proc_cfg({"transparent_bg_config": {"pattern": "chessboard"}}, family="kimi_k3")
+
+    @classmethod
+    def default_for(cls, family: str) -> PreprocessConfig:
+        """The rules a preset of `family` runs with (no checkpoint directory)."""
+        if family not in FAMILIES:
+            raise ConfigError(f"preprocess config: no rules for family {family!r}")
+        return getattr(cls, family)()
+
     # -- parsing -------------------------------------------------------------------------------------------
 
     @classmethod
-    def from_dict(cls, data: object) -> PreprocessConfig:
-        """Parse a preprocessor_config.json object; the family is detected from its layout."""
+    def from_dict(cls, data: object, family: str | None = None) -> PreprocessConfig:
+        """Parse a preprocessor_config.json object. `family`: the model's (K2.5 and K3 files share a layout);
+        None detects Kimi-VL vs K2.5 from the layout."""
         if not isinstance(data, dict):
             raise ConfigError(f"preprocess config: expected a JSON object, got {type(data).__name__}")
         if "media_proc_cfg" in data:
             media = data["media_proc_cfg"]
             if not isinstance(media, dict):
                 raise ConfigError("preprocess config: media_proc_cfg must be an object")
-            return cls._from_media_proc_cfg(media)
+            return cls._from_media_proc_cfg(media, family="kimi_k3" if family == "kimi_k3" else "kimi_k25")
+        if str(data.get("image_processor_type", "")).endswith("Kimi_K25ImageProcessor"):
+            return cls._from_media_proc_cfg(_transformers_k25_to_media_proc_cfg(data))
         if _is_kimi_vl(data):
             return cls._from_kimi_vl(data)
         raise ConfigError(
-            "preprocess config: unknown layout: expected image_processor_type 'KimiVLImageProcessor' (Kimi-VL) "
-            f"or a 'media_proc_cfg' object (Kimi K2.5); got image_processor_type="
+            "preprocess config: unknown layout: expected image_processor_type 'KimiVLImageProcessor' (Kimi-VL), "
+            "'Kimi_K25ImageProcessor' (K2.5 written by transformers) or a 'media_proc_cfg' object (Kimi K2.5 / K3); "
+            "got image_processor_type="
             f"{data.get('image_processor_type')!r}, keys {sorted(data)}"
         )
 
@@ -184,8 +259,9 @@ class PreprocessConfig:
         )
 
     @classmethod
-    def _from_media_proc_cfg(cls, media: dict[str, Any]) -> PreprocessConfig:
+    def _from_media_proc_cfg(cls, media: dict[str, Any], family: Family = "kimi_k25") -> PreprocessConfig:
         merged = {**_K25_DEFAULTS, **media}
+        bg = merged.get("transparent_bg_config") if family == "kimi_k3" else None
         if merged["fixed_output_tokens"] is not None:
             raise ConfigError(
                 "preprocess config: media_proc_cfg.fixed_output_tokens is set "
@@ -195,13 +271,14 @@ class PreprocessConfig:
         # K2.5 stores one int; tolerate [m, m] as some converted checkpoints do.
         kernel_hw = tuple(kernel) if isinstance(kernel, (list, tuple)) else (kernel, kernel)
         return cls(
-            family="kimi_k25",
+            family=family,
             patch_size=merged["patch_size"],
             merge_kernel_size=kernel_hw,  # type: ignore[arg-type]  # checked in __post_init__
             image_mean=merged["image_mean"],
             image_std=merged["image_std"],
             in_patch_limit=merged["in_patch_limit"],
             patch_limit_on_one_side=merged["patch_limit_on_one_side"],
+            transparent_bg=None if bg is None else TransparentBackground.from_dict(bg),
         )
 
     # -- derived limits --------------------------------------------------------------------------------------
@@ -242,12 +319,29 @@ class PreprocessConfig:
             out |= {"in_token_limit": self.in_token_limit, "pad_input": self.pad_input}
         else:
             out |= {"in_patch_limit": self.in_patch_limit, "patch_limit_on_one_side": self.patch_limit_on_one_side}
+        if self.transparent_bg is not None:
+            out["transparent_bg"] = dataclasses.asdict(self.transparent_bg)
         out |= {
             "max_grid_side": list(self.max_grid_side),
             "max_patches_per_image": self.max_patches_per_image,
             "max_tokens_per_image": self.max_tokens_per_image,
         }
         return out
+
+
+def _transformers_k25_to_media_proc_cfg(data: dict[str, Any]) -> dict[str, Any]:
+    """transformers' Kimi_K25ImageProcessor keys -> Moonshot's media_proc_cfg names (same navit rule):
+    max_patches = in_patch_limit, size.max_height = size.max_width = patch_limit_on_one_side (in patches),
+    merge_size = merge_kernel_size."""
+    out = {k: data[k] for k in ("patch_size", "image_mean", "image_std") if k in data}
+    renames = (("max_patches", "in_patch_limit"), ("merge_size", "merge_kernel_size"))
+    out |= {ours: data[theirs] for theirs, ours in renames if theirs in data}
+    size = data.get("size")
+    if size is not None:
+        if not isinstance(size, dict) or size.get("max_height") != size.get("max_width"):
+            raise ConfigError(f"preprocess config: size must hold equal max_height and max_width, got {size!r}")
+        out["patch_limit_on_one_side"] = size["max_height"]
+    return out
 
 
 def _is_kimi_vl(data: dict[str, Any]) -> bool:
@@ -257,8 +351,9 @@ def _is_kimi_vl(data: dict[str, Any]) -> bool:
     return isinstance(auto_map, dict) and str(auto_map.get("AutoImageProcessor", "")).endswith("KimiVLImageProcessor")
 
 
-def load_preprocess_config(model_dir: Path | str) -> PreprocessConfig:
-    """Read `<model_dir>/preprocessor_config.json`. Raises ConfigError naming the file and the problem."""
+def load_preprocess_config(model_dir: Path | str, family: str | None = None) -> PreprocessConfig:
+    """Read `<model_dir>/preprocessor_config.json` for a model of `family`. ConfigError naming the file and the
+    problem; a file of another family's layout is refused."""
     path = Path(model_dir) / "preprocessor_config.json"
     if not path.is_file():
         raise ConfigError(f"{path}: not found (a checkpoint directory must contain preprocessor_config.json)")
@@ -267,6 +362,9 @@ def load_preprocess_config(model_dir: Path | str) -> PreprocessConfig:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ConfigError(f"{path}: cannot read JSON: {e}") from e
     try:
-        return PreprocessConfig.from_dict(data)
+        cfg = PreprocessConfig.from_dict(data, family)
     except ConfigError as e:
         raise ConfigError(f"{path}: {e}") from e
+    if family is not None and cfg.family != family:
+        raise ConfigError(f"{path}: holds {cfg.family} preprocessing rules, the model is {family}")
+    return cfg

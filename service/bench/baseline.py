@@ -1,7 +1,8 @@
 """The eager per-image baseline of `mmproc bench encoder`: MoonViT + projector the way a straightforward port of
-the Hugging Face Kimi-VL code runs, on the SAME weights as a `VisionEncoder` (it only reads its parameters).
+the Hugging Face Kimi-VL code (or SGLang's K3 port) runs, on the SAME weights as a `VisionEncoder` (it only reads
+its parameters).
 
-Per image, per layer: nn.LayerNorm, wqkv Linear, q/k/v split copies (`.contiguous()`), plain complex RoPE
+Per image, per layer: the norm module (LayerNorm, or RMSNorm for K3), wqkv Linear, q/k/v split copies (`.contiguous()`), plain complex RoPE
 (float32 upcast, `view_as_complex` multiply), `F.scaled_dot_product_attention` on (1, H, L, dh), wo Linear,
 residual add, nn.LayerNorm, fc0 Linear, `F.gelu(approximate="tanh")`, fc1 Linear, residual add. The position
 embedding is interpolated per image on every call and the merger is a view/permute per image, as in the HF code.
@@ -13,9 +14,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mmproc.model import VisionEncoder
-from mmproc.model.moonvit import EncoderLayer
-from mmproc.model.rope import build_rope_table
+from mmproc.layers.projector import PostNormProjector
+from mmproc.layers.rope import build_rope_table
+from mmproc.models import VisionEncoder
+from mmproc.models.tower import EncoderLayer
 from mmproc.types import PackedBatch
 
 
@@ -44,7 +46,8 @@ class EagerBaseline:
         embed = tower.patch_embed
         x = embed.proj(pixels).flatten(1)  # Conv2d -> (L, D, 1, 1) -> (L, D)
         table = embed.pos_emb.weight  # (H0, W0, D), interpolated on every call like the reference
-        pos = F.interpolate(table.float().permute(2, 0, 1)[None], size=(h, w), mode="bicubic", align_corners=False)
+        mode = model.config.pos_emb_mode
+        pos = F.interpolate(table.float().permute(2, 0, 1)[None], size=(h, w), mode=mode, align_corners=False)
         x = x + pos[0].permute(1, 2, 0).reshape(h * w, -1).to(x.dtype)
         freqs = self.freqs_cis[:h, :w].reshape(h * w, 1, -1)  # (L, 1, dh/2)
         for block in tower.encoder.blocks:
@@ -54,6 +57,8 @@ class EagerBaseline:
         d = x.shape[-1]
         x = x.view(h // kh, kh, w // kw, kw, d).permute(0, 2, 1, 3, 4).reshape(-1, kh * kw, d)  # (T, kk, D)
         proj = model.projector
+        if isinstance(proj, PostNormProjector):  # K3: no pre-norm, RMSNorm after the MLP
+            return proj.post_norm(proj.linear_2(F.gelu(proj.linear_1(x.reshape(x.shape[0], -1)))))
         x = proj.pre_norm(x).reshape(x.shape[0], -1)  # (T, kk*D)
         return proj.linear_2(F.gelu(proj.linear_1(x)))
 
@@ -71,4 +76,4 @@ def _layer(block: EncoderLayer, x: Tensor, freqs: Tensor) -> Tensor:
     q, k = _rope(q, freqs), _rope(k, freqs)
     o = F.scaled_dot_product_attention(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None])
     x = x + block.wo(o[0].transpose(0, 1).reshape(seq, -1))
-    return x + block.mlp.fc1(F.gelu(block.mlp.fc0(block.norm1(x)), approximate="tanh"))
+    return x + block.mlp(block.norm1(x))  # fc0, GELU (tanh unless the config says exact), fc1

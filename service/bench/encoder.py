@@ -34,7 +34,7 @@ import torch
 from torch import Tensor
 
 from mmproc.batching import pixel_transfer_dtype
-from mmproc.model import PRESETS, VisionConfig, VisionEncoder
+from mmproc.models import PRESETS, VisionConfig, VisionEncoder
 from mmproc.preprocess import PreprocessConfig, target_grid
 from mmproc.types import PackedBatch
 from service.bench.provenance import git_commit, git_dirty
@@ -71,6 +71,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--no-baseline", action="store_true", help="skip the eager per-image baseline")
     p.add_argument("--attention", action="store_true", help="also time one image's SDPA per backend and layout")
     p.add_argument("--profile", action="store_true", help="per workload, kernel time by category of one warm forward")
+    p.add_argument("--latency", nargs="*", default=None, metavar="WORKLOAD",
+                   help="one batch at a time: p50/p99 latency eager and as a CUDA graph vs GPU busy time (CUDA; "
+                        "default workloads 448x1 1024x1 256x4)")  # fmt: skip
+    p.add_argument("--latency-reps", type=int, default=50)
     p.add_argument("--json", type=Path, default=None, help="write machine-readable results here")
     return p.parse_args(argv)
 
@@ -87,17 +91,18 @@ def workload_grids(name: str, seed: int) -> list[tuple[int, int]]:
 
 
 def encoder_flops(config: VisionConfig, grids: Sequence[tuple[int, int]]) -> dict[str, int]:
-    """Exact FLOPs of one forward over images with these grids: 2*M*N*K per matmul, 4*L^2*D attention."""
-    d, inter, text = config.hidden_size, config.intermediate_size, config.text_hidden_size
+    """Exact FLOPs of one forward over images with these grids: 2*M*N*K per matmul, 4*L^2*A attention (A the
+    attention width: hidden for MoonViT, qkv_hidden_size for K3; the real head dim, never a padded one)."""
+    d, inter, text, a = config.hidden_size, config.intermediate_size, config.text_hidden_size, config.qkv_width
     kk = config.merge_kernel_size[0] * config.merge_kernel_size[1]
     patch_in = 3 * config.patch_size**2
-    per_patch_layer = 2 * d * (3 * d + d + 2 * inter)  # wqkv, wo, fc0, fc1
+    per_patch_layer = 2 * d * (3 * a + a + 2 * inter)  # wqkv, wo, fc0, fc1
     matmul = attention = 0
     for h, w in grids:
         seq, tokens = h * w, h * w // kk
         matmul += 2 * seq * patch_in * d + config.num_layers * seq * per_patch_layer
         matmul += 2 * tokens * (kk * d) * (kk * d + text)  # projector linear_1, linear_2
-        attention += config.num_layers * 4 * seq * seq * d  # QK^T and PV
+        attention += config.num_layers * 4 * seq * seq * a  # QK^T and PV
     return {"matmul": matmul, "attention": attention, "total": matmul + attention}
 
 
@@ -368,6 +373,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             if device.type == "cuda":
                 torch.cuda.empty_cache()
     _summary(rows)
+    latency = []
+    if args.latency is not None and device.type == "cuda":
+        from service.bench.latency import latency_row, print_latency
+
+        with torch.inference_mode():
+            for name in args.latency or ["448x1", "1024x1", "256x4"]:
+                grids = workload_grids(name, args.seed)
+                batch = random_batch(grids, config.patch_size, config.merge_kernel_size, args.seed, pixel_dtype, True)
+                latency.append(latency_row(model, name, batch, args.latency_reps, device))
+        print_latency(latency)
     attention = []
     if args.attention and device.type == "cuda":
         from service.bench.attention import attention_table  # its own module: one image's SDPA per backend
@@ -395,6 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "results": rows,
             "checks": checks,
             "attention": attention,
+            "latency": latency,
             "profiles": profiles,
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)

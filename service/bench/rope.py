@@ -1,7 +1,7 @@
 """`mmproc bench rope`: per-layer Q/K rotation time of MoonViT's 2D RoPE, plain vs fused (Triton, in place).
 
 Paths, all on the (L, 3*H*dh) output of the fused wqkv projection (viewed as (L, 3, H, dh)):
-  plain      split copies q/k `.contiguous()`, then `mmproc.model.rope.apply_rope` (float32 upcast, new outputs)
+  plain      split copies q/k `.contiguous()`, then `mmproc.layers.rope.apply_rope` (float32 upcast, new outputs)
   plain-view `apply_rope` straight on the q/k views (what the encoder's fallback does; reference only)
   fused      `rope_triton.apply_rope_` in place on contiguous q, k
   fused-qkv  `rope_triton.apply_rope_qkv_` in place on the strided q/k views of qkv (no copies)
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from mmproc.model import rope_triton
-from mmproc.model.rope import apply_rope
+from mmproc.layers import rope_triton
+from mmproc.layers.rope import apply_rope
 from service.bench.provenance import git_commit
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}

@@ -1,124 +1,40 @@
-"""The MoonViT vision tower (Kimi-VL `MoonVitPretrainedModel`; K2.5 `MoonViT3d` for t == 1) over a packed batch.
+"""The MoonViT vision tower over a packed batch, for every family (Kimi-VL `MoonVitPretrainedModel`, K2.5 and K3
+`MoonViT3d` for t == 1); what differs between families is read from `VisionConfig`.
 
 Parameter names equal the checkpoint's `vision_tower.*` names: patch_embed.proj / patch_embed.pos_emb,
 encoder.blocks.{i}.{norm0,norm1,wqkv,wo,mlp.fc0,mlp.fc1}, encoder.final_layernorm.
 
-Per block (pre-LN, LayerNorm eps 1e-5):
-    x = x + wo(attn(rope(wqkv(norm0(x)))))        wqkv output viewed as (L, 3, H, dh)
-    x = x + mlp.fc1(gelu_tanh(mlp.fc0(norm1(x))))
+Per block (pre-norm: LayerNorm eps 1e-5, or RMSNorm for K3):
+    x = x + wo(attn(rope(wqkv(norm0(x)))))        wqkv output viewed as (L, 3, H, dh), dh = qkv width / H
+    x = x + mlp.fc1(act(mlp.fc0(norm1(x))))        act = GELU(tanh) unless the config says exact GELU
 and `final_layernorm(x)` after the last block. The code computes the same thing with every residual add paired
-with the LayerNorm that reads its result: (x, h) = add_norm(x, wo(...), norm1), then the MLP residual with the
+with the norm that reads its result: (x, h) = add_norm(x, wo(...), norm1), then the MLP residual with the
 NEXT block's norm0 (or final_layernorm), so a block takes and returns (x, norm(x)).
 
-Optional fast paths (`KernelOptions`, fixed at construction; each with a plain fallback): fused Triton RoPE,
-a varlen attention kernel, fc0 + bias + GELU(tanh) as one cuBLASLt matmul with a GELU epilogue, and the
-residual add + LayerNorm as one Triton kernel.
+Optional fast paths: see mmproc/layers/kernels.py.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from mmproc.model import rope_triton
-from mmproc.model.add_norm import AddNormFn, add_layer_norm, select_add_norm
-from mmproc.model.attention import LONG_SEGMENT, AttentionFn, VarlenMeta, select_attention
-from mmproc.model.config import VisionConfig
-from mmproc.model.pos_emb import Learnable2DInterpPosEmb
-from mmproc.model.rope import apply_rope, build_rope_table
+from mmproc.layers.add_norm import Norm, apply_norm, make_norm
+from mmproc.layers.attention import VarlenMeta
+from mmproc.layers.kernels import KernelOptions, Kernels, LinearGeluFn, linear_gelu_tanh, select_kernels
+from mmproc.layers.pos_emb import Learnable2DInterpPosEmb
+from mmproc.layers.rope import build_rope_table
+from mmproc.models.config import VisionConfig
 
 logger = logging.getLogger(__name__)
 
 _ROPE_TABLE_STEP = 64  # the lazily built RoPE table grows in steps of 64 patches per side
 
-# (q, k, cos, sin) -> rotated (q, k); q/k are views of the wqkv output and may be rotated in place.
-RopeFn = Callable[[Tensor, Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
-
-
-def _fused_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    rope_triton.apply_rope_(q, k, cos, sin)  # in place, one launch for q and k
-    return q, k
-
-
-def select_rope(device: torch.device) -> tuple[str, RopeFn]:
-    """Fused Triton RoPE on CUDA when available, else the plain `apply_rope` (same math, float32)."""
-    if device.type == "cuda" and rope_triton.available():
-        return "triton", _fused_rope
-    return "eager", apply_rope
-
-
-# (x (L, D_in), weight (D_out, D_in), bias (D_out,)) -> gelu_tanh(x @ weight.T + bias) (L, D_out)
-LinearGeluFn = Callable[[Tensor, Tensor, Tensor], Tensor]
-
-
-def linear_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    """Plain path: matmul (+ bias in the epilogue), then a separate GELU(tanh) pass over the (L, D_out) output."""
-    return F.gelu(F.linear(x, weight, bias), approximate="tanh")
-
-
-def addmm_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
-    """Fused path: cuBLASLt's GELU_BIAS epilogue (the tanh approximation, on the float32 accumulator), so the
-    (L, D_out) output is written once instead of written, read and written again."""
-    return torch._addmm_activation(bias, x, weight.t(), use_gelu=True)
-
-
-@dataclass(frozen=True)
-class KernelOptions:
-    """Which optional fast paths the tower may use where the device/dtype allows; chosen once, never per call.
-
-    fused_rope: Triton RoPE (CUDA). fused_gelu: cuBLASLt bias+GELU epilogue for mlp.fc0 (CUDA, fp16/bf16).
-    uniform_attention: a batch of equal-size images runs one batched SDPA call instead of the varlen kernel.
-    long_segment: patches from which a segment leaves the varlen kernel for its own SDPA call.
-    sdpa_backend: "auto" or the SDPA backend to try first ("cudnn", "flash", "efficient"; CUDA only).
-    fused_add_norm: each residual add and the LayerNorm after it as one Triton kernel (CUDA).
-    attention_streams: CUDA streams the per-segment attention calls of a mixed batch are spread over (1: none).
-    Defaults measured on an H200 (docs/benchmarks/encoder.md): uniform_attention +3-7% end to end.
-    """
-
-    fused_rope: bool = True
-    fused_gelu: bool = True
-    uniform_attention: bool = True
-    long_segment: int = LONG_SEGMENT
-    sdpa_backend: str = "auto"
-    fused_add_norm: bool = True
-    attention_streams: int = 1
-
-
-@dataclass(frozen=True)
-class Kernels:
-    """The functions selected for one (device, dtype) under `KernelOptions`, with names for logs and benches."""
-
-    attn_fn: AttentionFn
-    rope_fn: RopeFn
-    fc0_gelu: LinearGeluFn
-    add_norm: AddNormFn
-    names: tuple[str, str, str, str]  # (attention, rope, fc0+gelu, add+norm)
-
-
-def select_kernels(
-    device: torch.device, dtype: torch.dtype, num_heads: int, head_dim: int, options: KernelOptions
-) -> Kernels:
-    attn_name, attn_fn = select_attention(
-        device,
-        dtype,
-        num_heads,
-        head_dim,
-        long_segment=options.long_segment,
-        uniform_batched=options.uniform_attention,
-        sdpa_backend=options.sdpa_backend,
-        streams=options.attention_streams,
-    )
-    rope_name, rope_fn = select_rope(device) if options.fused_rope else ("eager", apply_rope)
-    fused_gelu = options.fused_gelu and device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)
-    gelu_name, gelu_fn = ("addmm_gelu", addmm_gelu_tanh) if fused_gelu else ("eager", linear_gelu_tanh)
-    width = num_heads * head_dim
-    norm_name, norm_fn = select_add_norm(device, dtype, width) if options.fused_add_norm else ("eager", add_layer_norm)
-    return Kernels(attn_fn, rope_fn, gelu_fn, norm_fn, (attn_name, rope_name, gelu_name, norm_name))
+__all__ = ["KernelOptions", "MoonViT", "TowerInputs"]
 
 
 @dataclass(frozen=True)
@@ -142,8 +58,10 @@ class PatchEmbed(nn.Module):
     def __init__(self, config: VisionConfig) -> None:
         super().__init__()
         p = config.patch_size
-        self.proj = nn.Conv2d(3, config.hidden_size, kernel_size=p, stride=p)  # weight (D, 3, P, P)
-        self.pos_emb = Learnable2DInterpPosEmb(config.pos_emb_height, config.pos_emb_width, config.hidden_size)
+        self.proj = nn.Conv2d(3, config.hidden_size, kernel_size=p, stride=p, bias=config.patch_embed_bias)
+        self.pos_emb = Learnable2DInterpPosEmb(
+            config.pos_emb_height, config.pos_emb_width, config.hidden_size, mode=config.pos_emb_mode
+        )
 
     def forward(self, pixels: Tensor, grid_hws: tuple[tuple[int, int], ...]) -> Tensor:
         # pixels (L, 3, P, P) model dtype -> (L, D). The conv kernel covers the whole patch: one matmul.
@@ -153,29 +71,33 @@ class PatchEmbed(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, dim: int, hidden: int) -> None:
+    def __init__(self, dim: int, hidden: int, *, bias: bool, exact_gelu: bool) -> None:
         super().__init__()
-        self.fc0 = nn.Linear(dim, hidden)
-        self.fc1 = nn.Linear(hidden, dim)
+        self.fc0 = nn.Linear(dim, hidden, bias=bias)
+        self.fc1 = nn.Linear(hidden, dim, bias=bias)
+        self.exact_gelu = exact_gelu
 
     def forward(self, x: Tensor, fc0_gelu: LinearGeluFn = linear_gelu_tanh) -> Tensor:
-        # x (L, D) -> (L, D). Kimi-VL uses gelu_pytorch_tanh in the tower (the projector uses exact GELU).
+        # x (L, D) -> (L, D). The towers use gelu_pytorch_tanh (the projectors use exact GELU).
+        if self.exact_gelu:
+            return self.fc1(F.gelu(self.fc0(x)))
         return self.fc1(fc0_gelu(x, self.fc0.weight, self.fc0.bias))
 
 
 class EncoderLayer(nn.Module):
     def __init__(self, config: VisionConfig) -> None:
         super().__init__()
-        d = config.hidden_size
+        d, width = config.hidden_size, config.qkv_width
         self.num_heads = config.num_heads
         self.head_dim = config.head_dim
-        self.norm0 = nn.LayerNorm(d, eps=1e-5)
-        self.norm1 = nn.LayerNorm(d, eps=1e-5)
-        self.wqkv = nn.Linear(d, 3 * d)
-        self.wo = nn.Linear(d, d)
-        self.mlp = MLP(d, config.intermediate_size)
+        self.norm0 = make_norm(config.norm, d, config.norm_eps)
+        self.norm1 = make_norm(config.norm, d, config.norm_eps)
+        self.wqkv = nn.Linear(d, 3 * width, bias=config.attn_bias)
+        self.wo = nn.Linear(width, d, bias=config.attn_bias)
+        exact = config.activation == "gelu"
+        self.mlp = MLP(d, config.intermediate_size, bias=config.mlp_bias, exact_gelu=exact)
 
-    def forward(self, x: Tensor, h: Tensor, next_norm: nn.LayerNorm, inputs: TowerInputs) -> tuple[Tensor, Tensor]:
+    def forward(self, x: Tensor, h: Tensor, next_norm: Norm, inputs: TowerInputs) -> tuple[Tensor, Tensor]:
         """x (L, D) residual stream and h = norm0(x) (L, D) -> (x', next_norm(x')) with x' this block's output.
 
         The fused add_norm updates x in place: callers must not hold on to the x they pass in.
@@ -194,12 +116,12 @@ class Encoder(nn.Module):
     def __init__(self, config: VisionConfig) -> None:
         super().__init__()
         self.blocks = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_layers))
-        self.final_layernorm = nn.LayerNorm(config.hidden_size, eps=1e-5)
+        self.final_layernorm = make_norm(config.norm, config.hidden_size, config.norm_eps)
 
     def forward(self, x: Tensor, inputs: TowerInputs) -> Tensor:
         # x (L, D) embedded patches (updated in place by the fused path) -> final_layernorm(last block) (L, D)
         blocks = list(self.blocks)
-        h = blocks[0].norm0(x)  # the only LayerNorm without a residual add in front of it
+        h = apply_norm(x, blocks[0].norm0)  # the only norm without a residual add in front of it
         next_norms = [block.norm0 for block in blocks[1:]] + [self.final_layernorm]
         for block, next_norm in zip(blocks, next_norms, strict=True):
             x, h = block(x, h, next_norm, inputs)
@@ -248,9 +170,17 @@ class MoonViT(nn.Module):
         key = (device, dtype)
         if self._kernels is None or self._kernels[0] != key:
             cfg = self.config
-            kernels = select_kernels(device, dtype, cfg.num_heads, cfg.head_dim, self.options)
+            kernels = select_kernels(
+                device,
+                dtype,
+                num_heads=cfg.num_heads,
+                head_dim=cfg.head_dim,
+                width=cfg.hidden_size,
+                norm=cfg.norm,
+                options=self.options,
+            )
             logger.info(
-                "kernels on %s/%s: attention %s, RoPE %s, fc0+GELU %s, add+LayerNorm %s", device, dtype, *kernels.names
+                "kernels on %s/%s: attention %s, RoPE %s, fc0+GELU %s, add+norm %s", device, dtype, *kernels.names
             )
             self._kernels = (key, kernels)
         return self._kernels[1]

@@ -4,8 +4,11 @@ Merger (Kimi-VL `patch_merger`): per image (h, w) -> (h/kh * w/kw, kh*kw, D) wit
 top-right, bottom-left, bottom-right, i.e. view(h/kh, kh, w/kw, kw, D).permute(0, 2, 1, 3, 4). Here it is one
 `index_select` over the packed sequence with an index built on the CPU from Python ints.
 
-Projector (Kimi-VL `KimiVLMultiModalProjector`, K2.5 `PatchMergerMLP`): LayerNorm over D of each sub-token,
-flatten to kh*kw*D, Linear, exact GELU, Linear to the LLM width.
+Projectors:
+- `Projector` (Kimi-VL `KimiVLMultiModalProjector`, K2.5 `PatchMergerMLP`): LayerNorm over D of each sub-token,
+  flatten to kh*kw*D, Linear, exact GELU, Linear to the LLM width.
+- `PostNormProjector` (K3 `PatchMergerMLPV2`): flatten to kh*kw*D, bias-free Linear, exact GELU, bias-free
+  Linear, then RMSNorm over the LLM width.
 """
 
 from __future__ import annotations
@@ -66,14 +69,58 @@ class Projector(nn.Module):
         x = self.pre_norm(x)
         h = x.index_select(0, merge_index).view(-1, self.merged_dim)  # (T, kk*D)
         h = F.gelu(self.linear_1(h))  # exact GELU (GELUActivation / nn.GELU)
+        return _linear_into(h, self.linear_2, out)
+
+
+class PostNormProjector(nn.Module):
+    """linear_1 (kk*D -> kk*D), GELU, linear_2 (kk*D -> text_hidden), post_norm RMSNorm (text_hidden); no biases.
+
+    Checkpoint names: K3 `mm_projector.{proj.0,proj.2,post_norm}` (mapped by the family's layout).
+    """
+
+    def __init__(self, hidden_size: int, kernel: tuple[int, int], text_hidden_size: int, eps: float) -> None:
+        super().__init__()
+        self.merged_dim = hidden_size * kernel[0] * kernel[1]
+        self.linear_1 = nn.Linear(self.merged_dim, self.merged_dim, bias=False)
+        self.linear_2 = nn.Linear(self.merged_dim, text_hidden_size, bias=False)
+        self.post_norm = nn.RMSNorm(text_hidden_size, eps=eps)
+
+    def forward(self, x: Tensor, merge_index: Tensor, out: Tensor | list[Tensor] | None = None) -> Tensor | None:
+        """As `Projector.forward`: x (L, D), merge_index (T*kk,) -> (T, text_hidden), into `out` if given."""
+        h = F.gelu(self.linear_1(x.index_select(0, merge_index).view(-1, self.merged_dim)))  # (T, kk*D)
+        y = self.post_norm(self.linear_2(h))  # (T, text_hidden)
         if out is None:
-            return self.linear_2(h)
+            return y
         if isinstance(out, list):
-            start = 0
-            for chunk in out:
-                rows = chunk.shape[0]
-                torch.addmm(self.linear_2.bias, h[start : start + rows], self.linear_2.weight.t(), out=chunk)
-                start += rows
+            _split_copy(y, out)
             return None
-        # Written straight into the caller's buffer (e.g. a slice of the IPC pool): no extra copy.
-        return torch.addmm(self.linear_2.bias, h, self.linear_2.weight.t(), out=out)
+        return out.copy_(y)
+
+
+def _split_copy(y: Tensor, out: list[Tensor]) -> None:
+    start = 0
+    for chunk in out:
+        chunk.copy_(y[start : start + chunk.shape[0]])
+        start += chunk.shape[0]
+
+
+def _linear_into(h: Tensor, linear: nn.Linear, out: Tensor | list[Tensor] | None) -> Tensor | None:
+    """linear(h) (T, out_features), written straight into `out` (a tensor or consecutive row chunks) when given,
+    e.g. slices of the IPC pool: no extra copy."""
+    if out is None:
+        return linear(h)
+    if isinstance(out, list):
+        start = 0
+        for chunk in out:
+            rows = chunk.shape[0]
+            torch.addmm(linear.bias, h[start : start + rows], linear.weight.t(), out=chunk)
+            start += rows
+        return None
+    return torch.addmm(linear.bias, h, linear.weight.t(), out=out)
+
+
+# VisionConfig.projector -> class
+PROJECTORS: dict[str, type[Projector] | type[PostNormProjector]] = {
+    "pre_norm_mlp": Projector,
+    "mlp_post_norm": PostNormProjector,
+}

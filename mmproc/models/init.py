@@ -29,7 +29,7 @@ def uniform_like_std(shape: tuple[int, ...], std: float, seed: int, name: str) -
 
 def random_tensor(name: str, shape: tuple[int, ...], seed: int) -> Tensor:
     """The deterministic initial value of parameter `name` (an internal VisionEncoder name), float32 CPU."""
-    is_norm = ".norm" in name or "final_layernorm" in name or "pre_norm" in name
+    is_norm = ".norm" in name or "final_layernorm" in name or "pre_norm" in name or "post_norm" in name
     if is_norm and name.endswith(".weight"):
         return uniform_like_std(shape, NORM_STD, seed, name).add_(1.0)
     if is_norm:

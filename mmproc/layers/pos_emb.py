@@ -1,7 +1,7 @@
-"""Learnable 2D absolute position embedding of MoonViT (Kimi-VL `Learnable2DInterpPosEmb`).
+"""Learnable 2D absolute position embedding of MoonViT (Kimi-VL `Learnable2DInterpPosEmb`, K2.5/K3 `divided_fixed`).
 
-A (H0, W0, D) table (64 x 64 in the release) is bicubically resized to each image's (h, w) patch grid and added
-to the patch embeddings. The reference recomputes the interpolation on every call; here results are cached per
+A (H0, W0, D) table (64 x 64 in the release) is resized to each image's (h, w) patch grid (bicubic for Kimi-VL
+and K2.5, bilinear for K3; both align_corners=False, no antialias) and added to the patch embeddings. The reference recomputes the interpolation on every call; here results are cached per
 (h, w, device, dtype) in a bounded LRU (entries and bytes), invalidated when the weight changes; the sizes of the
 batch being embedded are never evicted for one another (a batch with more sizes than the cache holds would
 otherwise evict every entry just before its next use). `add_to_` adds the tables straight into the patch
@@ -44,31 +44,58 @@ def bicubic_weights(n_in: int, n_out: int, device: torch.device) -> Tensor:
     return torch.zeros(n_out, n_in, device=device, dtype=torch.float64).scatter_add_(1, taps, weights)
 
 
-def interpolate_pos_emb(table: Tensor, h: int, w: int) -> Tensor:
+def bilinear_weights(n_in: int, n_out: int, device: torch.device) -> Tensor:
+    """(n_out, n_in) float64 matrix M with M @ column == torch's 1-D linear resize of the column to n_out points
+    (`F.interpolate(mode="bilinear", align_corners=False)`: source x = (i + 0.5) * n_in / n_out - 0.5, clamped
+    at 0; taps floor(x) and floor(x) + 1, the upper one clamped to the border)."""
+    src = ((torch.arange(n_out, device=device, dtype=torch.float64) + 0.5) * (n_in / n_out) - 0.5).clamp_(min=0.0)
+    lo = src.floor().long().clamp_(max=n_in - 1)
+    frac = src - lo.to(torch.float64)
+    hi = (lo + 1).clamp_(max=n_in - 1)
+    out = torch.zeros(n_out, n_in, device=device, dtype=torch.float64)
+    out.scatter_add_(1, lo[:, None], (1.0 - frac)[:, None])
+    return out.scatter_add_(1, hi[:, None], frac[:, None])
+
+
+RESIZE_WEIGHTS = {"bicubic": bicubic_weights, "bilinear": bilinear_weights}
+
+
+def interpolate_pos_emb(table: Tensor, h: int, w: int, mode: str = "bicubic") -> Tensor:
     """(H0, W0, D) table -> (h * w, D) row-major, in the table's dtype and device.
 
-    Identity when (h, w) == (H0, W0); otherwise bicubic with align_corners=False (the reference's
-    `F.interpolate(..., mode="bicubic")`), computed as two float64 matmuls because bicubic resizing is separable:
-    rows first, then columns. On a GPU that is ~0.1 ms for a 110 x 110 grid of width 1152, where torch's bicubic
+    Identity when (h, w) == (H0, W0); otherwise `mode` ("bicubic" or "bilinear") with align_corners=False (the
+    reference's `F.interpolate(..., mode=mode)`), computed as two float64 matmuls because both resizes are
+    separable: rows first, then columns. On a GPU that is ~0.1 ms for a 110 x 110 grid of width 1152, where torch's bicubic
     kernel (one thread per output pixel, looping over all channels) takes milliseconds.
     """
     h0, w0, dim = table.shape
     if (h, w) == (h0, w0):
         return table.flatten(0, 1)
+    weights = RESIZE_WEIGHTS[mode]
     src = table.to(torch.float64)
-    rows = bicubic_weights(h0, h, table.device) @ src.reshape(h0, w0 * dim)  # (h, W0 * D)
-    out = bicubic_weights(w0, w, table.device) @ rows.view(h, w0, dim)  # (w, W0) @ (h, W0, D) -> (h, w, D)
+    rows = weights(h0, h, table.device) @ src.reshape(h0, w0 * dim)  # (h, W0 * D)
+    out = weights(w0, w, table.device) @ rows.view(h, w0, dim)  # (w, W0) @ (h, W0, D) -> (h, w, D)
     return out.reshape(h * w, dim).to(table.dtype)
 
 
 class Learnable2DInterpPosEmb(nn.Module):
-    """`weight` (H0, W0, D) — checkpoint name `patch_embed.pos_emb.weight`."""
+    """`weight` (H0, W0, D) — checkpoint name `patch_embed.pos_emb.weight`; `mode` how it is resized."""
 
     def __init__(
-        self, height: int, width: int, dim: int, *, max_cache_entries: int = 256, max_cache_bytes: int = 256 << 20
+        self,
+        height: int,
+        width: int,
+        dim: int,
+        *,
+        mode: str = "bicubic",
+        max_cache_entries: int = 256,
+        max_cache_bytes: int = 256 << 20,
     ) -> None:
         super().__init__()
+        if mode not in RESIZE_WEIGHTS:
+            raise ValueError(f"position embedding resize mode must be one of {sorted(RESIZE_WEIGHTS)}, got {mode!r}")
         self.weight = nn.Parameter(torch.empty(height, width, dim))
+        self.mode = mode
         self.max_cache_entries = max_cache_entries
         self.max_cache_bytes = max_cache_bytes
         self._cache: OrderedDict[tuple, Tensor] = OrderedDict()
@@ -99,7 +126,7 @@ class Learnable2DInterpPosEmb(nn.Module):
             return hit
         # Cached tensors must not hold an autograd graph nor be inference tensors (usable in any mode).
         with torch.inference_mode(False), torch.no_grad():
-            value = interpolate_pos_emb(self.weight, h, w)
+            value = interpolate_pos_emb(self.weight, h, w, self.mode)
         size = value.numel() * value.element_size()
         if size <= self.max_cache_bytes:
             self._cache[key] = value
@@ -121,7 +148,7 @@ class Learnable2DInterpPosEmb(nn.Module):
         old = self._cache.pop(key)
         self._cache_bytes -= old.numel() * old.element_size()
 
-    def _tables(self, grid_hws: Sequence[tuple[int, int]]) -> list[Tensor]:
+    def tables(self, grid_hws: Sequence[tuple[int, int]]) -> list[Tensor]:
         """One (h*w, D) table per image, in the weight's dtype and device (shared objects for equal sizes)."""
         stamp = self._stamp()
         if stamp != self._cache_stamp:
@@ -139,7 +166,7 @@ class Learnable2DInterpPosEmb(nn.Module):
 
     def forward(self, grid_hws: Sequence[tuple[int, int]]) -> Tensor:
         """Position embeddings of the packed sequence: (sum h*w, D) in the weight's dtype and device."""
-        pieces = self._tables(grid_hws)
+        pieces = self.tables(grid_hws)
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
     def add_to_(self, x: Tensor, grid_hws: Sequence[tuple[int, int]]) -> Tensor:
@@ -150,7 +177,7 @@ class Learnable2DInterpPosEmb(nn.Module):
         images (view (N, h*w, D)), one per image for a mixed batch.
         """
         start = 0
-        for (h, w), count, table in _equal_runs(grid_hws, self._tables(grid_hws)):
+        for (h, w), count, table in _equal_runs(grid_hws, self.tables(grid_hws)):
             rows = count * h * w
             x[start : start + rows].view(count, h * w, -1).add_(table)
             start += rows

@@ -1,6 +1,6 @@
-"""Fused in-place 2D RoPE for MoonViT (the fast path of `mmproc.model.rope.apply_rope`), as Triton kernels.
+"""Fused in-place 2D RoPE for MoonViT (the fast path of `mmproc.layers.rope.apply_rope`), as Triton kernels.
 
-Layout (Kimi-VL `Rope2DPosEmb`, see mmproc/model/rope.py): each head of q/k holds dh/2 interleaved complex pairs
+Layout (Kimi-VL `Rope2DPosEmb`, see mmproc/layers/rope.py): each head of q/k holds dh/2 interleaved complex pairs
 (x[2j], x[2j+1]); even pairs rotate by the column angle, odd pairs by the row angle. Which axis a pair follows
 lives entirely in the per-token cos/sin (L, dh/2) float32 rows, so this kernel is a plain per-pair rotation:
 

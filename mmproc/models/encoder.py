@@ -1,7 +1,7 @@
 """`VisionEncoder`: MoonViT tower + patch merger + projector as one module over a `PackedBatch`.
 
-State-dict names: `tower.*` (the checkpoint's `vision_tower.*`) and `projector.{pre_norm,linear_1,linear_2}.*`;
-`mmproc.model.loader` maps each checkpoint layout onto them.
+State-dict names: `tower.*` (the checkpoint's `vision_tower.*`) and `projector.{pre_norm,linear_1,linear_2}.*`
+(K3: `projector.{linear_1,linear_2,post_norm}.*`); each family's `CheckpointLayout` maps its checkpoints onto them.
 
 Host -> device traffic per forward: one non_blocking copy of `pixel_values` (packed in the model dtype for a
 bf16/fp16 CUDA model, see `mmproc.batching.pixel_transfer_dtype`; any other dtype is cast on the device) and one
@@ -12,15 +12,31 @@ Nothing is read back from the device.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor, nn
 
-from mmproc.model.attention import VarlenMeta
-from mmproc.model.config import VisionConfig
-from mmproc.model.moonvit import KernelOptions, MoonViT, TowerInputs
-from mmproc.model.projector import Projector, merge_gather_index
-from mmproc.model.rope import gather_rope, rope_row_index
+from mmproc.layers.attention import VarlenMeta
+from mmproc.layers.projector import PROJECTORS, merge_gather_index
+from mmproc.layers.rope import gather_rope, rope_row_index
+from mmproc.models.config import VisionConfig
+from mmproc.models.cuda_graphs import GraphCache
+from mmproc.models.tower import KernelOptions, MoonViT, TowerInputs
 from mmproc.types import PackedBatch
+
+
+@dataclass(frozen=True)
+class DeviceInputs:
+    """One batch on the device. pixels (L, 3, P, P) model dtype; cos, sin (L, dh/2) float32; merge_index
+    (T*kk,) int64; attn: segments (CPU ints + device cu_seqlens); grid_hws: per image (h, w) Python ints."""
+
+    pixels: Tensor
+    cos: Tensor
+    sin: Tensor
+    merge_index: Tensor
+    attn: VarlenMeta
+    grid_hws: tuple[tuple[int, int], ...]
 
 
 class VisionEncoder(nn.Module):
@@ -28,10 +44,16 @@ class VisionEncoder(nn.Module):
         super().__init__()
         self.config = config
         self.tower = MoonViT(config, options)
-        self.projector = Projector(
+        self.graphs: GraphCache | None = None  # set by `use_cuda_graphs`
+        self.projector = PROJECTORS[config.projector](
             config.hidden_size, config.merge_kernel_size, config.text_hidden_size, config.projector_ln_eps
         )
         self._upload_streams: dict[torch.device, torch.cuda.Stream] = {}  # per device, made on first use
+
+    def use_cuda_graphs(self, capacity: int, max_patches: int, min_hits: int = 2) -> None:
+        """Replay captured forwards for batches seen `min_hits` times, up to `capacity` of them and `max_patches`
+        patches each (CUDA only; capacity 0 turns it off). See mmproc/models/cuda_graphs.py."""
+        self.graphs = GraphCache(capacity, max_patches, min_hits) if capacity > 0 else None
 
     @property
     def device(self) -> torch.device:
@@ -70,22 +92,42 @@ class VisionEncoder(nn.Module):
                 else torch.empty(0, self.output_dim, dtype=dtype, device=device)
             )
 
+        if self.graphs is not None:
+            captured = self.graphs.lookup(self, batch)
+            if captured is not None:
+                return captured.replay(batch, out)
+        return self.run(self.prepare(batch), out)
+
+    def prepare(self, batch: PackedBatch) -> DeviceInputs:
+        """Everything one forward reads, on the model's device: pixels (cast to the model dtype), per-patch RoPE
+        factors and the merge index, with the batch's CPU metadata."""
+        device, dtype = self.device, self.dtype
         grids = batch.grid_hws
         cos_table, sin_table = self.tower.rope_table(
             device, max(h for h, _ in grids), max(w for _, w in grids)
         )  # (Th, Tw, dh/2) float32
         pixels, rope_rows, merge_idx, cu_dev = self._inputs_to_device(batch, cos_table.shape[1], device)
-        pixels = pixels.to(dtype)  # (L, 3, P, P): no cast when packed in the model dtype
         cos, sin = gather_rope(cos_table, sin_table, rope_rows)  # (L, dh/2) each
-        inputs = TowerInputs(
-            grid_hws=grids,
+        return DeviceInputs(
+            pixels=pixels.to(dtype),  # (L, 3, P, P): no cast when packed in the model dtype
             cos=cos,
             sin=sin,
+            merge_index=merge_idx,
             attn=VarlenMeta.from_cu_seqlens(batch.cu_seqlens, batch.max_seqlen, cu_dev),
-            kernels=self.tower.kernels(device, dtype),
+            grid_hws=grids,
         )
-        hidden = self.tower(pixels, inputs)  # (L, D)
-        return self.projector(hidden, merge_idx, out)
+
+    def run(self, inputs: DeviceInputs, out: Tensor | list[Tensor] | None = None) -> Tensor | None:
+        """The forward proper over prepared inputs: only device work, no host reads (CUDA-graph capturable)."""
+        tower_inputs = TowerInputs(
+            grid_hws=inputs.grid_hws,
+            cos=inputs.cos,
+            sin=inputs.sin,
+            attn=inputs.attn,
+            kernels=self.tower.kernels(self.device, self.dtype),
+        )
+        hidden = self.tower(inputs.pixels, tower_inputs)  # (L, D)
+        return self.projector(hidden, inputs.merge_index, out)
 
     def _inputs_to_device(self, batch: PackedBatch, table_w: int, device: torch.device) -> tuple[Tensor, ...]:
         """Pixels, RoPE rows (L,), merge gather (T*kk,) int64 and cu_seqlens (N+1,) int32 on `device`: the pixels

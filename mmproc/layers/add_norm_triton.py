@@ -1,9 +1,10 @@
-"""Fused residual add + LayerNorm for the MoonViT blocks (the fast path of `moonvit.add_layer_norm`), in Triton.
+"""Fused residual add + LayerNorm / RMSNorm for the MoonViT blocks (the fast path of `add_norm.add_norm`), in Triton.
 
 Per row of width D (one program per row; math in float32, stored in the input dtype):
 
     s   = round(x + y)                  x <- s, IN PLACE (the residual stream)
-    out = (s - mean(s)) * rsqrt(var(s) + eps) * weight + bias      var biased (/ D), as F.layer_norm
+    out = (s - mean(s)) * rsqrt(var(s) + eps) * weight + bias      LayerNorm: var biased (/ D), as F.layer_norm
+    out = s * rsqrt(mean(s * s) + eps) * weight                    RMSNorm (K3), as F.rms_norm
 
 The sum is rounded to the storage dtype BEFORE it is normalised, exactly like the plain path (`x = x + y` in
 bf16, then `F.layer_norm` reads the bf16 sum), so the residual stream is bit-identical to torch's add and the
@@ -27,7 +28,7 @@ except ImportError:  # pragma: no cover - depends on the environment
     triton = None
     tl = None
 
-__all__ = ["add_layer_norm_", "available"]
+__all__ = ["add_layer_norm_", "add_rms_norm_", "available"]
 
 _MAX_WIDTH = 16384  # one row lives in registers: 16k float32 lanes over 8 warps is 64 per thread
 _DTYPES = (torch.bfloat16, torch.float16, torch.float32)
@@ -46,13 +47,14 @@ if triton is not None:
         y_ptr,  # (L, D) branch output added to it
         out_ptr,  # (L, D) LayerNorm of the sum
         w_ptr,  # (D,) LayerNorm weight
-        b_ptr,  # (D,) LayerNorm bias
+        b_ptr,  # (D,) LayerNorm bias (unused when RMS)
         n_cols,  # D
         x_row_stride,  # row strides in elements (the last dim is contiguous)
         y_row_stride,
         out_row_stride,
         eps,
         BLOCK_D: tl.constexpr,  # power of two >= D; lanes >= D are masked
+        RMS: tl.constexpr,  # RMSNorm: no mean subtraction, no bias
     ):
         row = tl.program_id(0).to(tl.int64)  # 64-bit row offsets: L * D may pass 2**31
         cols = tl.arange(0, BLOCK_D)
@@ -63,13 +65,16 @@ if triton is not None:
         s = (x + y).to(x_ptr.dtype.element_ty)  # round once, like torch's add in the storage dtype
         tl.store(x_ptrs, s, mask=mask)
         s = s.to(tl.float32)  # masked lanes hold 0 + 0 = 0 and add nothing to the sum
-        mean = tl.sum(s, axis=0) / n_cols
-        diff = tl.where(mask, s - mean, 0.0)
+        if RMS:  # noqa: SIM108 - a constexpr branch, resolved when Triton compiles
+            diff = s
+        else:
+            diff = tl.where(mask, s - tl.sum(s, axis=0) / n_cols, 0.0)
         var = tl.sum(diff * diff, axis=0) / n_cols
         rstd = tl.rsqrt(var + eps)
         w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        b = tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        out = diff * rstd * w + b
+        out = diff * rstd * w
+        if not RMS:
+            out += tl.load(b_ptr + cols, mask=mask, other=0.0).to(tl.float32)
         tl.store(out_ptr + row * out_row_stride + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
@@ -83,7 +88,7 @@ def launch_config(width: int) -> tuple[int, int]:
     return block, min(8, max(1, block // 256))
 
 
-def _check(x: Tensor, y: Tensor, weight: Tensor, bias: Tensor) -> None:
+def _check(x: Tensor, y: Tensor, weight: Tensor, bias: Tensor | None) -> None:
     # Shape/dtype/stride checks only (host metadata, no device sync).
     if x.dim() != 2 or x.shape != y.shape:
         raise ValueError(f"x, y must both be (L, D); got {tuple(x.shape)} and {tuple(y.shape)}")
@@ -94,10 +99,10 @@ def _check(x: Tensor, y: Tensor, weight: Tensor, bias: Tensor) -> None:
         raise ValueError(f"row width {width} must be in 1..{_MAX_WIDTH}")
     if x.stride(1) != 1 or y.stride(1) != 1:
         raise ValueError("x, y must be contiguous in the last dim (stride 1)")
-    for name, t in (("weight", weight), ("bias", bias)):
+    for name, t in (("weight", weight), ("bias", weight if bias is None else bias)):
         if tuple(t.shape) != (width,) or not t.is_contiguous() or t.dtype not in _DTYPES:
             raise ValueError(f"{name} must be a contiguous float ({width},) tensor; got {t.dtype} {tuple(t.shape)}")
-    if not (x.device == y.device == weight.device == bias.device):
+    if not (x.device == y.device == weight.device == (weight if bias is None else bias).device):
         raise ValueError("x, y, weight, bias must be on one device")
 
 
@@ -107,9 +112,18 @@ def add_layer_norm_(x: Tensor, y: Tensor, weight: Tensor, bias: Tensor, eps: flo
     x, y: (L, D) bf16/fp16/fp32 on CUDA, same dtype, last dim contiguous (any row stride), D <= 16384.
     weight, bias: (D,) contiguous, same device. Math in float32; one launch; no sync.
     """
+    return _launch(x, y, weight, bias, eps)
+
+
+def add_rms_norm_(x: Tensor, y: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """x += y IN PLACE, then return RMSNorm(x) (weight only) as a new (L, D) tensor; as `add_layer_norm_`."""
+    return _launch(x, y, weight, None, eps)
+
+
+def _launch(x: Tensor, y: Tensor, weight: Tensor, bias: Tensor | None, eps: float) -> Tensor:
     _check(x, y, weight, bias)
     if triton is None:
-        raise RuntimeError("Triton is not installed: the fused add + LayerNorm path is unavailable (see available())")
+        raise RuntimeError("Triton is not installed: the fused add + norm path is unavailable (see available())")
     out = torch.empty(x.shape, dtype=x.dtype, device=x.device)  # (L, D), contiguous
     rows, width = x.shape
     if rows == 0:
@@ -120,13 +134,14 @@ def add_layer_norm_(x: Tensor, y: Tensor, weight: Tensor, bias: Tensor, eps: flo
         y,
         out,
         weight,
-        bias,
+        weight if bias is None else bias,
         width,
         x.stride(0),
         y.stride(0),
         out.stride(0),
         eps,
         BLOCK_D=block,
+        RMS=bias is None,
         num_warps=num_warps,
     )
     return out

@@ -20,39 +20,16 @@ from safetensors import safe_open
 from torch import Tensor
 
 from mmproc.errors import ConfigError
-from mmproc.model.config import PRESETS, VisionConfig
-from mmproc.model.encoder import VisionEncoder
-from mmproc.model.init import random_state_dict
+from mmproc.models.config import VisionConfig
+from mmproc.models.encoder import VisionEncoder
+from mmproc.models.family import CheckpointLayout
+from mmproc.models.init import random_state_dict
+from mmproc.models.registry import BY_NAME, PRESETS, parse_config
 
 logger = logging.getLogger(__name__)
 
-# (checkpoint prefix, VisionEncoder prefix), one table per layout; the first matching prefix wins.
-KIMI_VL_KEYS: tuple[tuple[str, str], ...] = (
-    ("vision_tower.", "tower."),
-    ("multi_modal_projector.", "projector."),  # pre_norm, linear_1, linear_2
-)
-KIMI_K25_KEYS: tuple[tuple[str, str], ...] = (
-    ("vision_tower.", "tower."),
-    ("mm_projector.pre_norm.", "projector.pre_norm."),
-    ("mm_projector.proj.0.", "projector.linear_1."),  # proj = Sequential(Linear, GELU, Linear)
-    ("mm_projector.proj.2.", "projector.linear_2."),
-)
-KEY_TABLES: Mapping[str, tuple[tuple[str, str], ...]] = {"kimi_vl": KIMI_VL_KEYS, "kimi_k25": KIMI_K25_KEYS}
-# Every checkpoint key under these prefixes must be one the encoder expects.
-VISION_PREFIXES: Mapping[str, tuple[str, ...]] = {
-    "kimi_vl": ("vision_tower.", "multi_modal_projector."),
-    "kimi_k25": ("vision_tower.", "mm_projector."),
-}
 _FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def to_checkpoint_key(name: str, layout: str) -> str:
-    """VisionEncoder state-dict name -> checkpoint tensor name for `layout`."""
-    for ckpt, internal in KEY_TABLES[layout]:
-        if name.startswith(internal):
-            return ckpt + name[len(internal) :]
-    raise KeyError(name)
 
 
 def expected_shapes(config: VisionConfig) -> dict[str, torch.Size]:
@@ -98,9 +75,10 @@ def encoder_from_checkpoint_tensors(
 ) -> VisionEncoder:
     """A VisionEncoder from in-memory tensors named as in the checkpoint (extra non-vision keys are ignored)."""
     shapes = expected_shapes(config)
+    layout = BY_NAME[config.family].layouts[0]
     pairs = []
     for name, shape in shapes.items():
-        key = to_checkpoint_key(name, config.layout)
+        key = layout.to_checkpoint_key(name)
         if key not in tensors:
             raise ConfigError(f"missing tensor {key}")
         if tuple(tensors[key].shape) != tuple(shape):
@@ -133,9 +111,9 @@ def load_encoder(
         model = build_encoder(config, read_vision_tensors(path, config), device=device, dtype=dtype)
         source = str(path)
     logger.info(
-        "loaded vision encoder %s [%s, %d layers, hidden %d -> %d] from %s on %s/%s in %.2fs",
+        "loaded vision encoder %s [family %s, %d layers, hidden %d -> %d] from %s on %s/%s in %.2fs",
         config.name,
-        config.layout,
+        config.family,
         config.num_layers,
         config.hidden_size,
         config.text_hidden_size,
@@ -156,7 +134,7 @@ def read_config(path: Path) -> VisionConfig:
         raw = json.loads(config_file.read_text())
     except (OSError, ValueError) as exc:
         raise ConfigError(f"cannot read {config_file}: {exc}") from None
-    return VisionConfig.from_hf_config(raw, name=path.name or None)
+    return parse_config(raw, name=path.name or None)
 
 
 def _weight_map(path: Path) -> dict[str, Path]:
@@ -181,16 +159,14 @@ def read_vision_tensors(path: Path, config: VisionConfig) -> Iterable[tuple[str,
     Language-model tensors are never read, and shards holding none of the needed tensors are never opened.
     """
     shapes = expected_shapes(config)
-    wanted = {to_checkpoint_key(name, config.layout): name for name in shapes}
     weight_map = _weight_map(path)
-    prefixes = VISION_PREFIXES[config.layout]
+    layout = _pick_layout(BY_NAME[config.family].layouts, shapes, weight_map, path)
+    wanted = {layout.to_checkpoint_key(name): name for name in shapes}
     for key, file in weight_map.items():
-        if key.startswith(prefixes) and key not in wanted:
-            raise ConfigError(f"unexpected vision tensor {key} in {file} (not part of a {config.layout} encoder)")
+        if key.startswith(layout.vision_prefixes) and key not in wanted:
+            raise ConfigError(f"unexpected vision tensor {key} in {file} (not part of a {config.family} encoder)")
     by_file: dict[Path, list[str]] = defaultdict(list)
     for key in wanted:
-        if key not in weight_map:
-            raise ConfigError(f"missing tensor {key} in the checkpoint at {path}")
         by_file[weight_map[key]].append(key)
     for file, keys in by_file.items():
         if not file.is_file():
@@ -208,3 +184,17 @@ def read_vision_tensors(path: Path, config: VisionConfig) -> Iterable[tuple[str,
                     raise ConfigError(f"tensor {key} in {file} has unsupported dtype {info.get_dtype()}")
             for key in keys:
                 yield wanted[key], f.get_tensor(key)
+
+
+def _pick_layout(
+    layouts: tuple[CheckpointLayout, ...], shapes: Mapping[str, torch.Size], weight_map: Mapping[str, Path], path: Path
+) -> CheckpointLayout:
+    """The first layout whose every tensor name is in the checkpoint; else ConfigError naming, per layout tried,
+    the first tensor it missed."""
+    missed = []
+    for layout in layouts:
+        absent = next((k for k in map(layout.to_checkpoint_key, shapes) if k not in weight_map), None)
+        if absent is None:
+            return layout
+        missed.append(f"{absent} ({layout.name} layout)")
+    raise ConfigError(f"missing tensor {' / '.join(missed)} in the checkpoint at {path}")

@@ -1,0 +1,121 @@
+"""`VisionConfig`: one frozen dataclass describing a vision tower + patch merger + projector of any family.
+
+Families (mmproc/models/moonvit.py, moonvit3d.py) parse their checkpoints' `config.json` into it and name their
+presets with it; the tower, the projector and the loader read only these fields, never a family name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mmproc.errors import ConfigError
+
+NORMS = ("layernorm", "rmsnorm")
+POS_EMB_MODES = ("bicubic", "bilinear")
+PROJECTORS = ("pre_norm_mlp", "mlp_post_norm")  # mmproc/layers/projector.py
+ACTIVATIONS = ("gelu_tanh", "gelu")
+
+
+@dataclass(frozen=True, kw_only=True)
+class VisionConfig:
+    """A MoonViT-style tower (patch embed + pos emb, pre-norm blocks with 2D RoPE, final norm), the k x k patch
+    merger and the projector to the LLM width.
+
+    family: the model family that parsed it ("kimi_vl", "kimi_k25", "kimi_k3"); checkpoint names and the
+        preprocessing rule follow from it (mmproc/families.py).
+    qkv_hidden_size: attention width (3 x it out of wqkv); head_dim = qkv_hidden_size / num_heads. None = hidden.
+    norm / norm_eps: the blocks' and final norm; eps None = LayerNorm's 1e-5, or RMSNorm's dtype eps.
+    attn_bias / mlp_bias / patch_embed_bias: whether those linears carry a bias (K3: none).
+    projector: "pre_norm_mlp" (LayerNorm per sub-token, Linear, GELU, Linear; Kimi-VL, K2.5) or
+        "mlp_post_norm" (bias-free Linear, GELU, Linear, then RMSNorm at the LLM width; K3 PatchMergerMLPV2).
+    """
+
+    family: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    text_hidden_size: int
+    patch_size: int = 14
+    pos_emb_height: int = 64
+    pos_emb_width: int = 64
+    pos_emb_mode: str = "bicubic"
+    merge_kernel_size: tuple[int, int] = (2, 2)
+    qkv_hidden_size: int | None = None
+    norm: str = "layernorm"
+    norm_eps: float | None = None
+    attn_bias: bool = True
+    mlp_bias: bool = True
+    patch_embed_bias: bool = True
+    activation: str = "gelu_tanh"
+    projector: str = "pre_norm_mlp"
+    projector_ln_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    rope_max_grid: int = 512
+    name: str = "custom"
+
+    def __post_init__(self) -> None:
+        for field in (
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "intermediate_size",
+            "patch_size",
+            "pos_emb_height",
+            "pos_emb_width",
+            "text_hidden_size",
+            "rope_max_grid",
+        ):
+            check_positive_int(field, getattr(self, field))
+        if self.qkv_hidden_size is not None:
+            check_positive_int("qkv_hidden_size", self.qkv_hidden_size)
+        object.__setattr__(self, "merge_kernel_size", as_kernel("merge_kernel_size", self.merge_kernel_size))
+        for field in ("projector_ln_eps", "rope_theta") + (("norm_eps",) if self.norm_eps is not None else ()):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ConfigError(f"{field} must be a positive number, got {value!r}")
+        for field, allowed in (
+            ("norm", NORMS),
+            ("pos_emb_mode", POS_EMB_MODES),
+            ("projector", PROJECTORS),
+            ("activation", ACTIVATIONS),
+        ):
+            if getattr(self, field) not in allowed:
+                raise ConfigError(f"{field} must be one of {allowed}, got {getattr(self, field)!r}")
+        for field in ("attn_bias", "mlp_bias", "patch_embed_bias"):
+            if not isinstance(getattr(self, field), bool):
+                raise ConfigError(f"{field} must be true or false, got {getattr(self, field)!r}")
+        if self.qkv_width % self.num_heads:
+            raise ConfigError(f"attention width {self.qkv_width} is not divisible by num_heads {self.num_heads}")
+        if self.head_dim % 4:
+            # 2D RoPE splits each head into dh/4 column and dh/4 row frequencies (Kimi-VL Rope2DPosEmb).
+            raise ConfigError(f"head dim {self.head_dim} (attention width / num_heads) must be divisible by 4")
+
+    @property
+    def qkv_width(self) -> int:
+        return self.hidden_size if self.qkv_hidden_size is None else self.qkv_hidden_size
+
+    @property
+    def head_dim(self) -> int:
+        return self.qkv_width // self.num_heads
+
+    @property
+    def merged_dim(self) -> int:
+        """Projector input width: hidden_size * kh * kw."""
+        return self.hidden_size * self.merge_kernel_size[0] * self.merge_kernel_size[1]
+
+
+def check_positive_int(field: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{field} must be a positive integer, got {value!r}")
+
+
+def as_kernel(field: str, value: Any) -> tuple[int, int]:
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = (value, value)
+    if not isinstance(value, list | tuple) or len(value) != 2:
+        raise ConfigError(f"{field} must be two positive integers, got {value!r}")
+    for v in value:
+        check_positive_int(field, v)
+    return (value[0], value[1])

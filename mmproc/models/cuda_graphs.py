@@ -1,0 +1,119 @@
+"""CUDA graphs for small batches: a forward of a few hundred patches is a few hundred short kernels, and on an idle
+GPU their launches, not their math, set the latency. A batch whose exact grids were seen `min_hits` times is
+captured once and then replayed: one launch for the whole tower and projector.
+
+Keyed by the exact per-image grids (plus the pixel dtype and the tower's kernel options), not by padded length
+buckets: the batching pads nothing, and a padded bucket would change the attention segments and position
+tables. The common small requests repeat their sizes (thumbnails, screenshots, one camera), so the few keys
+that matter are captured; every other batch runs eagerly as before.
+
+Bounded: at most `capacity` graphs (least recently used first out), only batches up to `max_patches` patches,
+a bounded table of sightings, and after a failed capture (an op this build cannot capture) no more captures. All graphs share one memory
+pool: they replay one at a time on the caller's stream and each result is copied out right after its replay, so
+one graph's intermediates may reuse another's.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from mmproc.types import PackedBatch
+
+if TYPE_CHECKING:  # the encoder imports this module
+    from mmproc.models.encoder import VisionEncoder
+
+logger = logging.getLogger(__name__)
+
+_SIGHTINGS_PER_GRAPH = 8  # keys remembered (with their hit counts) per graph slot
+
+
+class CapturedForward:
+    """One captured forward: static inputs (the batch's metadata is baked in), the graph, its output."""
+
+    def __init__(self, encoder: VisionEncoder, batch: PackedBatch, pool: tuple) -> None:
+        device = encoder.device
+        self.inputs = encoder.prepare(batch)  # ours alone: the graph reads these addresses on every replay
+        # The position tables the capture reads live in an LRU cache; holding them keeps them alive past eviction.
+        self.pos_tables = encoder.tower.patch_embed.pos_emb.tables(batch.grid_hws)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up outside the capture (kernel choice, Triton compiles, caches)
+            encoder.run(self.inputs)
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        # thread_local: only this thread is barred from unsafe CUDA calls while capturing (reply copies go on)
+        with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
+            out = encoder.run(self.inputs)
+        assert out is not None
+        self.out: Tensor = out  # (T, text_hidden), overwritten by each replay
+
+    def replay(self, batch: PackedBatch, out: Tensor | list[Tensor] | None) -> Tensor | None:
+        """The forward for `batch` (same grids as captured): pixels into the static input, replay, copy out."""
+        self.inputs.pixels.copy_(batch.pixel_values, non_blocking=True)  # H2D from pinned memory, cast if needed
+        self.graph.replay()
+        if out is None:
+            return self.out.clone()
+        if isinstance(out, list):
+            start = 0
+            for chunk in out:
+                chunk.copy_(self.out[start : start + chunk.shape[0]])
+                start += chunk.shape[0]
+            return None
+        return out.copy_(self.out)
+
+
+class GraphCache:
+    """Captured forwards by key, bounded as the module docstring says. Used from the one thread that owns the
+    device (the runner), like the encoder itself."""
+
+    def __init__(self, capacity: int, max_patches: int, min_hits: int = 2) -> None:
+        if capacity < 1 or max_patches < 1 or min_hits < 1:
+            raise ValueError("capacity, max_patches and min_hits must be >= 1")
+        self.capacity, self.max_patches, self.min_hits = capacity, max_patches, min_hits
+        self.graphs: OrderedDict[tuple, CapturedForward] = OrderedDict()
+        self.sightings: OrderedDict[tuple, int] = OrderedDict()
+        self.disabled = False
+        self.pool: tuple | None = None
+
+    def lookup(self, encoder: VisionEncoder, batch: PackedBatch) -> CapturedForward | None:
+        """The captured forward for this batch, capturing it now if it has been seen often enough; None: run
+        eagerly (not CUDA, too large, not seen enough, or captures failed)."""
+        if self.disabled or encoder.device.type != "cuda" or batch.num_patches > self.max_patches:
+            return None
+        key = (batch.grid_hws, batch.pixel_values.dtype, encoder.tower.options)
+        captured = self.graphs.get(key)
+        if captured is not None:
+            self.graphs.move_to_end(key)
+            return captured
+        if self._sighted(key) < self.min_hits:
+            return None
+        return self._capture(key, encoder, batch)
+
+    def _sighted(self, key: tuple) -> int:
+        hits = self.sightings.pop(key, 0) + 1
+        self.sightings[key] = hits
+        while len(self.sightings) > _SIGHTINGS_PER_GRAPH * self.capacity:
+            self.sightings.popitem(last=False)
+        return hits
+
+    def _capture(self, key: tuple, encoder: VisionEncoder, batch: PackedBatch) -> CapturedForward | None:
+        if self.pool is None:
+            self.pool = torch.cuda.graph_pool_handle()
+        try:
+            captured = CapturedForward(encoder, batch, self.pool)
+        except Exception:  # an op this build cannot capture: every batch runs eagerly from now on
+            logger.warning("CUDA graph capture failed for grids %s; CUDA graphs are off", key[0], exc_info=True)
+            self.disabled = True
+            self.graphs.clear()
+            return None
+        self.graphs[key] = captured
+        self.sightings.pop(key, None)
+        while len(self.graphs) > self.capacity:
+            self.graphs.popitem(last=False)
+        logger.info("captured a CUDA graph for grids %s (%d held)", key[0], len(self.graphs))
+        return captured
