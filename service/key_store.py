@@ -62,6 +62,8 @@ class KeyStore:
         size = _nbytes(result)
         if size > self.config.max_bytes:
             return  # larger than the whole store: a later fetch gets NOT_FOUND, as after an eviction
+        if result.embedding.untyped_storage().nbytes() != size:  # a view of the request's buffer: own the rows,
+            result = replace(result, embedding=result.embedding.clone())  # so that the byte bound is the memory held
         self.expire(now)
         while self._entries and (self._bytes + size > self.config.max_bytes or len(self) >= self.config.max_keys):
             self._drop(next(iter(self._entries)))
