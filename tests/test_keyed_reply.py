@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from mmproc.client import EncoderClient
+from mmproc.client import AsyncEncoderClient, EncoderClient
 from mmproc.errors import InvalidMediaError, UnknownKeyError
 from mmproc.preprocess import target_grid
 from mmproc.prompt import FRAMINGS, framing
@@ -110,3 +110,16 @@ def test_every_family_has_a_framing_with_a_size_template() -> None:
         text = frame.image_text(3, width=640, height=480)
         assert text.count(frame.placeholder) == 3, family
         assert text.startswith(frame.header(640, 480))
+
+
+def test_async_front_end_keeps_and_looks_up(tiny_server) -> None:
+    import asyncio
+
+    async def front_end() -> tuple[list, list]:
+        async with AsyncEncoderClient(tiny_server.grpc_target) as client:
+            kept = await client.keep([make_image_bytes(120, 90, fmt="PNG", seed=6)], ["async-1"])
+            return kept, await client.lookup(["async-1"])
+
+    kept, looked = asyncio.run(front_end())
+    assert kept[0].key == "async-1" and kept[0].tensor is None
+    assert looked[0].num_tokens == kept[0].num_tokens and looked[0].image_size == (120, 90)

@@ -400,6 +400,32 @@ class AsyncEncoderClient:
 
         return await self._targets.acall(attempt, timeout or self.timeout)
 
+    async def keep(
+        self,
+        images: Sequence[bytes],
+        keys: Sequence[str],
+        *,
+        request_id: str | None = None,
+        timeout: float | None = None,
+    ) -> list[ImageEmbedding]:
+        """`EncoderClient.keep` for asyncio front ends: encode, keep each result under its key, headers only."""
+        request = make_request(check_images(images), request_id, "serialized", keys=check_keys(keys), headers_only=True)
+        return await self._headers_only(request, timeout)
+
+    async def lookup(
+        self, keys: Sequence[str], *, request_id: str | None = None, timeout: float | None = None
+    ) -> list[ImageEmbedding]:
+        """`EncoderClient.lookup`: headers of results kept under `keys`; UnknownKeyError if one is not."""
+        request = make_request([], request_id, "serialized", keys=check_keys(keys), headers_only=True)
+        return await self._headers_only(request, timeout)
+
+    async def _headers_only(self, request: pb.EncodeImagesRequest, timeout: float | None) -> list[ImageEmbedding]:
+        async def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> pb.EncodeImagesResponse:
+            return await stub.EncodeImages(request, timeout=seconds)
+
+        reply = await self._targets.acall(attempt, timeout or self.timeout)
+        return [from_header(emb, None) for emb in reply.embeddings]
+
     async def server_info(self, timeout: float | None = None) -> pb.ServerInfo:
         request = pb.GetServerInfoRequest()
 
