@@ -7,13 +7,12 @@ import logging
 import os
 import time
 import uuid
-from dataclasses import replace
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from mmproc.errors import ResourceExhaustedError
+from mmproc.errors import InvalidMediaError, Reason, ResourceExhaustedError
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from service.auth import BearerToken, TokenInterceptor
@@ -108,9 +107,9 @@ class EncoderServicer(pb_grpc.EncoderServicer):
     async def EncodeImagesStream(self, request: pb.EncodeImagesRequest, context: grpc.aio.ServicerContext):
         try:
             # Streams carry bytes only: a lease taken here would never reach a consumer to release it.
+            if request.headers_only:  # nothing to stream: a unary reply carries the headers
+                raise InvalidMediaError("headers_only requests go to EncodeImages", reason=Reason.BAD_REQUEST)
             request_id, results = await self._run(request, context, ipc=False)
-            if request.headers_only:
-                results = [replace(r, embedding=r.embedding[:0]) for r in results]  # headers, empty payloads
             with self._state.metrics.time_stage("transport"):
                 messages = await _off_loop(serialized_stream, request_id, results, self._info.stream_chunk_bytes)
         except Exception as exc:

@@ -123,3 +123,15 @@ def test_async_front_end_keeps_and_looks_up(tiny_server) -> None:
     kept, looked = asyncio.run(front_end())
     assert kept[0].key == "async-1" and kept[0].tensor is None
     assert looked[0].num_tokens == kept[0].num_tokens and looked[0].image_size == (120, 90)
+
+
+def test_headers_only_is_refused_on_the_stream(tiny_server) -> None:
+    import grpc
+
+    from mmproc.client.wire import encoder_stub, make_request
+
+    with grpc.insecure_channel(tiny_server.grpc_target) as channel:
+        request = make_request([make_image_bytes(40, 40, fmt="PNG", seed=7)], None, "serialized", headers_only=True)
+        with pytest.raises(grpc.RpcError) as err:
+            list(encoder_stub(channel).EncodeImagesStream(request, timeout=30))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "EncodeImages" in err.value.details()
