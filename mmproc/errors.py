@@ -107,6 +107,22 @@ class StaleSessionError(MmprocError):
     grpc_code = "FAILED_PRECONDITION"
 
 
+class UnknownKeyError(MmprocError, KeyError):
+    """No result is kept under the key a request named (never sent, expired, or evicted for space): HTTP 404 /
+    NOT_FOUND. Send the image again (with its key)."""
+
+    http_status = 404
+    grpc_code = "NOT_FOUND"
+
+    def __init__(self, message: str, *, index: int = -1) -> None:
+        super().__init__(message)
+        self.message = message
+        self.index = index
+
+    def __str__(self) -> str:
+        return self.message
+
+
 class InternalError(MmprocError):
     """A server-side failure. The message seen by clients is generic; detail is only in the log."""
 
@@ -125,4 +141,5 @@ STATUS_ERRORS: tuple[type[MmprocError], ...] = (
     DeadlineExceededError,
     UnauthenticatedError,
     StaleSessionError,
+    UnknownKeyError,
 )

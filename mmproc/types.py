@@ -32,11 +32,13 @@ class PreprocessedImage:
     patches: (L, 3, P, P) float32 on the CPU, row-major patch order, L == grid_h * grid_w.
     grid_hw: (grid_h, grid_w) in patches, plain Python ints (never a tensor: metadata stays on the CPU).
     num_tokens: embeddings this image yields after the merger, (grid_h // kh) * (grid_w // kw).
+    image_size: (width, height) of the image as decoded (after EXIF orientation), before resize/pad.
     """
 
     patches: torch.Tensor
     grid_hw: tuple[int, int]
     num_tokens: int
+    image_size: tuple[int, int] = (0, 0)
 
     @property
     def num_patches(self) -> int:

@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -20,6 +21,7 @@ import uvicorn
 import mmproc
 from mmproc.models import VisionEncoder, load_encoder
 from mmproc.preprocess import PreprocessConfig, load_preprocess_config
+from mmproc.prompt import FRAMINGS, framing, placeholder_token_id
 from mmproc.v1 import encoder_pb2 as pb
 from service.auth import BearerToken, require_bearer_token
 from service.convert import DTYPE_TO_PB
@@ -28,6 +30,7 @@ from service.grpc_server import create_server, set_serving
 from service.host_memory import reuse_freed_host_memory, set_torch_threads
 from service.http_app import create_http_app
 from service.ipc_setup import setup_ipc
+from service.key_store import KeyStoreConfig
 from service.metrics import Metrics
 from service.settings import MiB, ServerSettings
 from service.state import ServingState
@@ -65,6 +68,11 @@ def build_engine(settings: ServerSettings, metrics: Metrics | None = None) -> En
         max_inflight_patches=settings.max_inflight_patches,
         metrics=metrics,
         decode=settings.decode_config(),
+        key_store=KeyStoreConfig(
+            max_bytes=settings.key_store_mb * MiB,
+            ttl_s=settings.key_store_ttl_s,
+            max_keys=settings.key_store_max_keys,
+        ),
     )
     engine.ipc_status = setup_ipc(settings, engine)
     return engine
@@ -102,7 +110,30 @@ def build_server_info(settings: ServerSettings, engine: Engine) -> pb.ServerInfo
         ipc_status=engine.ipc_status,
         max_message_bytes=settings.max_message_mb * MiB,
         stream_chunk_bytes=settings.stream_chunk_mb * MiB,
+        family=pre.family,
+        prompt=prompt_info(pre.family, settings.model_path),
+        key_store=pb.KeyStoreInfo(
+            max_bytes=engine.keys.config.max_bytes, ttl_s=engine.keys.config.ttl_s, max_keys=engine.keys.config.max_keys
+        ),
     )
+
+
+def prompt_info(family: str, model_path: Path | None) -> pb.PromptFraming:
+    """The family's prompt framing (mmproc.prompt) and the placeholder's id from the checkpoint's config.json;
+    empty for a family mmproc.prompt does not list yet (engines then need their own framing)."""
+    if family not in FRAMINGS:
+        logger.warning("no prompt framing for family %s in mmproc.prompt: ServerInfo.prompt is empty", family)
+        return pb.PromptFraming()
+    frame = framing(family)
+    info = pb.PromptFraming(
+        image_header=frame.image_header, placeholder=frame.placeholder, image_footer=frame.image_footer
+    )
+    config_file = None if model_path is None else model_path / "config.json"
+    if config_file is not None and config_file.is_file():
+        token_id = placeholder_token_id(json.loads(config_file.read_text()))
+        if token_id is not None:
+            info.placeholder_token_id = token_id
+    return info
 
 
 class _EmbeddedUvicorn(uvicorn.Server):

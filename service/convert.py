@@ -17,11 +17,22 @@ def embedding_header(result: EncodedImage) -> pb.Embedding:
     return pb.Embedding(
         index=result.index,
         num_tokens=result.num_tokens,
+        grid_t=1,
         grid_h=result.grid_hw[0],
         grid_w=result.grid_hw[1],
+        image_width=result.image_size[0],
+        image_height=result.image_size[1],
+        key=result.key,
         dtype=DTYPE_TO_PB[DTYPE_NAMES[emb.dtype]],
         shape=list(emb.shape),
     )
+
+
+def headers_reply(request_id: str, results: list[EncodedImage]) -> pb.EncodeImagesResponse:
+    """Headers only (EncodeImagesRequest.headers_only): grids, token counts, shapes, keys; no payload."""
+    reply = pb.EncodeImagesResponse(request_id=request_id, transport=pb.TRANSPORT_SERIALIZED)
+    reply.embeddings.extend(embedding_header(r) for r in results)
+    return reply
 
 
 def serialized_payloads(results: list[EncodedImage]) -> list[bytes]:

@@ -46,6 +46,7 @@ class Shipped:
     timings: tuple[float, ...]  # the worker's (decode_s, preprocess_s)
     patches: np.ndarray | None = None
     path: str | None = None
+    image_size: tuple[int, int] = (0, 0)  # (width, height) as decoded
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __getstate__(self) -> dict:
@@ -72,7 +73,7 @@ class Shipped:
         """The `PreprocessedImage`: patches (L, 3, p, p) float32 CPU tensor sharing the array's memory."""
         self.materialize()
         assert self.patches is not None
-        return PreprocessedImage(torch.from_numpy(self.patches), self.grid_hw, self.num_tokens)
+        return PreprocessedImage(torch.from_numpy(self.patches), self.grid_hw, self.num_tokens, self.image_size)
 
 
 def ship(
@@ -81,9 +82,10 @@ def ship(
     num_tokens: int,
     out_dir: str | None,
     timings: tuple[float, ...] = (),
+    image_size: tuple[int, int] = (0, 0),
 ) -> Shipped:
     """Worker side: (L, 3, p, p) float32 C-contiguous patches -> `Shipped`, through a file when worthwhile."""
-    shipped = Shipped(grid_hw, num_tokens, tuple(patches.shape), tuple(timings))
+    shipped = Shipped(grid_hw, num_tokens, tuple(patches.shape), tuple(timings), image_size=image_size)
     if out_dir is not None and patches.nbytes >= FILE_THRESHOLD:
         fd, path = tempfile.mkstemp(dir=out_dir)
         try:

@@ -98,7 +98,7 @@ def run_task(
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
     image = prepared.image
-    return ship(image.patches.numpy(), image.grid_hw, image.num_tokens, out_dir, prepared[1:])
+    return ship(image.patches.numpy(), image.grid_hw, image.num_tokens, out_dir, prepared[1:], image.image_size)
 
 
 def warm_up() -> int:

@@ -11,7 +11,7 @@ import asyncio
 import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -33,6 +33,7 @@ from mmproc.transport.leases import MAX_READERS, Lease, UnknownSessionError
 from mmproc.types import PreprocessedImage
 from service.admission import check_patch_budget
 from service.decode_pool import DecodePool, DecodePoolConfig
+from service.key_store import KeyStore, KeyStoreConfig, check_keys
 from service.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -55,6 +56,8 @@ class EncodedImage:
     num_tokens: int
     embedding: torch.Tensor
     descriptor: SliceDescriptor | None = None
+    image_size: tuple[int, int] = (0, 0)  # (width, height) as decoded, after EXIF orientation
+    key: str = ""  # the request's key for this image (EncodeImagesRequest.keys), if any
 
 
 def check_readers(readers: int) -> None:
@@ -77,6 +80,7 @@ class Engine:
         max_inflight_patches: int = 2_097_152,
         metrics: Metrics | None = None,
         decode: DecodePoolConfig | None = None,
+        key_store: KeyStoreConfig | None = None,
     ) -> None:
         self.encoder = encoder
         self.preprocess = preprocess
@@ -101,6 +105,7 @@ class Engine:
         self._max_queued_images = runner_config.max_queued_images
         self._decoding_images = 0  # admitted, not yet queued: counted against the runner queue's limit
         self._arriving = 0  # requests admitted and not yet handed to the runner (a batch waits only for these)
+        self.keys = KeyStore(key_store or KeyStoreConfig())
         self.pool: IpcPool | None = None
         self.ipc_fallbacks = 0
         self.ipc_status = "IPC not set up: serialized only"
@@ -219,12 +224,69 @@ class Engine:
                 raise
             descriptors = self._descriptors(prepared, lease) if lease is not None else [None] * len(prepared)
             return [
-                EncodedImage(i, p.grid_hw, p.num_tokens, e, d)
+                EncodedImage(i, p.grid_hw, p.num_tokens, e, d, p.image_size)
                 for i, (p, e, d) in enumerate(zip(prepared, embeddings, descriptors))
             ]
         finally:
             self._inflight -= 1
             self._inflight_patches -= patches
+
+    async def encode_keyed(
+        self, images: list[bytes], keys: list[str], request_id: str, deadline: float | None = None
+    ) -> list[EncodedImage]:
+        """`encode`, keeping each result under its key (service/key_store.py) for a later `fetch`. No lease:
+        what is kept must be a plain tensor (a pool slice is reused once its reader acked)."""
+        check_keys(keys, len(images), self.keys.config)
+        results = await self.encode(images, request_id, deadline)
+        out = [replace(result, key=key) for result, key in zip(results, keys)]
+        for result in out:
+            self.keys.put(result.key, result)
+        return out
+
+    async def fetch(
+        self,
+        keys: list[str],
+        request_id: str,
+        deadline: float | None = None,
+        *,
+        ipc_session: str | None = None,
+        readers: int = 1,
+    ) -> list[EncodedImage]:
+        """The results kept under `keys`, without encoding (UnknownKeyError for a key not kept). With
+        `ipc_session` they are copied (device to device) into one pool lease, as `encode` would write them."""
+        if not self.ready or self.draining:
+            raise UnavailableError("server is draining" if self.draining else "server is not ready")
+        check_readers(readers)
+        self.check_image_count(len(keys))
+        check_keys(keys, 0, self.keys.config)
+        results = self.keys.get(keys)
+        if ipc_session is None or self.pool is None:
+            return results
+        rows = [r.num_tokens for r in results]
+        lease = await self._lease_bytes(ipc_session, sum(rows), deadline, readers)
+        if lease is None:
+            return results
+        pool, hidden, dtype = self.pool, self.encoder.output_dim, self.encoder.dtype
+
+        def copy_in() -> None:  # the current stream is the runner's, so the kept rows are written before this
+            destination = pool.destination(lease, sum(rows), hidden, dtype)
+            torch.cat([r.embedding for r in results], out=destination)
+            pool.mark_ready(lease)
+            torch.cuda.current_stream(self.encoder.device).synchronize()
+
+        try:
+            await asyncio.get_running_loop().run_in_executor(self._lease_waiters, copy_in)
+        except BaseException:
+            pool.leases.abandon(lease)
+            raise
+        row_bytes = hidden * dtype.itemsize
+        out, row = [], 0
+        for result in results:
+            view = pool.destination(lease, sum(rows), hidden, dtype)[row : row + result.num_tokens]
+            desc = pool.descriptor(lease, row, result.num_tokens, row_bytes)
+            out.append(replace(result, embedding=view, descriptor=desc))
+            row += result.num_tokens
+        return out
 
     async def _run(
         self, prepared: list[PreprocessedImage], deadline: float | None, request_id: str, lease: Lease | None
@@ -270,9 +332,12 @@ class Engine:
         Waits for space at most half of the time left before the deadline (the other half is for the work),
         off the event loop; then falls back (counted, logged once) or refuses, as configured.
         """
+        return await self._lease_bytes(session, sum(p.num_tokens for p in prepared), deadline, readers)
+
+    async def _lease_bytes(self, session: str, rows: int, deadline: float | None, readers: int) -> Lease | None:
         if self.pool is None:
             return None
-        nbytes = sum(p.num_tokens for p in prepared) * self.encoder.output_dim * self.encoder.dtype.itemsize
+        nbytes = rows * self.encoder.output_dim * self.encoder.dtype.itemsize
         now = time.monotonic()
         wait_until = now + (deadline - now) / 2 if deadline is not None else now + 1.0
         loop = asyncio.get_running_loop()

@@ -12,11 +12,12 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from mmproc.errors import ResourceExhaustedError
+from mmproc.errors import InvalidMediaError, Reason, ResourceExhaustedError
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from service.auth import BearerToken, TokenInterceptor
 from service.convert import (
+    headers_reply,
     ipc_reply,
     serialized_payloads,
     serialized_reply,
@@ -67,13 +68,18 @@ class EncoderServicer(pb_grpc.EncoderServicer):
         remaining = context.time_remaining()
         budget = self._default_deadline_s if remaining is None else remaining
         wants_ipc = ipc and request.transport != pb.TRANSPORT_SERIALIZED and bool(request.consumer.session_id)
-        results = await self._engine.encode(
-            list(request.images),
-            request_id,
-            time.monotonic() + budget,
-            ipc_session=request.consumer.session_id if wants_ipc else None,
-            readers=request.readers if request.HasField("readers") else 1,  # unset: one reader
-        )
+        wants_ipc = wants_ipc and not request.headers_only
+        deadline = time.monotonic() + budget
+        readers = request.readers if request.HasField("readers") else 1  # unset: one reader
+        session = request.consumer.session_id if wants_ipc else None
+        engine = self._engine
+        if request.keys and not request.images:  # fetch what an earlier request kept (docs/engines.md)
+            return request_id, await engine.fetch(
+                list(request.keys), request_id, deadline, ipc_session=session, readers=readers
+            )
+        if request.keys:  # encode and keep (no lease: kept results are plain tensors)
+            return request_id, await engine.encode_keyed(list(request.images), list(request.keys), request_id, deadline)
+        results = await engine.encode(list(request.images), request_id, deadline, ipc_session=session, readers=readers)
         return request_id, results
 
     async def EncodeImages(
@@ -81,6 +87,8 @@ class EncoderServicer(pb_grpc.EncoderServicer):
     ) -> pb.EncodeImagesResponse:
         try:
             request_id, results = await self._run(request, context)
+            if request.headers_only:
+                return headers_reply(request_id, results)
             if results and results[0].descriptor is not None:
                 assert self._engine.pool is not None
                 return ipc_reply(request_id, results, self._engine.pool.identity)
@@ -99,6 +107,8 @@ class EncoderServicer(pb_grpc.EncoderServicer):
     async def EncodeImagesStream(self, request: pb.EncodeImagesRequest, context: grpc.aio.ServicerContext):
         try:
             # Streams carry bytes only: a lease taken here would never reach a consumer to release it.
+            if request.headers_only:  # nothing to stream: a unary reply carries the headers
+                raise InvalidMediaError("headers_only requests go to EncodeImages", reason=Reason.BAD_REQUEST)
             request_id, results = await self._run(request, context, ipc=False)
             with self._state.metrics.time_stage("transport"):
                 messages = await _off_loop(serialized_stream, request_id, results, self._info.stream_chunk_bytes)

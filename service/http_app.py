@@ -5,8 +5,9 @@ GET /readyz    readiness: 200 once weights are loaded and warm-up ran, 503 befor
 GET /metrics   Prometheus text format (service/metrics.py)
 GET /v1/info   the same facts as gRPC GetServerInfo, as JSON
 POST /v1/encode  {"images": ["<base64 or data: URI>", ...], "return_embeddings": false, "request_id": "..."}
-               -> 200 {"request_id", "embeddings": [{"index", "num_tokens", "grid_hw", "shape", "dtype",
-                  "sha256", "data"?}]} or 4xx/5xx {"request_id", "error": {"code", "reason", "message", "index"?}}
+               (+ "keys": [...] to keep each result under its key for an engine, docs/engines.md)
+               -> 200 {"request_id", "embeddings": [{"index", "num_tokens", "grid_hw", "grid_thw", "image_size",
+                  "shape", "dtype", "sha256", "key"?, "data"?}]} or 4xx/5xx {"request_id", "error": {"code", "reason", "message", "index"?}}
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class EncodeBody(BaseModel):
     images: list[str] = Field(..., description="base64 strings or data: URIs")
     return_embeddings: bool = False
     request_id: str | None = None
+    keys: list[str] | None = Field(None, description="one per image: keep each result under it (docs/engines.md)")
 
 
 def decode_image_field(value: str, index: int) -> bytes:
@@ -60,10 +62,14 @@ def embedding_json(result: EncodedImage, data: bytes, with_data: bool) -> dict[s
         "index": result.index,
         "num_tokens": result.num_tokens,
         "grid_hw": list(result.grid_hw),
+        "grid_thw": [1, *result.grid_hw],
+        "image_size": list(result.image_size),
         "shape": list(result.embedding.shape),
         "dtype": DTYPE_NAMES[result.embedding.dtype],
         "sha256": hashlib.sha256(data).hexdigest(),
     }
+    if result.key:
+        item["key"] = result.key
     if with_data:
         item["data"] = base64.b64encode(data).decode("ascii")
     return item
@@ -129,7 +135,11 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
             engine = state.engine()
             engine.check_image_count(len(body.images))  # before decoding any base64
             images = [decode_image_field(value, i) for i, value in enumerate(body.images)]
-            results = await engine.encode(images, request_id, time.monotonic() + default_deadline_s)
+            deadline = time.monotonic() + default_deadline_s
+            if body.keys is not None:
+                results = await engine.encode_keyed(images, body.keys, request_id, deadline)
+            else:
+                results = await engine.encode(images, request_id, deadline)
         except Exception as exc:
             mapped = map_error(exc, metrics=metrics)
             return mapped.grpc_code.name, JSONResponse(mapped.http_body(request_id), status_code=mapped.http_status)

@@ -50,6 +50,11 @@ class ServerSettings(BaseSettings):
     ipc_word_slots: int = Field(1024, ge=1, le=1 << 20, description="bound on IPC leases in flight")
     ipc_ttl_s: float = Field(60.0, gt=0, description="backstop: a lease older than this is reclaimed")
     ipc_fallback: bool = Field(True, description="pool full past the wait: serialized reply (else RESOURCE_EXHAUSTED)")
+    key_store_mb: int = Field(
+        256, ge=0, le=1 << 20, description="results kept by key for engines (docs/engines.md); 0 refuses keys"
+    )
+    key_store_ttl_s: float = Field(120.0, gt=0, le=86_400, description="how long a result stays kept under its key")
+    key_store_max_keys: int = Field(4096, ge=1, le=1 << 20)
     max_message_mb: int = Field(64, ge=1, le=2047, description="gRPC message cap, both directions")
     stream_chunk_mb: int = Field(4, ge=1, le=64)
     host_malloc_reuse_mb: int = Field(

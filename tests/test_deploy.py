@@ -193,3 +193,30 @@ def test_compose_shares_the_gpu_socket_and_pid_namespace() -> None:
     assert gpus[0] == gpus[1]
     for service in (mmproc, llm):
         assert image_ok(service["image"]), service["image"]
+
+
+def test_engine_image_installs_pinned_vllm_and_mmproc_and_runs_non_root() -> None:
+    lines, args = dockerfile("Dockerfile.vllm")
+    assert re.fullmatch(r"\d+\.\d+\.\d+", args["VLLM_VERSION"])
+    assert any('"vllm==${VLLM_VERSION}"' in line for line in lines)
+    assert any(line.startswith("RUN pip install") and "/src" in line for line in lines)  # mmproc's connector
+    (base,) = [line.split()[1] for line in lines if line.startswith("FROM ")]
+    assert image_ok(re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], base))
+    assert [line.split()[1] for line in lines if line.startswith("USER ")][-1] == "10001:10001"
+
+
+@pytest.mark.parametrize("variant", ["sidecar-dra", "sidecar-timeslicing"])
+def test_engine_container_loads_the_mmproc_connector_from_the_shared_socket(variant: str) -> None:
+    import json
+
+    spec = pod_spec(load(DEPLOYMENTS[variant][0], "Deployment"))
+    (llm,) = spec["containers"]
+    assert llm["image"] == "registry.example.com/mmproc-vllm:0.1.0" and llm["command"] == ["vllm", "serve"]
+    (flag,) = [a for a in llm["args"] if a.startswith("--ec-transfer-config=")]
+    config = json.loads(flag.partition("=")[2])
+    assert config["ec_connector"] == "MmprocECConnector" and config["ec_role"] == "ec_consumer"
+    assert config["ec_connector_module_path"] == "mmproc.engines.vllm"
+    assert config["ec_connector_extra_config"]["target"] == env(llm)["MMPROC_TARGET"]
+    import mmproc.engines  # the module path names a package that exists
+
+    assert (Path(mmproc.engines.__file__).parent / "vllm.py").is_file()

@@ -20,8 +20,17 @@ Tensor-parallel engines: rank 0 calls `encode_images_shared(images, readers=tp)`
 """
 
 from mmproc.client.encoder import AsyncEncoderClient, EncoderClient
+from mmproc.client.results import ImageEmbedding
 from mmproc.client.retry import NO_RETRY, RetryPolicy
 from mmproc.client.shared import SharedEmbeddings
 from mmproc.client.wire import error_from_rpc
 
-__all__ = ["NO_RETRY", "AsyncEncoderClient", "EncoderClient", "RetryPolicy", "SharedEmbeddings", "error_from_rpc"]
+__all__ = [
+    "NO_RETRY",
+    "AsyncEncoderClient",
+    "EncoderClient",
+    "ImageEmbedding",
+    "RetryPolicy",
+    "SharedEmbeddings",
+    "error_from_rpc",
+]

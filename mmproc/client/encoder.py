@@ -13,6 +13,7 @@ import torch
 
 from mmproc.client.auth import aio_bearer, bearer_channel
 from mmproc.client.ipc import IpcClient, clone_views
+from mmproc.client.results import ImageEmbedding, from_header
 from mmproc.client.retry import RetryPolicy
 from mmproc.client.shared import SharedEmbeddings, collect_reply
 from mmproc.client.targets import Targets
@@ -21,6 +22,7 @@ from mmproc.client.wire import (
     Assembler,
     channel_options,
     check_images,
+    check_keys,
     embedding_from_bytes,
     error_from_rpc,
     make_request,
@@ -92,6 +94,79 @@ class EncoderClient:
                 if views is not None:  # pool views: a stream-ordered copy, the ack follows it; else already fresh
                     return clone_views(views) if in_pool else views
         return self._encode_serialized(images, request_id, timeout)
+
+    def encode(
+        self,
+        images: Sequence[bytes],
+        *,
+        keys: Sequence[str] | None = None,
+        request_id: str | None = None,
+        timeout: float | None = None,
+    ) -> list[ImageEmbedding]:
+        """`encode_images` with each image's grid, token count and original size (`ImageEmbedding`).
+
+        keys: one per image; the server also keeps each result under its key for a later `fetch` (within its
+        key store's TTL and size, ServerInfo.key_store). Such a reply is serialized (no pool lease)."""
+        images = check_images(images)
+        return self._embeddings(images, check_keys(keys or ()), request_id, timeout)
+
+    def keep(
+        self,
+        images: Sequence[bytes],
+        keys: Sequence[str],
+        *,
+        request_id: str | None = None,
+        timeout: float | None = None,
+    ) -> list[ImageEmbedding]:
+        """Encode and keep each image's result under its key, replying headers only (tensor None): what a front end
+        calls before handing the request to an engine whose connector will `fetch` the keys (docs/engines.md)."""
+        images, keys = check_images(images), check_keys(keys)
+        return self._headers_only(make_request(images, request_id, "serialized", keys=keys, headers_only=True), timeout)
+
+    def lookup(
+        self, keys: Sequence[str], *, request_id: str | None = None, timeout: float | None = None
+    ) -> list[ImageEmbedding]:
+        """Headers (token counts, grids) of results kept under `keys`; UnknownKeyError (NOT_FOUND) if one is not."""
+        request = make_request([], request_id, "serialized", keys=check_keys(keys), headers_only=True)
+        return self._headers_only(request, timeout)
+
+    def fetch(
+        self, keys: Sequence[str], *, request_id: str | None = None, timeout: float | None = None
+    ) -> list[ImageEmbedding]:
+        """The results kept under `keys`, with tensors on this client's device, over the pool when IPC is on (a
+        device-to-device copy of the pool slice), else serialized. UnknownKeyError for a key not kept."""
+        return self._embeddings([], check_keys(keys), request_id, timeout)
+
+    def _headers_only(self, request: pb.EncodeImagesRequest, timeout: float | None) -> list[ImageEmbedding]:
+        def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> pb.EncodeImagesResponse:
+            return stub.EncodeImages(request, timeout=seconds)
+
+        reply = self._targets.call(attempt, timeout or self.timeout)
+        return [from_header(emb, None) for emb in reply.embeddings]
+
+    def _embeddings(
+        self, images: list[bytes], keys: list[str], request_id: str | None, timeout: float | None
+    ) -> list[ImageEmbedding]:
+        request_id = request_id or uuid.uuid4().hex[:16]
+        if self._ipc is not None:
+            reply = self._ipc_request(images, request_id, timeout, keys=keys)
+            if reply is not None and reply.transport != pb.TRANSPORT_IPC:  # kept results, or the pool was full
+                tensors = [embedding_from_bytes(emb, self.device) for emb in reply.embeddings]
+                return [from_header(emb, t) for emb, t in zip(reply.embeddings, tensors)]
+            if reply is not None:
+                with self._ipc.read(reply, timeout or self.timeout) as views:
+                    if views is not None:
+                        return [from_header(emb, t) for emb, t in zip(reply.embeddings, clone_views(views))]
+        request = make_request(images, request_id, "serialized", keys=keys)
+
+        def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> list[ImageEmbedding]:
+            assembler = Assembler(len(images) or len(keys), self.device)
+            for chunk in stub.EncodeImagesStream(request, timeout=seconds):
+                assembler.add(chunk)
+            tensors = assembler.tensors()
+            return [from_header(h, t) for h, t in zip(assembler.headers(), tensors)]
+
+        return self._targets.call(attempt, timeout or self.timeout)
 
     def encode_images_into(
         self,
@@ -192,13 +267,18 @@ class EncoderClient:
             yield views
 
     def _ipc_request(
-        self, images: list[bytes], request_id: str, timeout: float | None, readers: int | None = None
+        self,
+        images: list[bytes],
+        request_id: str,
+        timeout: float | None,
+        readers: int | None = None,
+        keys: Sequence[str] = (),
     ) -> pb.EncodeImagesResponse | None:
         """One IPC request, reopening a stale session once; None without a session (refused, no pool)."""
         assert self._ipc is not None
         for attempt in (1, 2):
             try:
-                return self._ipc.request(images, request_id, timeout or self.timeout, readers=readers)
+                return self._ipc.request(images, request_id, timeout or self.timeout, readers=readers, keys=keys)
             except grpc.RpcError as err:
                 error = error_from_rpc(err)
                 if not isinstance(error, StaleSessionError) or attempt == 2:
@@ -319,6 +399,32 @@ class AsyncEncoderClient:
             return assembler.tensors()
 
         return await self._targets.acall(attempt, timeout or self.timeout)
+
+    async def keep(
+        self,
+        images: Sequence[bytes],
+        keys: Sequence[str],
+        *,
+        request_id: str | None = None,
+        timeout: float | None = None,
+    ) -> list[ImageEmbedding]:
+        """`EncoderClient.keep` for asyncio front ends: encode, keep each result under its key, headers only."""
+        request = make_request(check_images(images), request_id, "serialized", keys=check_keys(keys), headers_only=True)
+        return await self._headers_only(request, timeout)
+
+    async def lookup(
+        self, keys: Sequence[str], *, request_id: str | None = None, timeout: float | None = None
+    ) -> list[ImageEmbedding]:
+        """`EncoderClient.lookup`: headers of results kept under `keys`; UnknownKeyError if one is not."""
+        request = make_request([], request_id, "serialized", keys=check_keys(keys), headers_only=True)
+        return await self._headers_only(request, timeout)
+
+    async def _headers_only(self, request: pb.EncodeImagesRequest, timeout: float | None) -> list[ImageEmbedding]:
+        async def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> pb.EncodeImagesResponse:
+            return await stub.EncodeImages(request, timeout=seconds)
+
+        reply = await self._targets.acall(attempt, timeout or self.timeout)
+        return [from_header(emb, None) for emb in reply.embeddings]
 
     async def server_info(self, timeout: float | None = None) -> pb.ServerInfo:
         request = pb.GetServerInfoRequest()

@@ -147,7 +147,13 @@ class IpcClient:
             self._owned.clear()  # the old session's leases were reclaimed with it
 
     def request(
-        self, images: list[bytes], request_id: str, timeout: float, *, readers: int | None = None
+        self,
+        images: list[bytes],
+        request_id: str,
+        timeout: float,
+        *,
+        readers: int | None = None,
+        keys: Sequence[str] = (),
     ) -> pb.EncodeImagesResponse | None:
         """One EncodeImages call over IPC; None without a session. `readers` (shared requests only): the lease
         is read by that many ranks, and this client, as rank 0, keeps it to release after `read_shared`."""
@@ -159,6 +165,7 @@ class IpcClient:
             request_id=request_id,
             transport=pb.TRANSPORT_IPC,
             consumer=pb.ConsumerInfo(session_id=session, device_uuid=self._uuid),
+            keys=list(keys),
         )
         if readers is not None:
             request.readers = readers

@@ -162,6 +162,10 @@ class Assembler:
             buffer[offset : offset + size].numpy()[:] = np.frombuffer(data, dtype=np.uint8)
         self._received[index] += size
 
+    def headers(self) -> list[pb.Embedding]:
+        """Every image's header (call after `tensors`, which checks that all arrived)."""
+        return [h for h in self._headers if h is not None]
+
     def tensors(self) -> list[torch.Tensor]:
         out = []
         for index, (header, buffer) in enumerate(zip(self._headers, self._buffers)):
@@ -173,12 +177,31 @@ class Assembler:
         return out
 
 
-def make_request(images: Sequence[bytes], request_id: str | None, transport: str) -> pb.EncodeImagesRequest:
+def make_request(
+    images: Sequence[bytes],
+    request_id: str | None,
+    transport: str,
+    *,
+    keys: Sequence[str] = (),
+    headers_only: bool = False,
+) -> pb.EncodeImagesRequest:
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {sorted(TRANSPORTS)}, got {transport!r}")
     return pb.EncodeImagesRequest(
-        images=list(images), request_id=request_id or uuid.uuid4().hex[:16], transport=TRANSPORTS[transport]
+        images=list(images),
+        request_id=request_id or uuid.uuid4().hex[:16],
+        transport=TRANSPORTS[transport],
+        keys=list(keys),
+        headers_only=headers_only,
     )
+
+
+def check_keys(keys: Iterable[str]) -> list[str]:
+    keys = list(keys)
+    for i, key in enumerate(keys):
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"keys[{i}] must be a non-empty str, got {key!r}")
+    return keys
 
 
 def check_images(images: Iterable[bytes]) -> list[bytes]:

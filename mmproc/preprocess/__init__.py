@@ -10,6 +10,8 @@ listed in `rules.py`; `patchify.py` holds the pixel work they share, `bounds.py`
 
 from __future__ import annotations
 
+import dataclasses
+
 from PIL import Image
 
 from mmproc.errors import InvalidMediaError, Reason
@@ -27,7 +29,7 @@ def preprocess_image(image: Image.Image, cfg: PreprocessConfig) -> PreprocessedI
     """
     if image.width < 1 or image.height < 1:
         raise InvalidMediaError(f"image is {image.width}x{image.height}", reason=Reason.TOO_SMALL)
-    return RULES[cfg.family].run(image, cfg)
+    return dataclasses.replace(RULES[cfg.family].run(image, cfg), image_size=image.size)
 
 
 def target_grid(width: int, height: int, cfg: PreprocessConfig) -> tuple[int, int]:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17mmproc/v1/encoder.proto\x12\tmmproc.v1\"7\n\x0c\x43onsumerInfo\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65vice_uuid\x18\x02 \x01(\t\"j\n\x0cSessionHello\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x03 \x01(\t\x12\x15\n\rpid_namespace\x18\x04 \x01(\x04\x12\x13\n\x0b\x64\x65vice_uuid\x18\x05 \x01(\t\"1\n\x0cLeaseRelease\x12\x11\n\tlease_ids\x18\x01 \x03(\x04\x12\x0e\n\x06unread\x18\x02 \x01(\x08\"n\n\x0eSessionRequest\x12(\n\x05hello\x18\x01 \x01(\x0b\x32\x17.mmproc.v1.SessionHelloH\x00\x12*\n\x07release\x18\x02 \x01(\x0b\x32\x17.mmproc.v1.LeaseReleaseH\x00\x42\x06\n\x04kind\"\x7f\n\x08PoolInfo\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x13\n\x0b\x64\x65vice_uuid\x18\x03 \x01(\t\x12\x12\n\nipc_handle\x18\x04 \x01(\x0c\x12\x12\n\npool_bytes\x18\x05 \x01(\x04\x12\x16\n\x0enum_word_slots\x18\x06 \x01(\r\"F\n\rSessionOpened\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12!\n\x04pool\x18\x02 \x01(\x0b\x32\x13.mmproc.v1.PoolInfo\" \n\x0eSessionRefused\x12\x0e\n\x06reason\x18\x01 \x01(\t\"p\n\x0cSessionEvent\x12*\n\x06opened\x18\x01 \x01(\x0b\x32\x18.mmproc.v1.SessionOpenedH\x00\x12,\n\x07refused\x18\x02 \x01(\x0b\x32\x19.mmproc.v1.SessionRefusedH\x00\x42\x06\n\x04kind\"\xaf\x01\n\x13\x45ncodeImagesRequest\x12\x0e\n\x06images\x18\x01 \x03(\x0c\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\'\n\ttransport\x18\x03 \x01(\x0e\x32\x14.mmproc.v1.Transport\x12)\n\x08\x63onsumer\x18\x04 \x01(\x0b\x32\x17.mmproc.v1.ConsumerInfo\x12\x14\n\x07readers\x18\x05 \x01(\rH\x00\x88\x01\x01\x42\n\n\x08_readers\"\xf8\x01\n\rIpcDescriptor\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x13\n\x0b\x64\x65vice_uuid\x18\x03 \x01(\t\x12\x14\n\x0coffset_bytes\x18\x04 \x01(\x04\x12\x0e\n\x06nbytes\x18\x05 \x01(\x04\x12\x10\n\x08lease_id\x18\x06 \x01(\x04\x12\x12\n\ngeneration\x18\x07 \x01(\x04\x12\x1a\n\x12ready_offset_bytes\x18\x08 \x01(\x04\x12\x18\n\x10\x61\x63k_offset_bytes\x18\t \x01(\x04\x12\x0f\n\x07readers\x18\n \x01(\r\x12\x1f\n\x17reader_ack_offset_bytes\x18\x0b \x03(\x04\"\xc2\x01\n\tEmbedding\x12\r\n\x05index\x18\x01 \x01(\r\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\x0e\n\x06grid_h\x18\x03 \x01(\r\x12\x0e\n\x06grid_w\x18\x04 \x01(\r\x12\x1f\n\x05\x64type\x18\x05 \x01(\x0e\x32\x10.mmproc.v1.DType\x12\r\n\x05shape\x18\x06 \x03(\x04\x12\x0e\n\x04\x64\x61ta\x18\x07 \x01(\x0cH\x00\x12\'\n\x03ipc\x18\x08 \x01(\x0b\x32\x18.mmproc.v1.IpcDescriptorH\x00\x42\t\n\x07payload\"}\n\x14\x45ncodeImagesResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12(\n\nembeddings\x18\x02 \x03(\x0b\x32\x14.mmproc.v1.Embedding\x12\'\n\ttransport\x18\x03 \x01(\x0e\x32\x14.mmproc.v1.Transport\"v\n\x10SharedEmbeddings\x12.\n\x05reply\x18\x01 \x01(\x0b\x32\x1f.mmproc.v1.EncodeImagesResponse\x12!\n\x04pool\x18\x02 \x01(\x0b\x32\x13.mmproc.v1.PoolInfo\x12\x0f\n\x07readers\x18\x03 \x01(\r\"z\n\x11\x45ncodeImagesChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12$\n\x06header\x18\x02 \x01(\x0b\x32\x14.mmproc.v1.Embedding\x12\r\n\x05index\x18\x03 \x01(\r\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"\x16\n\x14GetServerInfoRequest\"\xd8\x01\n\x0ePreprocessInfo\x12\x0e\n\x06\x66\x61mily\x18\x01 \x01(\t\x12\x12\n\npatch_size\x18\x02 \x01(\r\x12\x0f\n\x07merge_h\x18\x03 \x01(\r\x12\x0f\n\x07merge_w\x18\x04 \x01(\r\x12\x1d\n\x15max_patches_per_image\x18\x05 \x01(\r\x12\x33\n\x05rules\x18\x06 \x03(\x0b\x32$.mmproc.v1.PreprocessInfo.RulesEntry\x1a,\n\nRulesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc3\x01\n\rRequestLimits\x12\x17\n\x0fmax_image_bytes\x18\x01 \x01(\x04\x12\x12\n\nmax_pixels\x18\x02 \x01(\x04\x12\x1e\n\x16max_images_per_request\x18\x03 \x01(\r\x12\x19\n\x11max_request_bytes\x18\x04 \x01(\x04\x12\x1f\n\x17max_patches_per_request\x18\x05 \x01(\x04\x12\x18\n\x10max_aspect_ratio\x18\x06 \x01(\x01\x12\x0f\n\x07\x66ormats\x18\x07 \x03(\t\"\x8c\x03\n\nServerInfo\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x12\n\nmodel_name\x18\x02 \x01(\t\x12\x14\n\x0cmodel_layout\x18\x03 \x01(\t\x12\x13\n\x0bhidden_size\x18\x04 \x01(\r\x12\x1a\n\x12vision_hidden_size\x18\x05 \x01(\r\x12\x1f\n\x05\x64type\x18\x06 \x01(\x0e\x32\x10.mmproc.v1.DType\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\x13\n\x0b\x64\x65vice_uuid\x18\x08 \x01(\t\x12-\n\npreprocess\x18\t \x01(\x0b\x32\x19.mmproc.v1.PreprocessInfo\x12(\n\x06limits\x18\n \x01(\x0b\x32\x18.mmproc.v1.RequestLimits\x12(\n\ntransports\x18\x0b \x03(\x0e\x32\x14.mmproc.v1.Transport\x12\x12\n\nipc_status\x18\x0c \x01(\t\x12\x19\n\x11max_message_bytes\x18\r \x01(\x04\x12\x1a\n\x12stream_chunk_bytes\x18\x0e \x01(\x04*L\n\tTransport\x12\x12\n\x0eTRANSPORT_AUTO\x10\x00\x12\x18\n\x14TRANSPORT_SERIALIZED\x10\x01\x12\x11\n\rTRANSPORT_IPC\x10\x02*X\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x02\x12\x11\n\rDTYPE_FLOAT16\x10\x03\x32\xbc\x02\n\x07\x45ncoder\x12O\n\x0c\x45ncodeImages\x12\x1e.mmproc.v1.EncodeImagesRequest\x1a\x1f.mmproc.v1.EncodeImagesResponse\x12T\n\x12\x45ncodeImagesStream\x12\x1e.mmproc.v1.EncodeImagesRequest\x1a\x1c.mmproc.v1.EncodeImagesChunk0\x01\x12G\n\rGetServerInfo\x12\x1f.mmproc.v1.GetServerInfoRequest\x1a\x15.mmproc.v1.ServerInfo\x12\x41\n\x07Session\x12\x19.mmproc.v1.SessionRequest\x1a\x17.mmproc.v1.SessionEvent(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17mmproc/v1/encoder.proto\x12\tmmproc.v1\"7\n\x0c\x43onsumerInfo\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12\x13\n\x0b\x64\x65vice_uuid\x18\x02 \x01(\t\"j\n\x0cSessionHello\x12\x0b\n\x03pid\x18\x01 \x01(\r\x12\x10\n\x08hostname\x18\x02 \x01(\t\x12\x0f\n\x07\x62oot_id\x18\x03 \x01(\t\x12\x15\n\rpid_namespace\x18\x04 \x01(\x04\x12\x13\n\x0b\x64\x65vice_uuid\x18\x05 \x01(\t\"1\n\x0cLeaseRelease\x12\x11\n\tlease_ids\x18\x01 \x03(\x04\x12\x0e\n\x06unread\x18\x02 \x01(\x08\"n\n\x0eSessionRequest\x12(\n\x05hello\x18\x01 \x01(\x0b\x32\x17.mmproc.v1.SessionHelloH\x00\x12*\n\x07release\x18\x02 \x01(\x0b\x32\x17.mmproc.v1.LeaseReleaseH\x00\x42\x06\n\x04kind\"\x7f\n\x08PoolInfo\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x13\n\x0b\x64\x65vice_uuid\x18\x03 \x01(\t\x12\x12\n\nipc_handle\x18\x04 \x01(\x0c\x12\x12\n\npool_bytes\x18\x05 \x01(\x04\x12\x16\n\x0enum_word_slots\x18\x06 \x01(\r\"F\n\rSessionOpened\x12\x12\n\nsession_id\x18\x01 \x01(\t\x12!\n\x04pool\x18\x02 \x01(\x0b\x32\x13.mmproc.v1.PoolInfo\" \n\x0eSessionRefused\x12\x0e\n\x06reason\x18\x01 \x01(\t\"p\n\x0cSessionEvent\x12*\n\x06opened\x18\x01 \x01(\x0b\x32\x18.mmproc.v1.SessionOpenedH\x00\x12,\n\x07refused\x18\x02 \x01(\x0b\x32\x19.mmproc.v1.SessionRefusedH\x00\x42\x06\n\x04kind\"\xd3\x01\n\x13\x45ncodeImagesRequest\x12\x0e\n\x06images\x18\x01 \x03(\x0c\x12\x12\n\nrequest_id\x18\x02 \x01(\t\x12\'\n\ttransport\x18\x03 \x01(\x0e\x32\x14.mmproc.v1.Transport\x12)\n\x08\x63onsumer\x18\x04 \x01(\x0b\x32\x17.mmproc.v1.ConsumerInfo\x12\x14\n\x07readers\x18\x05 \x01(\rH\x00\x88\x01\x01\x12\x0c\n\x04keys\x18\x06 \x03(\t\x12\x14\n\x0cheaders_only\x18\x07 \x01(\x08\x42\n\n\x08_readers\"\xf8\x01\n\rIpcDescriptor\x12\x0f\n\x07pool_id\x18\x01 \x01(\t\x12\r\n\x05\x65poch\x18\x02 \x01(\x04\x12\x13\n\x0b\x64\x65vice_uuid\x18\x03 \x01(\t\x12\x14\n\x0coffset_bytes\x18\x04 \x01(\x04\x12\x0e\n\x06nbytes\x18\x05 \x01(\x04\x12\x10\n\x08lease_id\x18\x06 \x01(\x04\x12\x12\n\ngeneration\x18\x07 \x01(\x04\x12\x1a\n\x12ready_offset_bytes\x18\x08 \x01(\x04\x12\x18\n\x10\x61\x63k_offset_bytes\x18\t \x01(\x04\x12\x0f\n\x07readers\x18\n \x01(\r\x12\x1f\n\x17reader_ack_offset_bytes\x18\x0b \x03(\x04\"\x8a\x02\n\tEmbedding\x12\r\n\x05index\x18\x01 \x01(\r\x12\x12\n\nnum_tokens\x18\x02 \x01(\r\x12\x0e\n\x06grid_h\x18\x03 \x01(\r\x12\x0e\n\x06grid_w\x18\x04 \x01(\r\x12\x1f\n\x05\x64type\x18\x05 \x01(\x0e\x32\x10.mmproc.v1.DType\x12\r\n\x05shape\x18\x06 \x03(\x04\x12\x0e\n\x04\x64\x61ta\x18\x07 \x01(\x0cH\x00\x12\'\n\x03ipc\x18\x08 \x01(\x0b\x32\x18.mmproc.v1.IpcDescriptorH\x00\x12\x0e\n\x06grid_t\x18\t \x01(\r\x12\x13\n\x0bimage_width\x18\n \x01(\r\x12\x14\n\x0cimage_height\x18\x0b \x01(\r\x12\x0b\n\x03key\x18\x0c \x01(\tB\t\n\x07payload\"}\n\x14\x45ncodeImagesResponse\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12(\n\nembeddings\x18\x02 \x03(\x0b\x32\x14.mmproc.v1.Embedding\x12\'\n\ttransport\x18\x03 \x01(\x0e\x32\x14.mmproc.v1.Transport\"v\n\x10SharedEmbeddings\x12.\n\x05reply\x18\x01 \x01(\x0b\x32\x1f.mmproc.v1.EncodeImagesResponse\x12!\n\x04pool\x18\x02 \x01(\x0b\x32\x13.mmproc.v1.PoolInfo\x12\x0f\n\x07readers\x18\x03 \x01(\r\"z\n\x11\x45ncodeImagesChunk\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12$\n\x06header\x18\x02 \x01(\x0b\x32\x14.mmproc.v1.Embedding\x12\r\n\x05index\x18\x03 \x01(\r\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x05 \x01(\x0c\"\x16\n\x14GetServerInfoRequest\"\xd8\x01\n\x0ePreprocessInfo\x12\x0e\n\x06\x66\x61mily\x18\x01 \x01(\t\x12\x12\n\npatch_size\x18\x02 \x01(\r\x12\x0f\n\x07merge_h\x18\x03 \x01(\r\x12\x0f\n\x07merge_w\x18\x04 \x01(\r\x12\x1d\n\x15max_patches_per_image\x18\x05 \x01(\r\x12\x33\n\x05rules\x18\x06 \x03(\x0b\x32$.mmproc.v1.PreprocessInfo.RulesEntry\x1a,\n\nRulesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\xc3\x01\n\rRequestLimits\x12\x17\n\x0fmax_image_bytes\x18\x01 \x01(\x04\x12\x12\n\nmax_pixels\x18\x02 \x01(\x04\x12\x1e\n\x16max_images_per_request\x18\x03 \x01(\r\x12\x19\n\x11max_request_bytes\x18\x04 \x01(\x04\x12\x1f\n\x17max_patches_per_request\x18\x05 \x01(\x04\x12\x18\n\x10max_aspect_ratio\x18\x06 \x01(\x01\x12\x0f\n\x07\x66ormats\x18\x07 \x03(\t\"\x8c\x01\n\rPromptFraming\x12\x14\n\x0cimage_header\x18\x01 \x01(\t\x12\x13\n\x0bplaceholder\x18\x02 \x01(\t\x12\x14\n\x0cimage_footer\x18\x03 \x01(\t\x12!\n\x14placeholder_token_id\x18\x04 \x01(\rH\x00\x88\x01\x01\x42\x17\n\x15_placeholder_token_id\"B\n\x0cKeyStoreInfo\x12\x11\n\tmax_bytes\x18\x01 \x01(\x04\x12\r\n\x05ttl_s\x18\x02 \x01(\x01\x12\x10\n\x08max_keys\x18\x03 \x01(\r\"\xf2\x03\n\nServerInfo\x12\x0f\n\x07version\x18\x01 \x01(\t\x12\x12\n\nmodel_name\x18\x02 \x01(\t\x12\x14\n\x0cmodel_layout\x18\x03 \x01(\t\x12\x13\n\x0bhidden_size\x18\x04 \x01(\r\x12\x1a\n\x12vision_hidden_size\x18\x05 \x01(\r\x12\x1f\n\x05\x64type\x18\x06 \x01(\x0e\x32\x10.mmproc.v1.DType\x12\x0e\n\x06\x64\x65vice\x18\x07 \x01(\t\x12\x13\n\x0b\x64\x65vice_uuid\x18\x08 \x01(\t\x12-\n\npreprocess\x18\t \x01(\x0b\x32\x19.mmproc.v1.PreprocessInfo\x12(\n\x06limits\x18\n \x01(\x0b\x32\x18.mmproc.v1.RequestLimits\x12(\n\ntransports\x18\x0b \x03(\x0e\x32\x14.mmproc.v1.Transport\x12\x12\n\nipc_status\x18\x0c \x01(\t\x12\x19\n\x11max_message_bytes\x18\r \x01(\x04\x12\x1a\n\x12stream_chunk_bytes\x18\x0e \x01(\x04\x12\x0e\n\x06\x66\x61mily\x18\x0f \x01(\t\x12(\n\x06prompt\x18\x10 \x01(\x0b\x32\x18.mmproc.v1.PromptFraming\x12*\n\tkey_store\x18\x11 \x01(\x0b\x32\x17.mmproc.v1.KeyStoreInfo*L\n\tTransport\x12\x12\n\x0eTRANSPORT_AUTO\x10\x00\x12\x18\n\x14TRANSPORT_SERIALIZED\x10\x01\x12\x11\n\rTRANSPORT_IPC\x10\x02*X\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x11\n\rDTYPE_FLOAT32\x10\x01\x12\x12\n\x0e\x44TYPE_BFLOAT16\x10\x02\x12\x11\n\rDTYPE_FLOAT16\x10\x03\x32\xbc\x02\n\x07\x45ncoder\x12O\n\x0c\x45ncodeImages\x12\x1e.mmproc.v1.EncodeImagesRequest\x1a\x1f.mmproc.v1.EncodeImagesResponse\x12T\n\x12\x45ncodeImagesStream\x12\x1e.mmproc.v1.EncodeImagesRequest\x1a\x1c.mmproc.v1.EncodeImagesChunk0\x01\x12G\n\rGetServerInfo\x12\x1f.mmproc.v1.GetServerInfoRequest\x1a\x15.mmproc.v1.ServerInfo\x12\x41\n\x07Session\x12\x19.mmproc.v1.SessionRequest\x1a\x17.mmproc.v1.SessionEvent(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,10 +33,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_PREPROCESSINFO_RULESENTRY']._loaded_options = None
   _globals['_PREPROCESSINFO_RULESENTRY']._serialized_options = b'8\001'
-  _globals['_TRANSPORT']._serialized_start=2552
-  _globals['_TRANSPORT']._serialized_end=2628
-  _globals['_DTYPE']._serialized_start=2630
-  _globals['_DTYPE']._serialized_end=2718
+  _globals['_TRANSPORT']._serialized_start=2973
+  _globals['_TRANSPORT']._serialized_end=3049
+  _globals['_DTYPE']._serialized_start=3051
+  _globals['_DTYPE']._serialized_end=3139
   _globals['_CONSUMERINFO']._serialized_start=38
   _globals['_CONSUMERINFO']._serialized_end=93
   _globals['_SESSIONHELLO']._serialized_start=95
@@ -54,27 +54,31 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SESSIONEVENT']._serialized_start=601
   _globals['_SESSIONEVENT']._serialized_end=713
   _globals['_ENCODEIMAGESREQUEST']._serialized_start=716
-  _globals['_ENCODEIMAGESREQUEST']._serialized_end=891
-  _globals['_IPCDESCRIPTOR']._serialized_start=894
-  _globals['_IPCDESCRIPTOR']._serialized_end=1142
-  _globals['_EMBEDDING']._serialized_start=1145
-  _globals['_EMBEDDING']._serialized_end=1339
-  _globals['_ENCODEIMAGESRESPONSE']._serialized_start=1341
-  _globals['_ENCODEIMAGESRESPONSE']._serialized_end=1466
-  _globals['_SHAREDEMBEDDINGS']._serialized_start=1468
-  _globals['_SHAREDEMBEDDINGS']._serialized_end=1586
-  _globals['_ENCODEIMAGESCHUNK']._serialized_start=1588
-  _globals['_ENCODEIMAGESCHUNK']._serialized_end=1710
-  _globals['_GETSERVERINFOREQUEST']._serialized_start=1712
-  _globals['_GETSERVERINFOREQUEST']._serialized_end=1734
-  _globals['_PREPROCESSINFO']._serialized_start=1737
-  _globals['_PREPROCESSINFO']._serialized_end=1953
-  _globals['_PREPROCESSINFO_RULESENTRY']._serialized_start=1909
-  _globals['_PREPROCESSINFO_RULESENTRY']._serialized_end=1953
-  _globals['_REQUESTLIMITS']._serialized_start=1956
-  _globals['_REQUESTLIMITS']._serialized_end=2151
-  _globals['_SERVERINFO']._serialized_start=2154
-  _globals['_SERVERINFO']._serialized_end=2550
-  _globals['_ENCODER']._serialized_start=2721
-  _globals['_ENCODER']._serialized_end=3037
+  _globals['_ENCODEIMAGESREQUEST']._serialized_end=927
+  _globals['_IPCDESCRIPTOR']._serialized_start=930
+  _globals['_IPCDESCRIPTOR']._serialized_end=1178
+  _globals['_EMBEDDING']._serialized_start=1181
+  _globals['_EMBEDDING']._serialized_end=1447
+  _globals['_ENCODEIMAGESRESPONSE']._serialized_start=1449
+  _globals['_ENCODEIMAGESRESPONSE']._serialized_end=1574
+  _globals['_SHAREDEMBEDDINGS']._serialized_start=1576
+  _globals['_SHAREDEMBEDDINGS']._serialized_end=1694
+  _globals['_ENCODEIMAGESCHUNK']._serialized_start=1696
+  _globals['_ENCODEIMAGESCHUNK']._serialized_end=1818
+  _globals['_GETSERVERINFOREQUEST']._serialized_start=1820
+  _globals['_GETSERVERINFOREQUEST']._serialized_end=1842
+  _globals['_PREPROCESSINFO']._serialized_start=1845
+  _globals['_PREPROCESSINFO']._serialized_end=2061
+  _globals['_PREPROCESSINFO_RULESENTRY']._serialized_start=2017
+  _globals['_PREPROCESSINFO_RULESENTRY']._serialized_end=2061
+  _globals['_REQUESTLIMITS']._serialized_start=2064
+  _globals['_REQUESTLIMITS']._serialized_end=2259
+  _globals['_PROMPTFRAMING']._serialized_start=2262
+  _globals['_PROMPTFRAMING']._serialized_end=2402
+  _globals['_KEYSTOREINFO']._serialized_start=2404
+  _globals['_KEYSTOREINFO']._serialized_end=2470
+  _globals['_SERVERINFO']._serialized_start=2473
+  _globals['_SERVERINFO']._serialized_end=2971
+  _globals['_ENCODER']._serialized_start=3142
+  _globals['_ENCODER']._serialized_end=3458
 # @@protoc_insertion_point(module_scope)

@@ -104,18 +104,22 @@ class SessionEvent(_message.Message):
     def __init__(self, opened: _Optional[_Union[SessionOpened, _Mapping]] = ..., refused: _Optional[_Union[SessionRefused, _Mapping]] = ...) -> None: ...
 
 class EncodeImagesRequest(_message.Message):
-    __slots__ = ("images", "request_id", "transport", "consumer", "readers")
+    __slots__ = ("images", "request_id", "transport", "consumer", "readers", "keys", "headers_only")
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
     CONSUMER_FIELD_NUMBER: _ClassVar[int]
     READERS_FIELD_NUMBER: _ClassVar[int]
+    KEYS_FIELD_NUMBER: _ClassVar[int]
+    HEADERS_ONLY_FIELD_NUMBER: _ClassVar[int]
     images: _containers.RepeatedScalarFieldContainer[bytes]
     request_id: str
     transport: Transport
     consumer: ConsumerInfo
     readers: int
-    def __init__(self, images: _Optional[_Iterable[bytes]] = ..., request_id: _Optional[str] = ..., transport: _Optional[_Union[Transport, str]] = ..., consumer: _Optional[_Union[ConsumerInfo, _Mapping]] = ..., readers: _Optional[int] = ...) -> None: ...
+    keys: _containers.RepeatedScalarFieldContainer[str]
+    headers_only: bool
+    def __init__(self, images: _Optional[_Iterable[bytes]] = ..., request_id: _Optional[str] = ..., transport: _Optional[_Union[Transport, str]] = ..., consumer: _Optional[_Union[ConsumerInfo, _Mapping]] = ..., readers: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., headers_only: _Optional[bool] = ...) -> None: ...
 
 class IpcDescriptor(_message.Message):
     __slots__ = ("pool_id", "epoch", "device_uuid", "offset_bytes", "nbytes", "lease_id", "generation", "ready_offset_bytes", "ack_offset_bytes", "readers", "reader_ack_offset_bytes")
@@ -144,7 +148,7 @@ class IpcDescriptor(_message.Message):
     def __init__(self, pool_id: _Optional[str] = ..., epoch: _Optional[int] = ..., device_uuid: _Optional[str] = ..., offset_bytes: _Optional[int] = ..., nbytes: _Optional[int] = ..., lease_id: _Optional[int] = ..., generation: _Optional[int] = ..., ready_offset_bytes: _Optional[int] = ..., ack_offset_bytes: _Optional[int] = ..., readers: _Optional[int] = ..., reader_ack_offset_bytes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Embedding(_message.Message):
-    __slots__ = ("index", "num_tokens", "grid_h", "grid_w", "dtype", "shape", "data", "ipc")
+    __slots__ = ("index", "num_tokens", "grid_h", "grid_w", "dtype", "shape", "data", "ipc", "grid_t", "image_width", "image_height", "key")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GRID_H_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +157,10 @@ class Embedding(_message.Message):
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     IPC_FIELD_NUMBER: _ClassVar[int]
+    GRID_T_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_WIDTH_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
     index: int
     num_tokens: int
     grid_h: int
@@ -161,7 +169,11 @@ class Embedding(_message.Message):
     shape: _containers.RepeatedScalarFieldContainer[int]
     data: bytes
     ipc: IpcDescriptor
-    def __init__(self, index: _Optional[int] = ..., num_tokens: _Optional[int] = ..., grid_h: _Optional[int] = ..., grid_w: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., ipc: _Optional[_Union[IpcDescriptor, _Mapping]] = ...) -> None: ...
+    grid_t: int
+    image_width: int
+    image_height: int
+    key: str
+    def __init__(self, index: _Optional[int] = ..., num_tokens: _Optional[int] = ..., grid_h: _Optional[int] = ..., grid_w: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., ipc: _Optional[_Union[IpcDescriptor, _Mapping]] = ..., grid_t: _Optional[int] = ..., image_width: _Optional[int] = ..., image_height: _Optional[int] = ..., key: _Optional[str] = ...) -> None: ...
 
 class EncodeImagesResponse(_message.Message):
     __slots__ = ("request_id", "embeddings", "transport")
@@ -242,8 +254,30 @@ class RequestLimits(_message.Message):
     formats: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, max_image_bytes: _Optional[int] = ..., max_pixels: _Optional[int] = ..., max_images_per_request: _Optional[int] = ..., max_request_bytes: _Optional[int] = ..., max_patches_per_request: _Optional[int] = ..., max_aspect_ratio: _Optional[float] = ..., formats: _Optional[_Iterable[str]] = ...) -> None: ...
 
+class PromptFraming(_message.Message):
+    __slots__ = ("image_header", "placeholder", "image_footer", "placeholder_token_id")
+    IMAGE_HEADER_FIELD_NUMBER: _ClassVar[int]
+    PLACEHOLDER_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_FOOTER_FIELD_NUMBER: _ClassVar[int]
+    PLACEHOLDER_TOKEN_ID_FIELD_NUMBER: _ClassVar[int]
+    image_header: str
+    placeholder: str
+    image_footer: str
+    placeholder_token_id: int
+    def __init__(self, image_header: _Optional[str] = ..., placeholder: _Optional[str] = ..., image_footer: _Optional[str] = ..., placeholder_token_id: _Optional[int] = ...) -> None: ...
+
+class KeyStoreInfo(_message.Message):
+    __slots__ = ("max_bytes", "ttl_s", "max_keys")
+    MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TTL_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_KEYS_FIELD_NUMBER: _ClassVar[int]
+    max_bytes: int
+    ttl_s: float
+    max_keys: int
+    def __init__(self, max_bytes: _Optional[int] = ..., ttl_s: _Optional[float] = ..., max_keys: _Optional[int] = ...) -> None: ...
+
 class ServerInfo(_message.Message):
-    __slots__ = ("version", "model_name", "model_layout", "hidden_size", "vision_hidden_size", "dtype", "device", "device_uuid", "preprocess", "limits", "transports", "ipc_status", "max_message_bytes", "stream_chunk_bytes")
+    __slots__ = ("version", "model_name", "model_layout", "hidden_size", "vision_hidden_size", "dtype", "device", "device_uuid", "preprocess", "limits", "transports", "ipc_status", "max_message_bytes", "stream_chunk_bytes", "family", "prompt", "key_store")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_LAYOUT_FIELD_NUMBER: _ClassVar[int]
@@ -258,6 +292,9 @@ class ServerInfo(_message.Message):
     IPC_STATUS_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     STREAM_CHUNK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FAMILY_FIELD_NUMBER: _ClassVar[int]
+    PROMPT_FIELD_NUMBER: _ClassVar[int]
+    KEY_STORE_FIELD_NUMBER: _ClassVar[int]
     version: str
     model_name: str
     model_layout: str
@@ -272,4 +309,7 @@ class ServerInfo(_message.Message):
     ipc_status: str
     max_message_bytes: int
     stream_chunk_bytes: int
-    def __init__(self, version: _Optional[str] = ..., model_name: _Optional[str] = ..., model_layout: _Optional[str] = ..., hidden_size: _Optional[int] = ..., vision_hidden_size: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., device: _Optional[str] = ..., device_uuid: _Optional[str] = ..., preprocess: _Optional[_Union[PreprocessInfo, _Mapping]] = ..., limits: _Optional[_Union[RequestLimits, _Mapping]] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., ipc_status: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., stream_chunk_bytes: _Optional[int] = ...) -> None: ...
+    family: str
+    prompt: PromptFraming
+    key_store: KeyStoreInfo
+    def __init__(self, version: _Optional[str] = ..., model_name: _Optional[str] = ..., model_layout: _Optional[str] = ..., hidden_size: _Optional[int] = ..., vision_hidden_size: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., device: _Optional[str] = ..., device_uuid: _Optional[str] = ..., preprocess: _Optional[_Union[PreprocessInfo, _Mapping]] = ..., limits: _Optional[_Union[RequestLimits, _Mapping]] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., ipc_status: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., stream_chunk_bytes: _Optional[int] = ..., family: _Optional[str] = ..., prompt: _Optional[_Union[PromptFraming, _Mapping]] = ..., key_store: _Optional[_Union[KeyStoreInfo, _Mapping]] = ...) -> None: ...

@@ -1,0 +1,52 @@
+"""How an engine's prompt frames one image of each family: header, `num_tokens` placeholders, footer.
+
+The token-count contract (docs/engines.md): the engine expands each image's placeholder to exactly the
+`num_tokens` rows mmproc returns for it. The header is a template that may use the image's original size
+(`{width}`, `{height}`), which later families put into the prompt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PromptFraming:
+    """One family's framing of an image in the prompt; placeholder is repeated once per embedding row."""
+
+    image_header: str
+    placeholder: str
+    image_footer: str
+
+    def header(self, width: int, height: int) -> str:
+        """The header of a width x height image (original size, as decoded after EXIF orientation)."""
+        return self.image_header.format(width=width, height=height)
+
+    def image_text(self, num_tokens: int, width: int, height: int) -> str:
+        """The whole expanded run for one image."""
+        return self.header(width, height) + self.placeholder * num_tokens + self.image_footer
+
+
+# Keyed by the family string of PreprocessConfig.family / ServerInfo.family. Kimi-VL and K2.5 share the
+# chat template's media tokens (Kimi-VL's processor and vLLM's KimiK25 `get_placeholder_str` spell them alike).
+FRAMINGS: dict[str, PromptFraming] = {
+    "kimi_vl": PromptFraming("<|media_start|>image<|media_content|>", "<|media_pad|>", "<|media_end|>"),
+    "kimi_k25": PromptFraming("<|media_begin|>image<|media_content|>", "<|media_pad|>", "<|media_end|>"),
+}
+
+
+def framing(family: str) -> PromptFraming:
+    """The framing of `family`; KeyError naming the known ones otherwise."""
+    try:
+        return FRAMINGS[family]
+    except KeyError:
+        raise KeyError(f"no prompt framing for family {family!r}; known: {sorted(FRAMINGS)}") from None
+
+
+def placeholder_token_id(config: dict) -> int | None:
+    """The placeholder's token id as a checkpoint's config.json states it, or None."""
+    for key in ("media_placeholder_token_id", "image_token_id"):
+        value = config.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return None
