@@ -33,7 +33,9 @@ FRAMINGS: dict[str, PromptFraming] = {
     "kimi_vl": PromptFraming("<|media_start|>image<|media_content|>", "<|media_pad|>", "<|media_end|>"),
     "kimi_k25": PromptFraming("<|media_begin|>image<|media_content|>", "<|media_pad|>", "<|media_end|>"),
     # K3 puts each image's size in its header (SGLang 0.5.23 processors/kimi_k3.py expands one <|media_pad|> so).
-    "kimi_k3": PromptFraming("<|media_begin|>image {width}x{height}<|media_content|>", "<|media_pad|>", "<|media_end|>"),
+    "kimi_k3": PromptFraming(
+        "<|media_begin|>image {width}x{height}<|media_content|>", "<|media_pad|>", "<|media_end|>"
+    ),
 }
 
 
