@@ -9,6 +9,8 @@ Modes (each prints one JSON line per event on stdout):
   owner N UUID     rank 0 of a TP group of N on the GPU with that UUID: encode_images_shared(readers=N), print
                    the bytes for the peers (hex), read rank 0's views, hold them until a stdin line, ack and
                    release, then stay alive (its session owns the lease) until another stdin line.
+  fetch N SIZE     keep 4 SIZExSIZE images under keys, then fetch them N times over IPC and over serialized (what
+                   the vLLM connector does): bit-equal? ms per image (median), bytes per image, handle-cache counters.
   peer R UUID      rank R on the GPU with that UUID: read the hex bytes from stdin, read_shared, hold the views
                    until a stdin line, ack, stay alive until another stdin line.
 """
@@ -90,6 +92,29 @@ async def async_compare(target: str, count: int) -> dict:
         return {"equal": equal, "requests": count, **client.ipc_stats}
 
 
+def fetch_compare(ipc: EncoderClient, target: str, count: int, size: int) -> dict:
+    """Results kept by key, fetched as `mmproc.engines.vllm`'s worker does, over both transports."""
+    data = [make_image_bytes(size, size, fmt="JPEG", seed=40 + i) for i in range(4)]
+    keys = [f"fetch-bench-{size}-{i}" for i in range(len(data))]
+    with EncoderClient(target, device="cuda:0", transport="serialized", timeout=60) as plain:
+        plain.keep(data, keys)
+        timings: dict[str, list[float]] = {"ipc": [], "serialized": []}
+        equal, on_gpu = True, True
+        for _ in range(count):
+            fetched = {}
+            for name, client in (("ipc", ipc), ("serialized", plain)):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                fetched[name] = [r.tensor for r in client.fetch(keys)]
+                torch.cuda.synchronize()
+                timings[name].append((time.perf_counter() - t0) * 1e3 / len(keys))
+            equal &= all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(*fetched.values()))
+            on_gpu &= all(t.device.type == "cuda" for t in fetched["ipc"])
+    nbytes = fetched["ipc"][0].numel() * fetched["ipc"][0].element_size()
+    median = {f"{k}_ms_per_image": sorted(v)[len(v) // 2] for k, v in timings.items()}
+    return {"equal": equal, "on_gpu": on_gpu, "size": size, "bytes_per_image": nbytes, "fetches": count, **median}
+
+
 def main(argv: list[str]) -> int:
     mode, target = argv[0], argv[1]
     if mode in ("owner", "peer"):
@@ -110,6 +135,8 @@ def main(argv: list[str]) -> int:
                     equal &= all(torch.equal(a.view(torch.int16), b.view(torch.int16)) for a, b in zip(got, want))
                     equal &= all(t.device.type == "cuda" for t in got)
             emit(mode=mode, equal=equal, requests=count, **ipc.ipc_stats)
+        elif mode == "fetch":
+            emit(mode=mode, **fetch_compare(ipc, target, int(argv[2]), int(argv[3])), **ipc.ipc_stats)
         elif mode in ("hold", "slow"):
             with ipc.encode_images_view(images(5, count=4, size=448)) as views:
                 before = digest(views)

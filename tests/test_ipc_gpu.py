@@ -84,6 +84,16 @@ def test_ipc_equals_serialized_bit_for_bit_with_one_open_per_process(server: Ser
     assert wait_until(lambda: pool_stats(server).bytes_in_use == 0), pool_stats(server)
 
 
+def test_results_fetched_by_key_over_ipc_equal_the_serialized_ones(server: ServiceThread) -> None:
+    # The vLLM connector's worker path (mmproc.engines.vllm): keep by key, then fetch into the engine's GPU.
+    proc = consumer("fetch", server.grpc_target, "20", "448")
+    event = next_event(proc, timeout=300)
+    assert proc.wait(60) == 0
+    assert event["equal"] is True and event["on_gpu"] is True, event
+    assert event["opens"] == 1 and event["fallbacks"] == 0, event
+    assert wait_until(lambda: pool_stats(server).bytes_in_use == 0), pool_stats(server)
+
+
 def test_async_client_reads_over_ipc_with_one_open(server: ServiceThread) -> None:
     proc = consumer("async", server.grpc_target, "200")
     event = next_event(proc, timeout=600)
