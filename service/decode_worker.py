@@ -13,11 +13,14 @@ import resource
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 
-from mmproc.media import MediaLimits, decode_image
+from mmproc.errors import InvalidMediaError, Reason
+from mmproc.media import MediaLimits, decode_image, sniff_format
+from mmproc.media.formats import peek_size
 from mmproc.preprocess import PreprocessConfig, preprocess_image
 from mmproc.types import PreprocessedImage
 from service.decode_transfer import Shipped, ship
@@ -34,6 +37,33 @@ class Prepared(NamedTuple):
     image: PreprocessedImage
     decode_s: float  # validate + decode
     preprocess_s: float
+
+
+@dataclass(frozen=True)
+class DecodeBudget:
+    """Wall-clock time one image may spend in a worker: `base_s` + `per_megapixel_s` per declared megapixel
+    (from the header peek; an image it cannot size gets `base_s`), at most `cap_s`."""
+
+    base_s: float = 0.5
+    per_megapixel_s: float = 0.2
+    cap_s: float = 30.0
+
+    def seconds(self, pixels: int) -> float:
+        return min(self.cap_s, self.base_s + self.per_megapixel_s * pixels / 1e6)
+
+    def for_image(self, data: bytes) -> float:
+        fmt = sniff_format(data)
+        size = None if fmt is None else peek_size(fmt, data)
+        return self.seconds(0 if size is None else max(0, size[0]) * max(0, size[1]))
+
+
+class _OverBudget(BaseException):
+    """Raised into the task by the budget alarm. A BaseException, so that no decoder's `except Exception`
+    (nor our own Pillow error mapping) can swallow it."""
+
+
+def _on_budget_alarm(signum: int, frame: object) -> None:
+    raise _OverBudget
 
 
 def prepare_image(data: bytes, limits: MediaLimits, config: PreprocessConfig) -> Prepared:
@@ -61,7 +91,8 @@ def init_worker(memory_budget_bytes: int, log_level: str, log_json: bool) -> Non
     """
     configure_logging(log_level, log_json)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)  # see run_task
+    signal.signal(signal.SIGALRM, _on_budget_alarm)  # see run_task
+    signal.signal(signal.SIGPROF, signal.SIG_DFL)
     torch.set_num_threads(1)  # the worker calls no torch kernels; keep an intra-op pool from ever spawning
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if memory_budget_bytes > 0:
@@ -74,29 +105,40 @@ def init_worker(memory_budget_bytes: int, log_level: str, log_json: bool) -> Non
 
 def run_task(
     task: Callable[[bytes, MediaLimits, PreprocessConfig], Prepared],
-    alarm_s: float,
+    budget: DecodeBudget,
     out_dir: str | None,
     request_id: str,
     data: bytes,
     limits: MediaLimits,
     config: PreprocessConfig,
 ) -> Shipped:
-    """The worker's entry point: `task` under a real-time alarm, its patches shipped back (`decode_transfer`).
+    """The worker's entry point: `task` within the image's time budget, its patches shipped back (`decode_transfer`).
 
-    Past `alarm_s` the kernel ends this worker (SIGALRM's default action needs no Python, so it works while a
-    C decoder spins); the parent sees a dead worker, exactly as for a crash, or for running out of memory.
+    Two timers. The budget (wall clock, SIGALRM) raises into the task at its next Python bytecode (Pillow's
+    decoders return to Python between input chunks, its RLE/BMP decoder is Python): a 400 DECODE_TIME, after
+    which the pool retires this worker. A C decoder that never returns to Python is ended by the kernel when
+    it has used budget + max(1 s, budget) of CPU time (SIGPROF's default action needs no Python): the parent
+    sees a dead worker, exactly as for a crash, or for running out of memory.
     """
-    signal.setitimer(signal.ITIMER_REAL, alarm_s)
+    seconds = budget.for_image(data)
     try:
         with request_context(request_id):
-            prepared = task(data, limits, config)
+            try:
+                signal.setitimer(signal.ITIMER_PROF, seconds + max(1.0, seconds))
+                signal.setitimer(signal.ITIMER_REAL, seconds)
+                prepared = task(data, limits, config)
+            finally:
+                signal.setitimer(signal.ITIMER_REAL, 0)
+                signal.setitimer(signal.ITIMER_PROF, 0)
+    except _OverBudget:
+        raise InvalidMediaError(
+            f"decoding took longer than this image's budget of {seconds:.2f} s", reason=Reason.DECODE_TIME
+        ) from None
     except MemoryError:
         # Out of the RLIMIT_AS budget. Die rather than report it: the parent then treats it like a crash and
         # retries the image alone in a fresh worker, so that only an image that needs too much memory by
         # itself is refused (not an innocent one that met a worker worn by earlier work).
         os._exit(MEMORY_EXIT_CODE)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
     image = prepared.image
     return ship(image.patches.numpy(), image.grid_hw, image.num_tokens, out_dir, prepared[1:])
 

@@ -16,7 +16,8 @@ from service.decode_worker import Prepared, prepare_image
 
 CRASH = b"CRASH-THE-DECODER"  # SIGKILL the worker (stands in for a segfault in a C decoder)
 SEGV = b"SEGFAULT-THE-DECODER"  # a real SIGSEGV
-HANG = b"HANG-THE-DECODER"  # spin forever (a decoder stuck in a loop)
+HANG = b"HANG-THE-DECODER"  # loop forever in Python (a slow decoder that returns to Python now and then)
+SPIN = b"SPIN-IN-C-THE-DECODER"  # burn CPU with the budget alarm blocked (a C decoder that never returns)
 BALLOON = b"ALLOCATE-TOO-MUCH"  # allocate far past the worker's memory budget
 
 
@@ -30,6 +31,10 @@ def misbehaving_task(data: bytes, limits: MediaLimits, config: PreprocessConfig)
     if data.startswith(HANG):
         while True:
             time.sleep(0.01)
+    if data.startswith(SPIN):
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})  # as deaf to the alarm as a C loop
+        while True:
+            pass
     if data.startswith(BALLOON):
         hoard = [bytearray(64 << 20) for _ in range(1024)]  # 64 GiB, far past any budget
         del hoard

@@ -16,7 +16,7 @@ from mmproc.preprocess import PreprocessConfig
 from service.decode_pool import DecodePool, DecodePoolConfig
 from service.decode_transfer import FILE_THRESHOLD
 from service.decode_worker import prepare_image
-from tests.decode_faults import BALLOON, CRASH, HANG, SEGV, misbehaving_task
+from tests.decode_faults import BALLOON, CRASH, HANG, SEGV, SPIN, misbehaving_task
 from tests.media_samples import make_image_bytes
 
 LIMITS, CONFIG = MediaLimits(), PreprocessConfig.kimi_vl()
@@ -61,9 +61,14 @@ def test_no_transfer_file_outlives_its_request(pool: DecodePool) -> None:
     assert os.listdir(pool._transfer_dir) == []
 
 
-@pytest.mark.parametrize("poison", [CRASH, SEGV, HANG, BALLOON], ids=["sigkill", "sigsegv", "hang", "balloon"])
+@pytest.mark.parametrize(
+    "poison", [CRASH, SEGV, HANG, SPIN, BALLOON], ids=["sigkill", "sigsegv", "hang", "spin-in-c", "balloon"]
+)
 def test_a_poisoned_image_is_refused_and_its_neighbours_are_unaffected(pool: DecodePool, poison: bytes) -> None:
-    crashes = pool.crashes
+    crashes, retired = pool.crashes, pool.retired
+    # A decode that overstays its budget is interrupted (decode_time) and its workers retired; one that cannot be
+    # interrupted (a C loop), crashes or runs out of memory kills its worker: retried alone, then undecodable.
+    reason = "decode_time" if poison == HANG else "undecodable"
 
     async def burst() -> list:
         return await asyncio.gather(
@@ -77,11 +82,14 @@ def test_a_poisoned_image_is_refused_and_its_neighbours_are_unaffected(pool: Dec
     first, poisoned, last = run(burst())
     assert time.monotonic() - started < 10
     assert isinstance(poisoned, InvalidMediaError), poisoned
-    assert (poisoned.reason, poisoned.index) == ("undecodable", 1)
+    assert (poisoned.reason, poisoned.index) == (reason, 1)
     assert len(first) == 3 and len(last) == 3  # innocent images caught in the crash were retried alone
     for prepared, data in zip(first, GOOD):
         assert torch.equal(prepared.image.patches, prepare_image(data, LIMITS, CONFIG).image.patches)
-    assert pool.crashes == crashes + 1  # out of memory, too: the worker exits and the image is retried alone
+    if poison == HANG:
+        assert (pool.crashes, pool.retired) == (crashes, retired + 1)
+    else:
+        assert pool.crashes == crashes + 1  # out of memory, too: the worker exits and the image is retried alone
     assert len(run(pool.prepare_all(GOOD))) == 3  # the replaced pool serves
     assert len(pool.worker_pids()) >= 1
 
