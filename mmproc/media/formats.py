@@ -140,7 +140,9 @@ def _jpeg_size(data: bytes) -> tuple[int, int] | None:
         if marker == JPEG_SOS or count >= _JPEG_MAX_HEADER_MARKERS:
             return None
         if marker in _JPEG_SOF:
-            return (_u16be(data, offset + 3), _u16be(data, offset + 1)) if min(length, len(data) - offset) >= 5 else None
+            if min(length, len(data) - offset) < 5:  # the segment, or the data, ends before the size
+                return None
+            return _u16be(data, offset + 3), _u16be(data, offset + 1)
     return None
 
 
