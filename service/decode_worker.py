@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+from PIL import Image
 
 from mmproc.errors import InvalidMediaError, Reason
 from mmproc.media import MediaLimits, decode_image, sniff_format
@@ -27,6 +28,9 @@ from service.decode_transfer import Shipped, ship
 from service.logs import configure_logging, request_context
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+# Pillow imports its format plugins (and libwebp) on the first open of a format outside its five "preinit" ones;
+# done here, in the forkserver that preloads this module, so that no worker pays it inside an image's budget.
+Image.init()
 MEMORY_EXIT_CODE = 75  # a worker that ran out of its memory budget exits with this (see run_task)
 
 

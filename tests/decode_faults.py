@@ -19,6 +19,7 @@ SEGV = b"SEGFAULT-THE-DECODER"  # a real SIGSEGV
 HANG = b"HANG-THE-DECODER"  # loop forever in Python (a slow decoder that returns to Python now and then)
 SPIN = b"SPIN-IN-C-THE-DECODER"  # burn CPU with the budget alarm blocked (a C decoder that never returns)
 BALLOON = b"ALLOCATE-TOO-MUCH"  # allocate far past the worker's memory budget
+SLOW = b"SLOW-THE-DECODER:"  # take 0.2 s, then decode the image that follows the magic
 
 
 def misbehaving_task(data: bytes, limits: MediaLimits, config: PreprocessConfig) -> Prepared:
@@ -35,7 +36,10 @@ def misbehaving_task(data: bytes, limits: MediaLimits, config: PreprocessConfig)
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})  # as deaf to the alarm as a C loop
         while True:
             pass
+    if data.startswith(SLOW):
+        time.sleep(0.2)
+        data = data[len(SLOW) :]
     if data.startswith(BALLOON):
-        hoard = [bytearray(64 << 20) for _ in range(1024)]  # 64 GiB, far past any budget
+        hoard = bytearray(64 << 30)  # 64 GiB at once, far past any budget: refused at once, whatever the budget
         del hoard
     return prepare_image(data, limits, config)

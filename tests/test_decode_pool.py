@@ -13,10 +13,10 @@ import torch
 from mmproc.errors import DeadlineExceededError, InvalidMediaError, UnavailableError
 from mmproc.media import MediaLimits
 from mmproc.preprocess import PreprocessConfig
-from service.decode_pool import DecodePool, DecodePoolConfig
+from service.decode_pool import DecodePool, DecodePoolConfig, FairShare
 from service.decode_transfer import FILE_THRESHOLD
 from service.decode_worker import prepare_image
-from tests.decode_faults import BALLOON, CRASH, HANG, SEGV, SPIN, misbehaving_task
+from tests.decode_faults import BALLOON, CRASH, HANG, SEGV, SLOW, SPIN, misbehaving_task
 from tests.media_samples import make_image_bytes
 
 LIMITS, CONFIG = MediaLimits(), PreprocessConfig.kimi_vl()
@@ -140,3 +140,45 @@ def test_worker_memory_budget_follows_max_pixels() -> None:
     assert test_settings().decode_config().worker_memory_mb == (24 * 40_000_000) // (1 << 20) + 128
     assert test_settings(max_pixels=80_000_000).decode_config().worker_memory_mb > 1900
     assert test_settings(decode_worker_memory_mb=0).decode_config().worker_memory_mb == 0
+
+
+def test_fair_share_hands_slots_out_round_robin_by_request() -> None:
+    order: list[str] = []
+
+    async def one(share: FairShare, key: str, name: str) -> None:
+        async with share.slot(key):
+            order.append(name)
+            await asyncio.sleep(0.01)
+
+    async def scenario() -> None:
+        share = FairShare(1)
+        names = [("a", "a1"), ("a", "a2"), ("a", "a3"), ("b", "b1"), ("c", "c1"), ("c", "c2")]
+        tasks = [asyncio.ensure_future(one(share, key, name)) for key, name in names]
+        tasks.append(asyncio.ensure_future(one(share, "d", "d1")))
+        await asyncio.sleep(0)
+        tasks[-1].cancel()  # a waiter that gives up leaves no hole
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert share._free == 1 and not share._waiting
+
+    run(scenario())
+    assert order == ["a1", "a2", "b1", "c1", "a3", "c2"]
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_long_request_cannot_starve_a_short_one(isolation: str) -> None:
+    # One worker; request A has 10 slow images, B (arriving later) one: B's image gets the next free slot in
+    # turn and is done while A still decodes (first come, first served would put B behind all of A).
+    pool = DecodePool(LIMITS, CONFIG, DecodePoolConfig(isolation=isolation, workers=1), task=misbehaving_task)
+    pool.start()
+
+    async def scenario() -> tuple[bool, int]:
+        a = asyncio.ensure_future(pool.prepare_all([SLOW + GOOD[1]] * 10))
+        await asyncio.sleep(0.05)  # A's first image is decoding, the other nine wait for the slot
+        b = await pool.prepare_all([GOOD[1]])
+        a_still_running = not a.done()
+        return a_still_running, len(b) + len(await a)
+
+    try:
+        assert run(scenario()) == (True, 11)
+    finally:
+        pool.close()

@@ -111,10 +111,13 @@ def jpeg_segments(data: bytes) -> Iterator[tuple[int, int, int]]:
     """
     pos, end = 2, len(data)
     while True:
-        found = _JPEG_MARKER.search(data, pos)
-        if found is None:
-            return
-        marker, pos = data[found.end() - 1], found.end()
+        if pos + 1 < end and data[pos] == 0xFF and data[pos + 1] not in (0x00, 0xFF):  # the usual: no junk
+            marker, pos = data[pos + 1], pos + 2
+        else:
+            found = _JPEG_MARKER.search(data, pos)
+            if found is None:
+                return
+            marker, pos = data[found.end() - 1], found.end()
         if marker == 0xD9:  # EOI
             return
         if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # TEM, RSTn, a stray SOI: no length
@@ -122,7 +125,7 @@ def jpeg_segments(data: bytes) -> Iterator[tuple[int, int, int]]:
             continue
         if pos + 2 > end:
             return
-        length = _u16be(data, pos)
+        length = data[pos] << 8 | data[pos + 1]
         if length < 2:
             return
         yield marker, pos + 2, length - 2
