@@ -40,22 +40,27 @@ class _BitWriter:
 
 
 def jpeg_scan_bomb(width: int, height: int, scans: int) -> bytes:
-    """A greyscale progressive JPEG of `scans` identical AC scans, each a few bytes: one EOB run over all blocks.
+    """A greyscale progressive JPEG of `scans` identical AC scans, each a few bytes of end-of-band codes.
 
-    The AC Huffman table has a single symbol, EOBRUN of class 14 (code "0"), so each scan is a handful of
-    15-bit EOB runs; libjpeg warns about the bogus progression and goes on, passing over every block per scan.
+    The AC Huffman table has a single symbol (code "0"): EOBRUN class 14, so that each scan is a handful of
+    15-bit runs over all blocks (images of 16,384 blocks or more), else plain EOB, one bit per block. libjpeg
+    warns about the bogus progression and goes on, passing over every block once per scan.
     """
     blocks = -(-width // 8) * -(-height // 8)
     runs = -(-blocks // 32767)  # EOB14 codes runs of 16384..32767 blocks
-    assert blocks >= 16384 * runs, "image too small for EOB14 runs"
     bits = _BitWriter()
-    for index in range(runs):
-        bits.put(0, 1)  # the EOB14 symbol
-        bits.put(blocks // runs + (index < blocks % runs) - 16384, 14)
+    if blocks >= 16384 * runs:
+        symbol = 0xE0
+        for index in range(runs):
+            bits.put(0, 1)
+            bits.put(blocks // runs + (index < blocks % runs) - 16384, 14)
+    else:
+        symbol = 0x00
+        bits.put(0, blocks)
     scan = _segment(0xDA, b"\x01\x01\x00\x01\x3f\x00") + bits.flush()  # 1 component, Ss=1 Se=63 Ah=Al=0
     dqt = _segment(0xDB, b"\x00" + bytes([1] * 64))
     sof2 = _segment(0xC2, b"\x08" + struct.pack(">HH", height, width) + b"\x01\x01\x11\x00")
-    dht = _segment(0xC4, b"\x10" + bytes([1] + [0] * 15) + b"\xe0")
+    dht = _segment(0xC4, b"\x10" + bytes([1] + [0] * 15) + bytes([symbol]))
     return b"\xff\xd8" + dqt + sof2 + dht + scan * scans + b"\xff\xd9"
 
 
