@@ -15,10 +15,11 @@ busy with one image for longer than `timeout_s` is ended by its own alarm (`deco
 becomes a crash, so a decoder stuck in a loop cannot eat the pool either; time queued for a worker does not
 count.
 
-Time budget (process mode): each image gets `budget_base_s` + `budget_per_mp_s` per declared megapixel (at
-most `timeout_s`); past it the worker's alarm interrupts the decode and the image is refused DECODE_TIME. The
-worker is then retired: new work goes to fresh workers while the worn ones finish what they already hold (no
-other image fails). A decoder that does not come back to Python is killed by the kernel (see `run_task`).
+Time budget (process mode): each image gets `budget_base_s` + `budget_per_mp_s` per declared megapixel of CPU
+time (at most `timeout_s`); past it the worker's timer interrupts the decode and the image is refused
+DECODE_TIME. The workers are then replaced: fresh ones are started in the background, swapped in once warm,
+and the worn ones finish what they already hold (no other image fails). A decoder that does not come back to
+Python is killed by the kernel (see `run_task`).
 
 Fairness: at most `workers` images are handed to the executor at a time, and a free slot goes to the requests
 waiting for one in turn (round robin by request), so a request of 32 slow images delays another request's
@@ -69,8 +70,8 @@ MiB = 1 << 20
 class DecodePoolConfig:
     """isolation: "process" (crash/memory isolation) or "thread". workers: parallel decodes.
     worker_memory_mb: address space a process worker may add after start-up (0: no cap).
-    timeout_s: the most one process worker may spend on one image (the cap of its time budget).
-    budget_base_s, budget_per_mp_s: one image's time budget, base + per declared megapixel (process mode).
+    timeout_s: the most wall-clock time one process worker may spend on one image (also caps its budget).
+    budget_base_s, budget_per_mp_s: one image's CPU time budget, base + per declared megapixel (process mode).
     log_level, log_json: how process workers log (to the inherited stderr), as the server does."""
 
     isolation: Isolation = "process"
@@ -97,54 +98,69 @@ class DecodePoolConfig:
 
 class FairShare:
     """`slots` permits handed out round robin across keys (requests): when slots are short, each waiting key
-    gets one in turn, whatever the number of waiters it queued. Used from one event loop at a time."""
+    gets one in turn, whatever the number of waiters it queued. Acquired on an event loop; `release` may be
+    called from any thread (a slot is given back when its image leaves the worker)."""
 
     def __init__(self, slots: int) -> None:
+        self._lock = threading.Lock()
         self._free = slots
         self._waiting: OrderedDict[object, deque[asyncio.Future]] = OrderedDict()
 
     @contextlib.asynccontextmanager
     async def slot(self, key: object) -> AsyncIterator[None]:
-        await self._acquire(key)
+        await self.acquire(key)
         try:
             yield
         finally:
-            self._release()
+            self.release()
 
-    async def _acquire(self, key: object) -> None:
-        if self._free > 0 and not self._waiting:
-            self._free -= 1
-            return
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(key, deque()).append(waiter)
+    async def acquire(self, key: object) -> None:
+        with self._lock:
+            if self._free > 0 and not self._waiting:
+                self._free -= 1
+                return
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiting.setdefault(key, deque()).append(waiter)
         try:
             await waiter
         except asyncio.CancelledError:
             if waiter.done() and not waiter.cancelled():  # granted just before the cancel: pass the slot on
-                self._release()
+                self.release()
             else:
-                self._forget(key, waiter)
+                self._forget(key, waiter)  # a grant still on its way sees the cancel and passes the slot on
             raise
 
-    def _release(self) -> None:
-        while self._waiting:
-            key, queue = next(iter(self._waiting.items()))
-            waiter = queue.popleft()
-            if queue:
-                self._waiting.move_to_end(key)  # this key has had its turn
-            else:
-                del self._waiting[key]
-            if not waiter.done():
-                waiter.set_result(None)
+    def release(self) -> None:
+        with self._lock:
+            while self._waiting:
+                key, queue = next(iter(self._waiting.items()))
+                waiter = queue.popleft()
+                if queue:
+                    self._waiting.move_to_end(key)  # this key has had its turn
+                else:
+                    del self._waiting[key]
+                if waiter.done():
+                    continue
+                try:
+                    waiter.get_loop().call_soon_threadsafe(self._grant, waiter)
+                except RuntimeError:  # its event loop is closed
+                    continue
                 return
-        self._free += 1
+            self._free += 1
+
+    def _grant(self, waiter: asyncio.Future) -> None:
+        if waiter.done():  # cancelled while the grant was on its way
+            self.release()
+        else:
+            waiter.set_result(None)
 
     def _forget(self, key: object, waiter: asyncio.Future) -> None:
-        queue = self._waiting.get(key)
-        if queue is not None and waiter in queue:
-            queue.remove(waiter)
-            if not queue:
-                del self._waiting[key]
+        with self._lock:
+            queue = self._waiting.get(key)
+            if queue is not None and waiter in queue:
+                queue.remove(waiter)
+                if not queue:
+                    del self._waiting[key]
 
 
 class DecodePool:
@@ -171,7 +187,7 @@ class DecodePool:
         self._closed = False
         self.crashes = 0  # process executors found broken (each one replaced)
         self.quarantined = 0  # images retried alone after a crash or a timeout
-        self.retired = 0  # process executors retired after an image ran out of its time budget
+        self.retired = 0  # process executors replaced after an image ran out of its time budget
         self._share = FairShare(config.workers)
         self._request_keys = itertools.count()
         if config.isolation == "thread":
@@ -186,6 +202,8 @@ class DecodePool:
         self._executor = self._new_process_executor(config.workers)
         self._quarantine: ProcessPoolExecutor | None = None
         self._quarantine_thread = ThreadPoolExecutor(1, thread_name_prefix="mmproc-quarantine")
+        self._respawner = ThreadPoolExecutor(1, thread_name_prefix="mmproc-respawn")
+        self._respawning = False
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -209,6 +227,8 @@ class DecodePool:
             self._closed = True
         self._executor.shutdown(wait=True, cancel_futures=True)
         if self.config.isolation == "process":
+            self._respawner.shutdown(wait=True, cancel_futures=True)  # a fresh executor it made is shut down too
+            self._executor.shutdown(wait=True, cancel_futures=True)  # in case one was swapped in meanwhile
             self._quarantine_thread.shutdown(wait=True, cancel_futures=True)
             if self._quarantine is not None:
                 self._quarantine.shutdown(wait=True, cancel_futures=True)
@@ -240,9 +260,12 @@ class DecodePool:
                 task.cancel()
 
     async def _prepare_one(self, data: bytes, key: object) -> Prepared:
-        async with self._share.slot(key):
+        await self._share.acquire(key)
+        future: Future | None = None
+        try:
             if self.config.isolation == "thread":
-                return await asyncio.wrap_future(self._submit_thread(data))
+                future = self._submit_thread(data)
+                return await asyncio.wrap_future(future)
             executor, future = self._submit_process(data)
             try:
                 return _unship(await asyncio.wrap_future(future))
@@ -252,10 +275,21 @@ class DecodePool:
                 if exc.reason == Reason.DECODE_TIME:
                     self._retire(executor)
                 raise
+        finally:
+            self._release_when_done(future)
         self.quarantined += 1  # outside the fair share: the quarantine is its own one-worker executor
         loop = asyncio.get_running_loop()
         run = contextvars.copy_context().run  # keeps the request id for the worker's log lines
         return _unship(await loop.run_in_executor(self._quarantine_thread, run, self._run_alone, data))
+
+    def _release_when_done(self, future: Future | None) -> None:
+        """Give the slot back once the image has left its worker: a cancelled request's image that is already
+        running keeps its worker busy, so its slot stays taken until it ends (else the executor's own queue,
+        first come first served, would fill up behind it)."""
+        if future is None or future.done() or future.cancel():
+            self._share.release()
+        else:
+            future.add_done_callback(lambda _: self._share.release())  # on an executor thread
 
     def _submit_thread(self, data: bytes) -> Future:
         run = contextvars.copy_context().run  # the decode thread's log lines carry the request id
@@ -302,15 +336,39 @@ class DecodePool:
         broken.shutdown(wait=False, cancel_futures=True)
 
     def _retire(self, worn: Executor) -> None:
-        """After an image ran out of its time budget: fresh workers for new work; the worn executor finishes
-        the images it already holds (nobody's image fails), then its workers exit."""
+        """After an image ran out of its time budget: replace the workers that ran it, without a gap.
+
+        Starting workers can take seconds (a forkserver child re-imports `__main__`), so fresh ones are started
+        and warmed up in the background while the worn ones keep serving (the interrupted decode left them in
+        a clean Python state); then they are swapped in, and the worn executor finishes the images it already
+        holds (nobody's image fails) before its workers exit. Requests to retire during a respawn fold into it.
+        """
         with self._lock:
-            if self._executor is not worn or self._closed:
+            if self._executor is not worn or self._closed or self._respawning:
                 return
-            self._executor = self._new_process_executor(self.config.workers)
-            self.retired += 1
-        logger.info("decode pool: an image ran out of its time budget; retiring its workers")
-        worn.shutdown(wait=False)
+            self._respawning = True
+        logger.info("decode pool: an image ran out of its time budget; replacing its workers")
+        self._respawner.submit(self._respawn, worn)
+
+    def _respawn(self, worn: Executor) -> None:
+        """(respawn thread) Start and warm up a fresh executor, then swap it in for `worn`."""
+        fresh = self._new_process_executor(self.config.workers)
+        try:
+            for future in [fresh.submit(warm_up) for _ in range(self.config.workers)]:
+                future.result(timeout=120)
+        except Exception:  # noqa: BLE001 - could not start workers now: keep the worn ones, say so
+            logger.exception("decode pool: fresh workers did not start; keeping the current ones")
+            fresh.shutdown(wait=False, cancel_futures=True)
+            with self._lock:
+                self._respawning = False
+            return
+        with self._lock:
+            self._respawning = False
+            swap = self._executor is worn and not self._closed
+            if swap:
+                self._executor = fresh
+                self.retired += 1
+        (worn if swap else fresh).shutdown(wait=False)
 
     def _run_alone(self, data: bytes) -> Shipped:
         """Quarantine (one image at a time, on the single quarantine thread): a crash here is this image's."""

@@ -45,8 +45,9 @@ class Prepared(NamedTuple):
 
 @dataclass(frozen=True)
 class DecodeBudget:
-    """Wall-clock time one image may spend in a worker: `base_s` + `per_megapixel_s` per declared megapixel
-    (from the header peek; an image it cannot size gets `base_s`), at most `cap_s`."""
+    """CPU time one image may use in a worker: `base_s` + `per_megapixel_s` per declared megapixel (from the
+    header peek; an image it cannot size gets `base_s`), at most `cap_s`, which also caps its wall-clock time.
+    CPU time, not wall time: a loaded machine slows every image down but never turns a good one into a refusal."""
 
     base_s: float = 0.5
     per_megapixel_s: float = 0.2
@@ -95,8 +96,9 @@ def init_worker(memory_budget_bytes: int, log_level: str, log_json: bool) -> Non
     """
     configure_logging(log_level, log_json)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGALRM, _on_budget_alarm)  # see run_task
+    signal.signal(signal.SIGVTALRM, _on_budget_alarm)  # see run_task
     signal.signal(signal.SIGPROF, signal.SIG_DFL)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
     torch.set_num_threads(1)  # the worker calls no torch kernels; keep an intra-op pool from ever spawning
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if memory_budget_bytes > 0:
@@ -118,25 +120,31 @@ def run_task(
 ) -> Shipped:
     """The worker's entry point: `task` within the image's time budget, its patches shipped back (`decode_transfer`).
 
-    Two timers. The budget (wall clock, SIGALRM) raises into the task at its next Python bytecode (Pillow's
-    decoders return to Python between input chunks, its RLE/BMP decoder is Python): a 400 DECODE_TIME, after
-    which the pool retires this worker. A C decoder that never returns to Python is ended by the kernel when
-    it has used budget + max(1 s, budget) of CPU time (SIGPROF's default action needs no Python): the parent
-    sees a dead worker, exactly as for a crash, or for running out of memory.
+    Three timers. The budget (user CPU time, SIGVTALRM) raises into the task at its next Python bytecode
+    (Pillow's decoders return to Python between input chunks; its RLE/BMP decoder is Python): a 400
+    DECODE_TIME, after which the pool retires this worker. The kernel ends the worker, with no Python involved
+    (the default actions of SIGPROF and SIGALRM), when a C loop that never returns to Python has used
+    budget + max(1 s, budget) of CPU time, or when the task has taken `cap_s` of wall-clock time (a decoder
+    stuck without using CPU): the parent sees a dead worker, exactly as for a crash or running out of memory.
     """
     seconds = budget.for_image(data)
+    timers = (
+        (signal.ITIMER_REAL, budget.cap_s),
+        (signal.ITIMER_PROF, seconds + max(1.0, seconds)),
+        (signal.ITIMER_VIRTUAL, seconds),
+    )
     try:
         with request_context(request_id):
             try:
-                signal.setitimer(signal.ITIMER_PROF, seconds + max(1.0, seconds))
-                signal.setitimer(signal.ITIMER_REAL, seconds)
+                for timer, after in timers:
+                    signal.setitimer(timer, after)
                 prepared = task(data, limits, config)
             finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-                signal.setitimer(signal.ITIMER_PROF, 0)
+                for timer, _ in reversed(timers):
+                    signal.setitimer(timer, 0)
     except _OverBudget:
         raise InvalidMediaError(
-            f"decoding took longer than this image's budget of {seconds:.2f} s", reason=Reason.DECODE_TIME
+            f"decoding used more than this image's budget of {seconds:.2f} s of CPU time", reason=Reason.DECODE_TIME
         ) from None
     except MemoryError:
         # Out of the RLIMIT_AS budget. Die rather than report it: the parent then treats it like a crash and

@@ -16,7 +16,7 @@ from mmproc.preprocess import PreprocessConfig
 from service.decode_pool import DecodePool, DecodePoolConfig, FairShare
 from service.decode_transfer import FILE_THRESHOLD
 from service.decode_worker import prepare_image
-from tests.decode_faults import BALLOON, CRASH, HANG, SEGV, SLOW, SPIN, misbehaving_task
+from tests.decode_faults import BALLOON, BUSY, CRASH, HANG, SEGV, SLOW, SPIN, misbehaving_task
 from tests.media_samples import make_image_bytes
 
 LIMITS, CONFIG = MediaLimits(), PreprocessConfig.kimi_vl()
@@ -62,13 +62,16 @@ def test_no_transfer_file_outlives_its_request(pool: DecodePool) -> None:
 
 
 @pytest.mark.parametrize(
-    "poison", [CRASH, SEGV, HANG, SPIN, BALLOON], ids=["sigkill", "sigsegv", "hang", "spin-in-c", "balloon"]
+    "poison",
+    [CRASH, SEGV, HANG, BUSY, SPIN, BALLOON],
+    ids=["sigkill", "sigsegv", "hang", "busy", "spin-in-c", "balloon"],
 )
 def test_a_poisoned_image_is_refused_and_its_neighbours_are_unaffected(pool: DecodePool, poison: bytes) -> None:
     crashes, retired = pool.crashes, pool.retired
-    # A decode that overstays its budget is interrupted (decode_time) and its workers retired; one that cannot be
-    # interrupted (a C loop), crashes or runs out of memory kills its worker: retried alone, then undecodable.
-    reason = "decode_time" if poison == HANG else "undecodable"
+    # A decode that uses more CPU than its budget is interrupted (decode_time) and its workers retired; one that
+    # cannot be (a C loop), hangs past the wall-clock cap, crashes or runs out of memory kills its worker:
+    # retried alone, then undecodable.
+    reason = "decode_time" if poison == BUSY else "undecodable"
 
     async def burst() -> list:
         return await asyncio.gather(
@@ -86,7 +89,7 @@ def test_a_poisoned_image_is_refused_and_its_neighbours_are_unaffected(pool: Dec
     assert len(first) == 3 and len(last) == 3  # innocent images caught in the crash were retried alone
     for prepared, data in zip(first, GOOD):
         assert torch.equal(prepared.image.patches, prepare_image(data, LIMITS, CONFIG).image.patches)
-    if poison == HANG:
+    if poison == BUSY:
         assert (pool.crashes, pool.retired) == (crashes, retired + 1)
     else:
         assert pool.crashes == crashes + 1  # out of memory, too: the worker exits and the image is retried alone

@@ -53,9 +53,9 @@ SLOW = HOSTILE[-1][1]
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServiceThread]:
-    # A tighter decode budget than the default (0.5 s + 0.2 s/MP), so that the slow RLE BMP (~0.25 us per pixel
-    # in Pillow's Python decoder) runs out of it: 0.2 + 6 x 0.02 = 0.32 s.
-    settings = test_settings(decode_budget_base_s=0.2, decode_budget_per_mp_s=0.02)
+    # A tighter decode budget than the default (0.5 s + 0.2 s/MP of CPU time), so that the slow RLE BMP
+    # (~0.14 us of CPU per pixel in Pillow's Python decoder) runs out of it: 0.1 + 6 x 0.02 = 0.22 s.
+    settings = test_settings(decode_budget_base_s=0.1, decode_budget_per_mp_s=0.02)
     server = ServiceThread(settings).start()
     yield server
     server.stop()
@@ -89,7 +89,12 @@ def test_a_decode_over_budget_retires_its_workers_and_spares_other_requests(serv
         error, _ = timed_refusal(client, [SLOW])
         assert error.reason == "decode_time"
         assert all(len(good.result(30)) == 2 for good in goods)
+    deadline = time.monotonic() + 60  # fresh workers are started in the background, then swapped in
+    while pool.retired == retired and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert pool.retired > retired and pool.crashes == crashes  # recycled gracefully, no crash, nobody else failed
+    with EncoderClient(server.grpc_target) as client:
+        assert len(client.encode_images([GOOD])) == 1
 
 
 def test_refusals_are_counted_by_reason(server: ServiceThread) -> None:
