@@ -89,10 +89,10 @@ class ServerSettings(BaseSettings):
         None, ge=0, le=1 << 20, description="address space a decode worker may add; default ~24 B/pixel; 0: no cap"
     )
     decode_timeout_s: float = Field(
-        30.0, gt=0, le=3600, description="the most one image's decode may take in a worker (caps its budget)"
+        30.0, gt=0, le=3600, description="wall-clock time one image may take in a worker, then 400; caps the budget"
     )
     decode_budget_base_s: float = Field(
-        0.5, gt=0, le=3600, description="one image's decode time budget: this plus decode_budget_per_mp_s per MP"
+        0.5, gt=0, le=3600, description="one image's decode CPU-time budget: this plus decode_budget_per_mp_s per MP"
     )
     decode_budget_per_mp_s: float = Field(
         0.2, ge=0, le=3600, description="budget per declared megapixel; past the budget: 400 decode_time"
