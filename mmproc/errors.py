@@ -23,6 +23,10 @@ class Reason(str, Enum):
     TOO_MANY_PIXELS = "too_many_pixels"  # header declares more pixels than allowed (bomb guard)
     TOO_SMALL = "too_small"  # zero-sized or below the minimum side
     ASPECT_RATIO = "aspect_ratio"  # one side over `max_aspect_ratio` times the other
+    TOO_MANY_SCANS = "too_many_scans"  # a JPEG with more scans than `max_jpeg_scans` (scan bomb)
+    TOO_MANY_CHUNKS = "too_many_chunks"  # more JPEG segments / PNG chunks / GIF blocks than `max_chunks`
+    COMPRESSION_RATIO = "compression_ratio"  # declares more pixels than its compressed data can hold (RLE bomb)
+    DECODE_TIME = "decode_time"  # decoding ran past the image's time budget (scaled to its pixels)
     TOO_MANY_IMAGES = "too_many_images"  # images per request over the limit
     TOO_MANY_PATCHES = "too_many_patches"  # total patches per request over the limit
     REQUEST_TOO_LARGE = "request_too_large"  # total request bytes over the limit

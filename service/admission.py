@@ -3,8 +3,10 @@
 `mmproc.media` already reads each format's declared size without Pillow; `mmproc.preprocess.target_grid`
 turns a size into the exact grid `preprocess_image` will produce. Summing those lets a request that asks for
 more than `max_patches` be refused before a single raster is decoded. The estimate never refuses more than
-the exact check after decoding would: an image whose header cannot be read counts 0 here (its decode will
-judge it), and EXIF orientation is covered by taking the smaller grid of the two orientations.
+the exact check after decoding would: an image whose header cannot be read counts 0 here, and EXIF orientation
+is covered by taking the smaller grid of the two orientations. Nothing unknown stays at 0: once decoded, the
+engine counts every patch the headers did not announce against both budgets (the request's, exactly, and the
+in-flight one, `Engine._admit_decoded`) before any patch reaches the runner.
 """
 
 from __future__ import annotations

@@ -15,6 +15,16 @@ busy with one image for longer than `timeout_s` is ended by its own alarm (`deco
 becomes a crash, so a decoder stuck in a loop cannot eat the pool either; time queued for a worker does not
 count.
 
+Time budget (process mode): each image gets `budget_base_s` + `budget_per_mp_s` per declared megapixel of CPU
+time (at most `timeout_s`); past it the worker's timer interrupts the decode and the image is refused
+DECODE_TIME. The workers are then replaced: fresh ones are started in the background, swapped in once warm,
+and the worn ones finish what they already hold (no other image fails). A decoder that does not come back to
+Python is killed by the kernel (see `run_task`).
+
+Fairness: at most `workers` images are handed to the executor at a time, and a free slot goes to the requests
+waiting for one in turn (round robin by request), so a request of 32 slow images delays another request's
+image by at most one image's time per worker, not by the whole request.
+
 Thread mode runs the same code in a ThreadPoolExecutor: cheaper per image, no protection against crashes,
 and a stuck decoder keeps its thread (the request still ends at its deadline).
 
@@ -27,12 +37,15 @@ so unpickling its reply adds no privilege it did not have. No network path ever 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
+import itertools
 import logging
 import multiprocessing
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import OrderedDict, deque
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -43,7 +56,7 @@ from mmproc.media import MediaLimits
 from mmproc.preprocess import PreprocessConfig
 from service import decode_worker
 from service.decode_transfer import Shipped, make_transfer_dir, remove_transfer_dir
-from service.decode_worker import Prepared, init_worker, run_task, warm_up
+from service.decode_worker import DecodeBudget, Prepared, init_worker, run_task, warm_up
 from service.logs import REQUEST_ID
 
 logger = logging.getLogger(__name__)
@@ -57,13 +70,16 @@ MiB = 1 << 20
 class DecodePoolConfig:
     """isolation: "process" (crash/memory isolation) or "thread". workers: parallel decodes.
     worker_memory_mb: address space a process worker may add after start-up (0: no cap).
-    timeout_s: time one process worker may spend on one image before its alarm ends it (a crash).
+    timeout_s: the most wall-clock time one process worker may spend on one image (also caps its budget).
+    budget_base_s, budget_per_mp_s: one image's CPU time budget, base + per declared megapixel (process mode).
     log_level, log_json: how process workers log (to the inherited stderr), as the server does."""
 
     isolation: Isolation = "process"
     workers: int = 2
     worker_memory_mb: int = 1024
     timeout_s: float = 30.0
+    budget_base_s: float = 0.5
+    budget_per_mp_s: float = 0.2
     log_level: str = "WARNING"
     log_json: bool = False
 
@@ -72,6 +88,79 @@ class DecodePoolConfig:
             raise ConfigError(f"decode_isolation must be 'process' or 'thread', got {self.isolation!r}")
         if self.workers < 1 or self.worker_memory_mb < 0 or not self.timeout_s > 0:
             raise ConfigError(f"bad decode pool config {self}")
+        if not self.budget_base_s > 0 or not self.budget_per_mp_s >= 0:
+            raise ConfigError(f"bad decode time budget in {self}")
+
+    @property
+    def budget(self) -> DecodeBudget:
+        return DecodeBudget(self.budget_base_s, self.budget_per_mp_s, self.timeout_s)
+
+
+class FairShare:
+    """`slots` permits handed out round robin across keys (requests): when slots are short, each waiting key
+    gets one in turn, whatever the number of waiters it queued. Acquired on an event loop; `release` may be
+    called from any thread (a slot is given back when its image leaves the worker)."""
+
+    def __init__(self, slots: int) -> None:
+        self._lock = threading.Lock()
+        self._free = slots
+        self._waiting: OrderedDict[object, deque[asyncio.Future]] = OrderedDict()
+
+    @contextlib.asynccontextmanager
+    async def slot(self, key: object) -> AsyncIterator[None]:
+        await self.acquire(key)
+        try:
+            yield
+        finally:
+            self.release()
+
+    async def acquire(self, key: object) -> None:
+        with self._lock:
+            if self._free > 0 and not self._waiting:
+                self._free -= 1
+                return
+            waiter = asyncio.get_running_loop().create_future()
+            self._waiting.setdefault(key, deque()).append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled():  # granted just before the cancel: pass the slot on
+                self.release()
+            else:
+                self._forget(key, waiter)  # a grant still on its way sees the cancel and passes the slot on
+            raise
+
+    def release(self) -> None:
+        with self._lock:
+            while self._waiting:
+                key, queue = next(iter(self._waiting.items()))
+                waiter = queue.popleft()
+                if queue:
+                    self._waiting.move_to_end(key)  # this key has had its turn
+                else:
+                    del self._waiting[key]
+                if waiter.done():
+                    continue
+                try:
+                    waiter.get_loop().call_soon_threadsafe(self._grant, waiter)
+                except RuntimeError:  # its event loop is closed
+                    continue
+                return
+            self._free += 1
+
+    def _grant(self, waiter: asyncio.Future) -> None:
+        if waiter.done():  # cancelled while the grant was on its way
+            self.release()
+        else:
+            waiter.set_result(None)
+
+    def _forget(self, key: object, waiter: asyncio.Future) -> None:
+        with self._lock:
+            queue = self._waiting.get(key)
+            if queue is not None and waiter in queue:
+                queue.remove(waiter)
+                if not queue:
+                    del self._waiting[key]
 
 
 class DecodePool:
@@ -98,6 +187,9 @@ class DecodePool:
         self._closed = False
         self.crashes = 0  # process executors found broken (each one replaced)
         self.quarantined = 0  # images retried alone after a crash or a timeout
+        self.retired = 0  # process executors replaced after an image ran out of its time budget
+        self._share = FairShare(config.workers)
+        self._request_keys = itertools.count()
         if config.isolation == "thread":
             self._executor: Executor = ThreadPoolExecutor(config.workers, thread_name_prefix="mmproc-decode")
             return
@@ -110,6 +202,8 @@ class DecodePool:
         self._executor = self._new_process_executor(config.workers)
         self._quarantine: ProcessPoolExecutor | None = None
         self._quarantine_thread = ThreadPoolExecutor(1, thread_name_prefix="mmproc-quarantine")
+        self._respawner = ThreadPoolExecutor(1, thread_name_prefix="mmproc-respawn")
+        self._respawning = False
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -133,6 +227,8 @@ class DecodePool:
             self._closed = True
         self._executor.shutdown(wait=True, cancel_futures=True)
         if self.config.isolation == "process":
+            self._respawner.shutdown(wait=True, cancel_futures=True)  # a fresh executor it made is shut down too
+            self._executor.shutdown(wait=True, cancel_futures=True)  # in case one was swapped in meanwhile
             self._quarantine_thread.shutdown(wait=True, cancel_futures=True)
             if self._quarantine is not None:
                 self._quarantine.shutdown(wait=True, cancel_futures=True)
@@ -152,7 +248,8 @@ class DecodePool:
         the answer) while images before i still finish, so the error reported is deterministic. `deadline`
         (time.monotonic()) ends the wait with DeadlineExceededError; cancelling the caller cancels the rest.
         """
-        tasks = [asyncio.ensure_future(self._prepare_one(data)) for data in images]
+        key = next(self._request_keys)  # this request's turn in the fair share
+        tasks = [asyncio.ensure_future(self._prepare_one(data, key)) for data in images]
         try:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
             return await asyncio.wait_for(_first_error_in_order(tasks), timeout)
@@ -162,18 +259,37 @@ class DecodePool:
             for task in tasks:
                 task.cancel()
 
-    async def _prepare_one(self, data: bytes) -> Prepared:
-        if self.config.isolation == "thread":
-            return await asyncio.wrap_future(self._submit_thread(data))
-        executor, future = self._submit_process(data)
+    async def _prepare_one(self, data: bytes, key: object) -> Prepared:
+        await self._share.acquire(key)
+        future: Future | None = None
         try:
-            return _unship(await asyncio.wrap_future(future))
-        except BrokenProcessPool:
-            self._replace(executor)
-        self.quarantined += 1
+            if self.config.isolation == "thread":
+                future = self._submit_thread(data)
+                return await asyncio.wrap_future(future)
+            executor, future = self._submit_process(data)
+            try:
+                return _unship(await asyncio.wrap_future(future))
+            except BrokenProcessPool:
+                self._replace(executor)
+            except InvalidMediaError as exc:
+                if exc.reason == Reason.DECODE_TIME:
+                    self._retire(executor)
+                raise
+        finally:
+            self._release_when_done(future)
+        self.quarantined += 1  # outside the fair share: the quarantine is its own one-worker executor
         loop = asyncio.get_running_loop()
         run = contextvars.copy_context().run  # keeps the request id for the worker's log lines
         return _unship(await loop.run_in_executor(self._quarantine_thread, run, self._run_alone, data))
+
+    def _release_when_done(self, future: Future | None) -> None:
+        """Give the slot back once the image has left its worker: a cancelled request's image that is already
+        running keeps its worker busy, so its slot stays taken until it ends (else the executor's own queue,
+        first come first served, would fill up behind it)."""
+        if future is None or future.done() or future.cancel():
+            self._share.release()
+        else:
+            future.add_done_callback(lambda _: self._share.release())  # on an executor thread
 
     def _submit_thread(self, data: bytes) -> Future:
         run = contextvars.copy_context().run  # the decode thread's log lines carry the request id
@@ -197,7 +313,7 @@ class DecodePool:
     def _submit_task(self, executor: Executor, data: bytes) -> Future:
         task, request_id = self._task or decode_worker.prepare_image, REQUEST_ID.get()
         future = executor.submit(
-            run_task, task, self.config.timeout_s, self._transfer(), request_id, data, self.limits, self.preprocess
+            run_task, task, self.config.budget, self._transfer(), request_id, data, self.limits, self.preprocess
         )
         future.add_done_callback(_materialize)  # before anyone waits: maps and unlinks even if nobody does
         return future
@@ -219,6 +335,41 @@ class DecodePool:
         logger.warning("decode pool: a worker died; replaced the workers, retrying their images one at a time")
         broken.shutdown(wait=False, cancel_futures=True)
 
+    def _retire(self, worn: Executor) -> None:
+        """After an image ran out of its time budget: replace the workers that ran it, without a gap.
+
+        Starting workers can take seconds (a forkserver child re-imports `__main__`), so fresh ones are started
+        and warmed up in the background while the worn ones keep serving (the interrupted decode left them in
+        a clean Python state); then they are swapped in, and the worn executor finishes the images it already
+        holds (nobody's image fails) before its workers exit. Requests to retire during a respawn fold into it.
+        """
+        with self._lock:
+            if self._executor is not worn or self._closed or self._respawning:
+                return
+            self._respawning = True
+        logger.info("decode pool: an image ran out of its time budget; replacing its workers")
+        self._respawner.submit(self._respawn, worn)
+
+    def _respawn(self, worn: Executor) -> None:
+        """(respawn thread) Start and warm up a fresh executor, then swap it in for `worn`."""
+        fresh = self._new_process_executor(self.config.workers)
+        try:
+            for future in [fresh.submit(warm_up) for _ in range(self.config.workers)]:
+                future.result(timeout=120)
+        except Exception:  # noqa: BLE001 - could not start workers now: keep the worn ones, say so
+            logger.exception("decode pool: fresh workers did not start; keeping the current ones")
+            fresh.shutdown(wait=False, cancel_futures=True)
+            with self._lock:
+                self._respawning = False
+            return
+        with self._lock:
+            self._respawning = False
+            swap = self._executor is worn and not self._closed
+            if swap:
+                self._executor = fresh
+                self.retired += 1
+        (worn if swap else fresh).shutdown(wait=False)
+
     def _run_alone(self, data: bytes) -> Shipped:
         """Quarantine (one image at a time, on the single quarantine thread): a crash here is this image's."""
         if self._closed:
@@ -228,6 +379,11 @@ class DecodePool:
         executor = self._quarantine
         try:
             return self._submit_task(executor, data).result()  # bounded: the worker's alarm ends it
+        except InvalidMediaError as exc:
+            if exc.reason == Reason.DECODE_TIME:  # a worn quarantine worker is not reused either
+                self._quarantine = None
+                executor.shutdown(wait=False)
+            raise
         except BrokenProcessPool:
             self._quarantine = None
             executor.shutdown(wait=False, cancel_futures=True)

@@ -13,17 +13,24 @@ import resource
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+from PIL import Image
 
-from mmproc.media import MediaLimits, decode_image
+from mmproc.errors import InvalidMediaError, Reason
+from mmproc.media import MediaLimits, decode_image, sniff_format
+from mmproc.media.formats import peek_size
 from mmproc.preprocess import RULES, PreprocessConfig, preprocess_image
 from mmproc.types import PreprocessedImage
 from service.decode_transfer import Shipped, ship
 from service.logs import configure_logging, request_context
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+# Pillow imports its format plugins (and libwebp) on the first open of a format outside its five "preinit" ones;
+# done here, in the forkserver that preloads this module, so that no worker pays it inside an image's budget.
+Image.init()
 MEMORY_EXIT_CODE = 75  # a worker that ran out of its memory budget exits with this (see run_task)
 
 
@@ -34,6 +41,34 @@ class Prepared(NamedTuple):
     image: PreprocessedImage
     decode_s: float  # validate + decode
     preprocess_s: float
+
+
+@dataclass(frozen=True)
+class DecodeBudget:
+    """CPU time one image may use in a worker: `base_s` + `per_megapixel_s` per declared megapixel (from the
+    header peek; an image it cannot size gets `base_s`), at most `cap_s`, which also caps its wall-clock time.
+    CPU time, not wall time: a loaded machine slows every image down but never turns a good one into a refusal."""
+
+    base_s: float = 0.5
+    per_megapixel_s: float = 0.2
+    cap_s: float = 30.0
+
+    def seconds(self, pixels: int) -> float:
+        return min(self.cap_s, self.base_s + self.per_megapixel_s * pixels / 1e6)
+
+    def for_image(self, data: bytes) -> float:
+        fmt = sniff_format(data)
+        size = None if fmt is None else peek_size(fmt, data)
+        return self.seconds(0 if size is None else max(0, size[0]) * max(0, size[1]))
+
+
+class _OverBudget(BaseException):
+    """Raised into the task by the budget alarm. A BaseException, so that no decoder's `except Exception`
+    (nor our own Pillow error mapping) can swallow it."""
+
+
+def _on_budget_alarm(signum: int, frame: object) -> None:
+    raise _OverBudget
 
 
 def prepare_image(data: bytes, limits: MediaLimits, config: PreprocessConfig) -> Prepared:
@@ -61,7 +96,9 @@ def init_worker(memory_budget_bytes: int, log_level: str, log_json: bool) -> Non
     """
     configure_logging(log_level, log_json)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGALRM, signal.SIG_DFL)  # see run_task
+    signal.signal(signal.SIGVTALRM, _on_budget_alarm)  # see run_task
+    signal.signal(signal.SIGPROF, signal.SIG_DFL)
+    signal.signal(signal.SIGALRM, signal.SIG_DFL)
     torch.set_num_threads(1)  # the worker calls no torch kernels; keep an intra-op pool from ever spawning
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if memory_budget_bytes > 0:
@@ -74,29 +111,46 @@ def init_worker(memory_budget_bytes: int, log_level: str, log_json: bool) -> Non
 
 def run_task(
     task: Callable[[bytes, MediaLimits, PreprocessConfig], Prepared],
-    alarm_s: float,
+    budget: DecodeBudget,
     out_dir: str | None,
     request_id: str,
     data: bytes,
     limits: MediaLimits,
     config: PreprocessConfig,
 ) -> Shipped:
-    """The worker's entry point: `task` under a real-time alarm, its patches shipped back (`decode_transfer`).
+    """The worker's entry point: `task` within the image's time budget, its patches shipped back (`decode_transfer`).
 
-    Past `alarm_s` the kernel ends this worker (SIGALRM's default action needs no Python, so it works while a
-    C decoder spins); the parent sees a dead worker, exactly as for a crash, or for running out of memory.
+    Three timers. The budget (user CPU time, SIGVTALRM) raises into the task at its next Python bytecode
+    (Pillow's decoders return to Python between input chunks; its RLE/BMP decoder is Python): a 400
+    DECODE_TIME, after which the pool retires this worker. The kernel ends the worker, with no Python involved
+    (the default actions of SIGPROF and SIGALRM), when a C loop that never returns to Python has used
+    budget + max(1 s, budget) of CPU time, or when the task has taken `cap_s` of wall-clock time (a decoder
+    stuck without using CPU): the parent sees a dead worker, exactly as for a crash or running out of memory.
     """
-    signal.setitimer(signal.ITIMER_REAL, alarm_s)
+    seconds = budget.for_image(data)
+    timers = (
+        (signal.ITIMER_REAL, budget.cap_s),
+        (signal.ITIMER_PROF, seconds + max(1.0, seconds)),
+        (signal.ITIMER_VIRTUAL, seconds),
+    )
     try:
         with request_context(request_id):
-            prepared = task(data, limits, config)
+            try:
+                for timer, after in timers:
+                    signal.setitimer(timer, after)
+                prepared = task(data, limits, config)
+            finally:
+                for timer, _ in reversed(timers):
+                    signal.setitimer(timer, 0)
+    except _OverBudget:
+        raise InvalidMediaError(
+            f"decoding used more than this image's budget of {seconds:.2f} s of CPU time", reason=Reason.DECODE_TIME
+        ) from None
     except MemoryError:
         # Out of the RLIMIT_AS budget. Die rather than report it: the parent then treats it like a crash and
         # retries the image alone in a fresh worker, so that only an image that needs too much memory by
         # itself is refused (not an innocent one that met a worker worn by earlier work).
         os._exit(MEMORY_EXIT_CODE)
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
     image = prepared.image
     return ship(image.patches.numpy(), image.grid_hw, image.num_tokens, out_dir, prepared[1:], image.image_size)
 

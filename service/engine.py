@@ -213,6 +213,8 @@ class Engine:
                         f"request needs {total_patches} patches, limit {self.request_limits.max_patches}",
                         reason=Reason.TOO_MANY_PATCHES,
                     )
+                unannounced = self._admit_decoded(total_patches - patches)
+                patches += unannounced
                 lease = await self._lease(ipc_session, prepared, deadline, readers) if ipc_session else None
             finally:
                 self._arriving -= 1  # _run hands it to the runner next, with no await in between
@@ -366,6 +368,20 @@ class Engine:
             out.append(self.pool.descriptor(lease, row, image.num_tokens, row_bytes))
             row += image.num_tokens
         return out
+
+    def _admit_decoded(self, extra: int) -> int:
+        """Patches the headers did not announce (a header the peek could not size, or one that lied) join the
+        in-flight count once decoded, before any of them reaches the runner: RESOURCE_EXHAUSTED when that
+        passes `max_inflight_patches`. Returns what was added (0 when the headers told all)."""
+        if extra <= 0:
+            return 0
+        if self._inflight_patches + extra > self._max_inflight_patches:
+            raise ResourceExhaustedError(
+                f"too many patches in flight ({self._inflight_patches} + {extra} found by decoding, "
+                f"limit {self._max_inflight_patches})"
+            )
+        self._inflight_patches += extra
+        return extra
 
     def _reserve_queue(self, count: int) -> None:
         """Refuse before decoding when the runner queue could not take the images anyway (fast 429), counting

@@ -4,8 +4,9 @@ that several servers in one process — tests — never collide). Served as `GET
 Families (all defined at start, so that every one is scrapeable with zero values before traffic):
   mmproc_requests_total{method,code}            finished RPCs/HTTP calls by final gRPC code name
   mmproc_request_duration_seconds{method}       end-to-end latency as the server saw it
-  mmproc_rejections_total{reason}               refused requests: an InvalidMediaError reason, or the code
-                                                name (resource_exhausted, unavailable, deadline_exceeded, internal)
+  mmproc_rejections_total{reason}               refused requests: an InvalidMediaError reason (each one present
+                                                from the start), or the code name (resource_exhausted,
+                                                unavailable, deadline_exceeded, internal)
   mmproc_images_encoded_total, mmproc_tokens_encoded_total
   mmproc_stage_duration_seconds{stage}          decode (validate + decode, per image), preprocess (per image),
                                                 queue (oldest image's wait for its batch), forward (per batch),
@@ -34,6 +35,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from mmproc.errors import Reason
 from mmproc.runner import BatchStats
 
 STAGES = ("decode", "preprocess", "queue", "forward", "transport")
@@ -58,6 +60,8 @@ class Metrics:
             buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.rejections = Counter("mmproc_rejections", "Refused requests by reason.", ["reason"], registry=r)
+        for reason in Reason:  # every client-error reason scrapeable at 0 before its first refusal
+            self.rejections.labels(reason.value)
         self.images = Counter("mmproc_images_encoded", "Images run through the encoder.", registry=r)
         self.tokens = Counter("mmproc_tokens_encoded", "Embedding tokens produced.", registry=r)
         self.stage_seconds = Histogram(

@@ -71,6 +71,12 @@ class ServerSettings(BaseSettings):
     max_pixels: int = Field(40_000_000, ge=1, le=89_000_000, description="per image; below Pillow's bomb limit")
     max_aspect_ratio: float = Field(200.0, ge=1.0)
     max_patches_per_request: int = Field(262_144, ge=1)
+    # Work multipliers counted from the bytes before decoding (docs/reliability.md, "Cost limits")
+    max_jpeg_scans: int = Field(100, ge=1, le=1 << 20, description="SOS segments per JPEG; libjpeg writes 10")
+    max_chunks: int = Field(
+        65_536, ge=1, le=1 << 24, description="JPEG marker segments, PNG chunks, GIF blocks before the first image"
+    )
+    max_rle_ratio: int = Field(256, ge=1, le=1 << 20, description="declared pixels per byte of RLE BMP data")
 
     # Concurrency and batching
     preprocess_workers: int = Field(2, ge=1, le=256)
@@ -91,7 +97,15 @@ class ServerSettings(BaseSettings):
     decode_worker_memory_mb: int | None = Field(
         None, ge=0, le=1 << 20, description="address space a decode worker may add; default ~24 B/pixel; 0: no cap"
     )
-    decode_timeout_s: float = Field(30.0, gt=0, le=3600, description="one image's decode time in a worker; then 400")
+    decode_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="wall-clock time one image may take in a worker, then 400; caps the budget"
+    )
+    decode_budget_base_s: float = Field(
+        0.5, gt=0, le=3600, description="one image's decode CPU-time budget: this plus decode_budget_per_mp_s per MP"
+    )
+    decode_budget_per_mp_s: float = Field(
+        0.2, ge=0, le=3600, description="budget per declared megapixel; past the budget: 400 decode_time"
+    )
 
     # Security
     auth_token: SecretStr | None = Field(
@@ -154,7 +168,12 @@ class ServerSettings(BaseSettings):
         from mmproc.media import MediaLimits
 
         return MediaLimits(
-            max_image_bytes=self.max_image_mb * MiB, max_pixels=self.max_pixels, max_aspect_ratio=self.max_aspect_ratio
+            max_image_bytes=self.max_image_mb * MiB,
+            max_pixels=self.max_pixels,
+            max_aspect_ratio=self.max_aspect_ratio,
+            max_jpeg_scans=self.max_jpeg_scans,
+            max_chunks=self.max_chunks,
+            max_rle_ratio=self.max_rle_ratio,
         )
 
     def decode_config(self) -> DecodePoolConfig:
@@ -168,6 +187,8 @@ class ServerSettings(BaseSettings):
             workers=self.preprocess_workers,
             worker_memory_mb=memory_mb,
             timeout_s=self.decode_timeout_s,
+            budget_base_s=self.decode_budget_base_s,
+            budget_per_mp_s=self.decode_budget_per_mp_s,
             log_level=self.log_level,
             log_json=self.log_json,
         )

@@ -5,7 +5,7 @@
         case.name, case.data, case.expect   # expect: reasons it may be refused with; "ok" = must/may encode
 
 Families: valid controls, truncations at many offsets, bit flips, broken headers and CRCs, lying dimensions,
-decompression bombs, extreme aspect ratios, empty/random/text bytes, wrong magic, formats we refuse (TIFF,
+decompression bombs, cost bombs (scans, chunks, RLE; `tests/cost_samples.py`), extreme aspect ratios, empty/random/text bytes, wrong magic, formats we refuse (TIFF,
 PDF, PSD, EPS, SVG, ICO, FITS, JPEG 2000, HEIF ...), polyglots and trailing junk. `tests/test_corpus.py`
 sends every case through a real server; `tests/fuzz/fuzz_media.py` seeds the fuzzer with it.
 
@@ -26,6 +26,15 @@ from pathlib import Path
 
 import numpy as np
 
+from tests.cost_samples import (
+    bmp_rle,
+    bmp_rle_eol_bomb,
+    gif_many_blocks,
+    jpeg_junk_after_app0,
+    jpeg_many_segments,
+    jpeg_scan_bomb,
+    png_many_chunks,
+)
 from tests.media_samples import (
     PNG_MAGIC,
     encode_image,
@@ -281,6 +290,23 @@ def bombs() -> Iterator[Case]:
     yield _case("bomb/WEBP-VP8X-max", make_webp_vp8x_header(1 << 24, 1 << 24), "too_many_pixels")
 
 
+def cost_bombs() -> Iterator[Case]:
+    """Files that cost far more than their size suggests, refused from their bytes before decoding (defaults:
+    100 JPEG scans, 65,536 segments/chunks/blocks, 256 pixels per RLE byte), and good files near the limits."""
+    yield _case("cost/JPEG-5000-scans", jpeg_scan_bomb(4096, 4096, 5000), "too_many_scans")
+    yield _case("cost/JPEG-101-scans", jpeg_scan_bomb(4096, 4096, 101), "too_many_scans")
+    yield _case("cost/JPEG-100-scans-at-the-limit", jpeg_scan_bomb(1024, 1024, 100), OK)
+    yield _case("cost/JPEG-70000-segments", jpeg_many_segments(70_000), "too_many_chunks")
+    yield _case("cost/PNG-70000-empty-IDAT", png_many_chunks(70_000), "too_many_chunks")
+    yield _case("cost/PNG-70000-tEXt", png_many_chunks(70_000, b"tEXt"), "too_many_chunks")
+    yield _case("cost/PNG-1000-tEXt", png_many_chunks(1000, b"tEXt"), OK)
+    yield _case("cost/GIF-70000-comment-blocks", gif_many_blocks(70_000), "too_many_chunks")
+    yield _case("cost/BMP-RLE8-eol-40MP", bmp_rle_eol_bomb(6000, 6500), "compression_ratio")
+    yield _case("cost/BMP-RLE4-eol-40MP", bmp_rle_eol_bomb(6000, 6500, rle4=True), "compression_ratio")
+    yield _case("cost/BMP-RLE8-runs", bmp_rle(510, 4, b"\xff\x07\xff\x09\x00\x00" * 4 + b"\x00\x01"), OK)
+    yield _case("cost/JPEG-junk-after-APP0", jpeg_junk_after_app0(64, 48), OK)
+
+
 def aspect_ratios() -> Iterator[Case]:
     for name, (width, height, fmt), expect in [
         ("1x300", (1, 300, "PNG"), {"aspect_ratio"}), ("300x1", (300, 1, "PNG"), {"aspect_ratio"}),
@@ -380,8 +406,8 @@ def polyglots() -> Iterator[Case]:
     yield _case("polyglot/TIFF-then-JPEG", b"II*\x00" + jpeg, "unsupported_format")
 
 
-FAMILIES = (valid_controls, truncations, bit_flips, broken_headers, lying_dimensions, bombs, aspect_ratios,
-            not_images, wrong_magic, refused_formats, polyglots)  # fmt: skip
+FAMILIES = (valid_controls, truncations, bit_flips, broken_headers, lying_dimensions, bombs, cost_bombs,
+            aspect_ratios, not_images, wrong_magic, refused_formats, polyglots)  # fmt: skip
 
 
 @cache

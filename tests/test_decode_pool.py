@@ -13,10 +13,10 @@ import torch
 from mmproc.errors import DeadlineExceededError, InvalidMediaError, UnavailableError
 from mmproc.media import MediaLimits
 from mmproc.preprocess import PreprocessConfig
-from service.decode_pool import DecodePool, DecodePoolConfig
+from service.decode_pool import DecodePool, DecodePoolConfig, FairShare
 from service.decode_transfer import FILE_THRESHOLD
 from service.decode_worker import prepare_image
-from tests.decode_faults import BALLOON, CRASH, HANG, SEGV, misbehaving_task
+from tests.decode_faults import BALLOON, BUSY, CRASH, HANG, SEGV, SLOW, SPIN, misbehaving_task
 from tests.media_samples import make_image_bytes
 
 LIMITS, CONFIG = MediaLimits(), PreprocessConfig.kimi_vl()
@@ -61,9 +61,17 @@ def test_no_transfer_file_outlives_its_request(pool: DecodePool) -> None:
     assert os.listdir(pool._transfer_dir) == []
 
 
-@pytest.mark.parametrize("poison", [CRASH, SEGV, HANG, BALLOON], ids=["sigkill", "sigsegv", "hang", "balloon"])
+@pytest.mark.parametrize(
+    "poison",
+    [CRASH, SEGV, HANG, BUSY, SPIN, BALLOON],
+    ids=["sigkill", "sigsegv", "hang", "busy", "spin-in-c", "balloon"],
+)
 def test_a_poisoned_image_is_refused_and_its_neighbours_are_unaffected(pool: DecodePool, poison: bytes) -> None:
-    crashes = pool.crashes
+    crashes, retired = pool.crashes, pool.retired
+    # A decode that uses more CPU than its budget is interrupted (decode_time) and its workers retired; one that
+    # cannot be (a C loop), hangs past the wall-clock cap, crashes or runs out of memory kills its worker:
+    # retried alone, then undecodable.
+    reason = "decode_time" if poison == BUSY else "undecodable"
 
     async def burst() -> list:
         return await asyncio.gather(
@@ -77,11 +85,14 @@ def test_a_poisoned_image_is_refused_and_its_neighbours_are_unaffected(pool: Dec
     first, poisoned, last = run(burst())
     assert time.monotonic() - started < 10
     assert isinstance(poisoned, InvalidMediaError), poisoned
-    assert (poisoned.reason, poisoned.index) == ("undecodable", 1)
+    assert (poisoned.reason, poisoned.index) == (reason, 1)
     assert len(first) == 3 and len(last) == 3  # innocent images caught in the crash were retried alone
     for prepared, data in zip(first, GOOD):
         assert torch.equal(prepared.image.patches, prepare_image(data, LIMITS, CONFIG).image.patches)
-    assert pool.crashes == crashes + 1  # out of memory, too: the worker exits and the image is retried alone
+    if poison == BUSY:
+        assert (pool.crashes, pool.retired) == (crashes, retired + 1)
+    else:
+        assert pool.crashes == crashes + 1  # out of memory, too: the worker exits and the image is retried alone
     assert len(run(pool.prepare_all(GOOD))) == 3  # the replaced pool serves
     assert len(pool.worker_pids()) >= 1
 
@@ -132,3 +143,45 @@ def test_worker_memory_budget_follows_max_pixels() -> None:
     assert test_settings().decode_config().worker_memory_mb == (24 * 40_000_000) // (1 << 20) + 128
     assert test_settings(max_pixels=80_000_000).decode_config().worker_memory_mb > 1900
     assert test_settings(decode_worker_memory_mb=0).decode_config().worker_memory_mb == 0
+
+
+def test_fair_share_hands_slots_out_round_robin_by_request() -> None:
+    order: list[str] = []
+
+    async def one(share: FairShare, key: str, name: str) -> None:
+        async with share.slot(key):
+            order.append(name)
+            await asyncio.sleep(0.01)
+
+    async def scenario() -> None:
+        share = FairShare(1)
+        names = [("a", "a1"), ("a", "a2"), ("a", "a3"), ("b", "b1"), ("c", "c1"), ("c", "c2")]
+        tasks = [asyncio.ensure_future(one(share, key, name)) for key, name in names]
+        tasks.append(asyncio.ensure_future(one(share, "d", "d1")))
+        await asyncio.sleep(0)
+        tasks[-1].cancel()  # a waiter that gives up leaves no hole
+        await asyncio.gather(*tasks, return_exceptions=True)
+        assert share._free == 1 and not share._waiting
+
+    run(scenario())
+    assert order == ["a1", "a2", "b1", "c1", "a3", "c2"]
+
+
+@pytest.mark.parametrize("isolation", ["thread", "process"])
+def test_a_long_request_cannot_starve_a_short_one(isolation: str) -> None:
+    # One worker; request A has 10 slow images, B (arriving later) one: B's image gets the next free slot in
+    # turn and is done while A still decodes (first come, first served would put B behind all of A).
+    pool = DecodePool(LIMITS, CONFIG, DecodePoolConfig(isolation=isolation, workers=1), task=misbehaving_task)
+    pool.start()
+
+    async def scenario() -> tuple[bool, int]:
+        a = asyncio.ensure_future(pool.prepare_all([SLOW + GOOD[1]] * 10))
+        await asyncio.sleep(0.05)  # A's first image is decoding, the other nine wait for the slot
+        b = await pool.prepare_all([GOOD[1]])
+        a_still_running = not a.done()
+        return a_still_running, len(b) + len(await a)
+
+    try:
+        assert run(scenario()) == (True, 11)
+    finally:
+        pool.close()

@@ -236,20 +236,29 @@ def test_mode_cmyk_jpeg() -> None:
     assert_close(pixel(decoded, (8, 8)), (255, 0, 0), 4)
 
 
-def test_mode_i16_png_takes_high_byte() -> None:
-    image = Image.fromarray(np.array([[0x0000, 0x00FF, 0x1234, 0xFFFF]], dtype=np.uint16))
+I16_VALUES = np.array([[0x0000, 0x0001, 0x00C8, 0x00FF, 0x0100, 0x1234, 0x8000, 0xFFFF]], dtype=np.uint16)
+
+
+def test_mode_i16_png_clips_at_255_like_pillow() -> None:
+    # What the reference processors get from `image.convert("RGB")` (Pillow 12.3 and 13.0): min(v, 255).
+    image = Image.fromarray(I16_VALUES)
     assert image.mode == "I;16"
     decoded = decode_png_of(image)
-    assert [pixel(decoded, (x, 0))[0] for x in range(4)] == [0x00, 0x00, 0x12, 0xFF]
-    assert pixel(decoded, (2, 0)) == (0x12, 0x12, 0x12)
+    assert [pixel(decoded, (x, 0)) for x in range(8)] == [(v,) * 3 for v in (0, 1, 200, 255, 255, 255, 255, 255)]
+    opened = Image.open(io.BytesIO(encode_image(image, "PNG")))
+    assert opened.mode == "I;16"
+    assert np.array_equal(np.asarray(decoded.image), np.asarray(opened.convert("RGB")))
 
 
 @pytest.mark.parametrize("mode", ["I;16", "I;16L", "I;16B"])
-def test_mode_i16_byte_orders(mode: str) -> None:
-    values = np.array([[0x0000, 0x00FF, 0x1234, 0xFFFF]], dtype=np.uint16)
-    raw = values.astype(">u2" if mode == "I;16B" else "<u2").tobytes()
-    rgb = to_rgb(Image.frombytes(mode, (4, 1), raw))
-    assert [rgb.getpixel((x, 0)) for x in range(4)] == [(0, 0, 0), (0, 0, 0), (0x12,) * 3, (255, 255, 255)]
+def test_mode_i16_byte_orders_match_pillow_convert(mode: str) -> None:
+    raw = I16_VALUES.astype(">u2" if mode == "I;16B" else "<u2").tobytes()
+    image = Image.frombytes(mode, (8, 1), raw)
+    rgb = to_rgb(image)
+    assert [rgb.getpixel((x, 0))[0] for x in range(8)] == [0, 1, 200, 255, 255, 255, 255, 255]
+    assert np.array_equal(np.asarray(rgb), np.asarray(image.convert("RGB")))
+    noise = random_image(9, 7, "I;16", seed=5)
+    assert np.array_equal(np.asarray(to_rgb(noise)), np.asarray(noise.convert("RGB")))
 
 
 def test_mode_i_clips_then_takes_high_byte() -> None:

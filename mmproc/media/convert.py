@@ -12,10 +12,12 @@ The rule (faithfulness to how the model was trained beats prettiness):
 - Alpha modes (RGBA, LA, PA): alpha is dropped and the colour stored under transparent pixels is kept,
   exactly what the reference Kimi-VL / Kimi K2.5 processors get from `image.convert("RGB")`; no
   compositing onto white or black. Premultiplied modes (RGBa, La) are un-premultiplied by Pillow first.
-- 16-bit integer modes (I;16, I;16L, I;16B, I;16N): the high byte of each value (v >> 8), as grey.
-  Pillow's own `convert("RGB")` would clip at 255 and turn nearly every 16-bit image white. (16-bit
-  RGB/RGBA/LA PNGs never get here: Pillow's PNG decoder already keeps their high bytes, the same rule.)
-- 32-bit integer I: clipped to 0..65535, then the high byte, as for 16-bit.
+- 16-bit integer modes (I;16, I;16L, I;16B, I;16N: 16-bit greyscale PNGs): Pillow's own `convert("RGB")`,
+  which clips each value at 255 (Pillow 12.3 and 13.0 alike), because that is what the reference Kimi
+  processors and transformers get from `image.convert("RGB")` on the image as opened. Most 16-bit photos
+  come out nearly white; matching the training-time pixels beats a prettier rule. (16-bit RGB/RGBA/LA PNGs
+  never get here: Pillow's PNG decoder already keeps their high bytes.)
+- 32-bit integer I (no allowed format opens as I): clipped to 0..65535, then the high byte, as grey.
 - F (32-bit float): NaN -> 0, clipped to 0..255, truncated toward zero (as Pillow's F -> L does), as grey.
 
 `to_rgb_keeping_alpha` is the same rule for a model whose processor composites transparent pixels itself
@@ -42,7 +44,7 @@ def to_rgb(image: Image.Image) -> Image.Image:
     mode = image.mode
     if mode == "RGB":
         return image.copy()
-    if mode.startswith("I;16") or mode in ("I", "F"):
+    if mode in ("I", "F"):
         return _grey_to_rgb(_to_uint8_grey(image))
     if mode == "P" and "transparency" in image.info:
         return image.convert("RGBA").convert("RGB")
@@ -62,13 +64,12 @@ def to_rgb_keeping_alpha(image: Image.Image) -> Image.Image:
 
 
 def _to_uint8_grey(image: Image.Image) -> np.ndarray:
-    """(H, W) uint8 from a single-channel 16/32-bit integer or float image, per the module rule."""
-    values = np.asarray(image)  # (H, W): uint16 (either byte order), int32 or float32
+    """(H, W) uint8 from a single-channel 32-bit integer or float image, per the module rule."""
+    values = np.asarray(image)  # (H, W): int32 or float32
     if image.mode == "F":
         values = np.nan_to_num(values, nan=0.0, posinf=255.0, neginf=0.0)
         return np.clip(values, 0.0, 255.0).astype(np.uint8)  # astype truncates toward zero
-    if image.mode == "I":
-        values = np.clip(values, 0, 0xFFFF)
+    values = np.clip(values, 0, 0xFFFF)
     return (values.astype(np.uint32) >> 8).astype(np.uint8)
 
 

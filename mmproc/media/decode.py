@@ -8,13 +8,16 @@ Order, cheapest first (each refusal is an `InvalidMediaError` with index -1; the
 3. Size as declared by the header, peeked without Pillow (`formats.peek_size`; for GIF the larger of the
    logical screen and the first frame's extent): a side < `min_side` -> TOO_SMALL, width * height over
    the pixel limit -> TOO_MANY_PIXELS, long / short side over `max_aspect_ratio` -> ASPECT_RATIO.
-4. `Image.open` (header only) with the one sniffed format; the same three checks on Pillow's size, in case
+4. Work multipliers counted from the bytes (`cost.check_cost`): JPEG scans over `max_jpeg_scans` ->
+   TOO_MANY_SCANS; JPEG segments, PNG chunks or GIF blocks over `max_chunks` -> TOO_MANY_CHUNKS; an RLE BMP
+   declaring more than `max_rle_ratio` pixels per byte of runs -> COMPRESSION_RATIO.
+5. `Image.open` (header only) with the one sniffed format; the same three checks on Pillow's size, in case
    the peek found nothing. Pillow's own DecompressionBombError (and its warning, where the process turns
    warnings into errors) -> TOO_MANY_PIXELS.
-5. Decode the first frame only (animated GIF / WebP / APNG). Decoder failures map to TRUNCATED when Pillow
+6. Decode the first frame only (animated GIF / WebP / APNG). Decoder failures map to TRUNCATED when Pillow
    says the data ended (EOFError, struct.error, "truncated" messages) or when the container visibly ends
    early (no JPEG EOI, PNG IEND or GIF trailer; WebP/BMP shorter than their header says), else UNDECODABLE.
-6. EXIF orientation (JPEG, PNG, WebP) read defensively and applied; mode converted to RGB (see `convert`).
+7. EXIF orientation (JPEG, PNG, WebP) read defensively and applied; mode converted to RGB (see `convert`).
 
 Why no `warnings.catch_warnings()` around Pillow: it swaps the process-wide filter list and is not
 thread-safe (two overlapping threads can leave an "error" filter installed forever). It is not needed either:
@@ -37,6 +40,7 @@ from PIL import Image
 
 from mmproc.errors import InvalidMediaError, Reason
 from mmproc.media.convert import to_rgb, to_rgb_keeping_alpha
+from mmproc.media.cost import check_cost
 from mmproc.media.formats import (
     JPEG,
     PILLOW_FORMAT,
@@ -72,6 +76,7 @@ def decode_image(data: bytes, limits: MediaLimits, *, keep_alpha: bool = False) 
     peeked = peek_size(fmt, data)
     if peeked is not None:
         _check_size(*peeked, limits, pixel_limit)
+    check_cost(fmt, data, limits)
 
     with _decoder_errors(fmt, data, "open"):
         image = Image.open(io.BytesIO(data), formats=[PILLOW_FORMAT[fmt]])

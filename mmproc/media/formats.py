@@ -8,11 +8,13 @@ Why peek at sizes ourselves: so that the size checks run before Pillow touches t
 `Image.open` is not always header-only: libwebp's animation decoder allocates the canvas when Pillow merely
 opens a WebP, and for a GIF Pillow may allocate a disposal buffer the size of the first frame. It also
 emits DecompressionBombWarning for sizes we refuse anyway. Each peek reads a few fixed fields; the JPEG one
-walks marker segments by their lengths up to the first SOF.
+walks marker segments by their lengths up to the first SOF, skipping junk between segments as libjpeg does.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from types import MappingProxyType
 from typing import Final
 
@@ -90,30 +92,60 @@ def _bmp_size(data: bytes) -> tuple[int, int] | None:
 
 # Start-of-frame markers carrying the size: C0-CF except DHT (C4), JPG (C8) and DAC (CC).
 _JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
-_JPEG_MAX_MARKERS = 4096  # a real header has a few dozen; bounds the walk over hostile fill bytes
+JPEG_SOS = 0xDA
+_JPEG_MAX_HEADER_MARKERS = 4096  # a real header has a few dozen segments; past this the size is "unknown"
+# A marker outside entropy-coded data: FF then a code that is neither 00 nor FF (fill bytes FF FF ... match at
+# the last FF). Bytes that are not part of one (junk between segments) are skipped, as libjpeg ("extraneous
+# bytes before marker", a warning) and Pillow's header parser do.
+_JPEG_MARKER = re.compile(rb"\xff([^\x00\xff])")
+# The end of entropy-coded data: a marker that is not stuffing (FF 00) or a restart marker (FF D0-D7).
+_JPEG_ECS_END = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
+
+
+def jpeg_segments(data: bytes) -> Iterator[tuple[int, int, int]]:
+    """(marker, payload offset, payload length) of each JPEG marker after SOI, up to EOI or the end of `data`.
+
+    Segment lengths are followed (ITU T.81, B.1.1); after an SOS segment its entropy-coded data is skipped,
+    stuffed bytes and RST markers included. Markers without a length (TEM, RSTn) come with length 0. Every
+    search runs in C (`re`), so a hostile file of junk or fill bytes costs one pass, not a Python loop per byte.
+    """
+    pos, end = 2, len(data)
+    while True:
+        if pos + 1 < end and data[pos] == 0xFF and data[pos + 1] not in (0x00, 0xFF):  # the usual: no junk
+            marker, pos = data[pos + 1], pos + 2
+        else:
+            found = _JPEG_MARKER.search(data, pos)
+            if found is None:
+                return
+            marker, pos = data[found.end() - 1], found.end()
+        if marker == 0xD9:  # EOI
+            return
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # TEM, RSTn, a stray SOI: no length
+            yield marker, pos, 0
+            continue
+        if pos + 2 > end:
+            return
+        length = data[pos] << 8 | data[pos + 1]
+        if length < 2:
+            return
+        yield marker, pos + 2, length - 2
+        pos += length
+        if marker == JPEG_SOS:
+            ecs_end = _JPEG_ECS_END.search(data, pos)
+            if ecs_end is None:
+                return
+            pos = ecs_end.start()
 
 
 def _jpeg_size(data: bytes) -> tuple[int, int] | None:
-    # Walk the marker segments after SOI up to the first SOF (ITU T.81, B.1.1 and B.2.2): FF Cn, length,
-    # precision, height (u16be), width (u16be). Stop at SOS/EOI or anything unexpected.
-    pos = 2
-    for _ in range(_JPEG_MAX_MARKERS):
-        if pos + 4 > len(data) or data[pos] != 0xFF:
+    # The first SOF's precision, height (u16be), width (u16be) (ITU T.81, B.2.2); None at SOS/EOI before any SOF.
+    for count, (marker, offset, length) in enumerate(jpeg_segments(data)):
+        if marker == JPEG_SOS or count >= _JPEG_MAX_HEADER_MARKERS:
             return None
-        marker = data[pos + 1]
-        if marker == 0xFF:  # fill byte
-            pos += 1
-        elif marker == 0x01 or 0xD0 <= marker <= 0xD7:  # TEM, RSTn: no length
-            pos += 2
-        elif marker in (0xD9, 0xDA):  # EOI or SOS before any SOF
-            return None
-        elif marker in _JPEG_SOF:
-            return (_u16be(data, pos + 7), _u16be(data, pos + 5)) if pos + 9 <= len(data) else None
-        else:
-            length = _u16be(data, pos + 2)
-            if length < 2:
+        if marker in _JPEG_SOF:
+            if min(length, len(data) - offset) < 5:  # the segment, or the data, ends before the size
                 return None
-            pos += 2 + length
+            return _u16be(data, offset + 3), _u16be(data, offset + 1)
     return None
 
 
@@ -131,7 +163,7 @@ def _webp_canvas_size(data: bytes) -> tuple[int, int] | None:
     return None
 
 
-_GIF_MAX_BLOCKS = 10_000  # sub-blocks walked before giving up; bounds the walk over hostile extensions
+_GIF_MAX_BLOCKS = 100_000  # sub-blocks walked before giving up; bounds the walk over hostile extensions
 
 
 def _gif_canvas_size(data: bytes) -> tuple[int, int] | None:

@@ -36,6 +36,14 @@ class MediaLimits:
         the same); extreme strips waste patches on padding.
     allowed_formats: formats by magic bytes, a subset of {"jpeg", "png", "webp", "gif", "bmp"}; default all.
         Given as any iterable of names (case-insensitive); stored as a frozenset.
+
+    Work multipliers, counted from the bytes before decoding (`cost.check_cost`, docs/reliability.md):
+    max_jpeg_scans: SOS segments of one JPEG; default 100 (libjpeg writes 10 for a progressive colour image;
+        each scan is a pass over every coefficient block, so a scan bomb costs scans x pixels).
+    max_chunks: marker segments of a JPEG, chunks of a PNG, extension blocks and sub-blocks before a GIF's
+        first image; default 65_536 (real files have tens to a few thousand; Pillow parses each in Python).
+    max_rle_ratio: declared pixels per byte of a BMP's RLE4/RLE8 data; default 256 (a run codes at most 255
+        pixels in 2 bytes); past it the rows are mostly end-of-line padding, which Pillow fills pixel by pixel.
     """
 
     max_image_bytes: int = 32 * MiB
@@ -43,8 +51,15 @@ class MediaLimits:
     min_side: int = 1
     max_aspect_ratio: float = 200.0
     allowed_formats: frozenset[str] = SUPPORTED_FORMATS
+    max_jpeg_scans: int = 100
+    max_chunks: int = 65_536
+    max_rle_ratio: int = 256
 
     def __post_init__(self) -> None:
+        for name in ("max_jpeg_scans", "max_chunks", "max_rle_ratio"):
+            value = getattr(self, name)
+            if not _is_int(value) or value < 1:
+                raise ConfigError(f"MediaLimits.{name} must be an int >= 1, got {value!r}")
         if not _is_int(self.max_image_bytes) or self.max_image_bytes <= 0:
             raise ConfigError(f"MediaLimits.max_image_bytes must be a positive int, got {self.max_image_bytes!r}")
         if not _is_int(self.max_pixels) or not 0 < self.max_pixels <= PILLOW_SAFE_MAX_PIXELS:
