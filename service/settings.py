@@ -77,6 +77,9 @@ class ServerSettings(BaseSettings):
         65_536, ge=1, le=1 << 24, description="JPEG marker segments, PNG chunks, GIF blocks before the first image"
     )
     max_rle_ratio: int = Field(256, ge=1, le=1 << 20, description="declared pixels per byte of RLE BMP data")
+    apply_exif_orientation: bool = Field(
+        True, description="turn images upright from their EXIF orientation (false: as stored, like SGLang's K3 path)"
+    )
 
     # Concurrency and batching
     preprocess_workers: int = Field(2, ge=1, le=256)
@@ -174,6 +177,7 @@ class ServerSettings(BaseSettings):
             max_jpeg_scans=self.max_jpeg_scans,
             max_chunks=self.max_chunks,
             max_rle_ratio=self.max_rle_ratio,
+            apply_exif_orientation=self.apply_exif_orientation,
         )
 
     def decode_config(self) -> DecodePoolConfig:

@@ -327,6 +327,15 @@ def test_exif_orientation_png_webp(fmt: str) -> None:
     assert pixel(decoded, corner_xy("tr", (32, 48))) == (255, 0, 0)
 
 
+@pytest.mark.parametrize("fmt", ["JPEG", "PNG", "WEBP"])
+def test_exif_orientation_can_be_ignored(fmt: str) -> None:
+    # apply_exif_orientation=False: the image as stored (SGLang's K3 path), red corner still top-left.
+    data = encode_image(corner_marked_image(48, 32), fmt, exif_orientation=6)
+    decoded = decode_image(data, dataclasses.replace(LIMITS, apply_exif_orientation=False))
+    assert decoded.image.size == (48, 32)
+    assert_close(pixel(decoded, corner_xy("tl", (48, 32))), (255, 0, 0), 8)
+
+
 @pytest.mark.parametrize("value", [0, 9, 65535])
 def test_exif_orientation_out_of_range_is_ignored(value: int) -> None:
     decoded = decode_image(encode_image(corner_marked_image(48, 32), "JPEG", exif_orientation=value), LIMITS)

@@ -17,7 +17,7 @@ Order, cheapest first (each refusal is an `InvalidMediaError` with index -1; the
 6. Decode the first frame only (animated GIF / WebP / APNG). Decoder failures map to TRUNCATED when Pillow
    says the data ended (EOFError, struct.error, "truncated" messages) or when the container visibly ends
    early (no JPEG EOI, PNG IEND or GIF trailer; WebP/BMP shorter than their header says), else UNDECODABLE.
-7. EXIF orientation (JPEG, PNG, WebP) read defensively and applied; mode converted to RGB (see `convert`).
+7. EXIF orientation (JPEG, PNG, WebP) read defensively and applied (unless `apply_exif_orientation` is off); mode converted to RGB (see `convert`).
 
 Why no `warnings.catch_warnings()` around Pillow: it swaps the process-wide filter list and is not
 thread-safe (two overlapping threads can leave an "error" filter installed forever). It is not needed either:
@@ -86,7 +86,8 @@ def decode_image(data: bytes, limits: MediaLimits, *, keep_alpha: bool = False) 
         with _decoder_errors(fmt, data, "decode"):
             image.seek(0)  # first frame only; a no-op for a freshly opened file, stated for the reader
             image.load()
-        orientation = read_orientation(image) if fmt in _EXIF_FORMATS else 1
+        use_exif = limits.apply_exif_orientation and fmt in _EXIF_FORMATS
+        orientation = read_orientation(image) if use_exif else 1
         with _decoder_errors(fmt, data, "convert"):
             rgb = to_rgb_keeping_alpha(image) if keep_alpha else to_rgb(image)
     upright = apply_orientation(rgb, orientation)

@@ -44,6 +44,9 @@ class MediaLimits:
         first image; default 65_536 (real files have tens to a few thousand; Pillow parses each in Python).
     max_rle_ratio: declared pixels per byte of a BMP's RLE4/RLE8 data; default 256 (a run codes at most 255
         pixels in 2 bytes); past it the rows are mostly end-of-line padding, which Pillow fills pixel by pixel.
+
+    apply_exif_orientation: turn JPEG/PNG/WebP images upright from their EXIF orientation; default True (what
+        the Kimi-VL and K2.5 processors see after `exif_transpose`; SGLang's K3 path leaves them as stored).
     """
 
     max_image_bytes: int = 32 * MiB
@@ -54,6 +57,7 @@ class MediaLimits:
     max_jpeg_scans: int = 100
     max_chunks: int = 65_536
     max_rle_ratio: int = 256
+    apply_exif_orientation: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_jpeg_scans", "max_chunks", "max_rle_ratio"):
