@@ -67,11 +67,26 @@ def gpu_decoders() -> dict:
     return out
 
 
+def _one_level_noise(model, ref: np.ndarray, cfg: PreprocessConfig, want: torch.Tensor) -> float:
+    """The yardstick: the embedding change when 0.02% of the CPU decode's values move by one level (a random-weight
+    tower amplifies small input changes; a decoder within one level of libjpeg cannot do better than this)."""
+    rng = np.random.default_rng(0)
+    noisy = ref.copy()
+    flat = noisy.reshape(-1)
+    idx = rng.choice(flat.size, max(1, flat.size // 5000), replace=False)
+    flat[idx] = np.clip(flat[idx] + rng.choice([-1, 1], idx.size), 0, 255)
+    image = preprocess_image(Image.fromarray(noisy.astype(np.uint8)), cfg)
+    with torch.inference_mode():
+        got = model(pack_images([image], pin_memory=True)).float()
+    return float((got - want).norm() / want.norm())
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m service.bench.gpu_preprocess", description=__doc__.split("\n")[0])
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--sizes", nargs="+", default=[f"{w}x{h}" for w, h in SIZES], help="WxH ...")
     args = p.parse_args(argv)
     if not torch.cuda.is_available():
         print("needs a CUDA GPU", file=sys.stderr)
@@ -80,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = PreprocessConfig.kimi_k25()
     model = random_encoder(PRESETS["kimi-k2.5"], torch.bfloat16, 0, "cuda")
     rows = []
-    for width, height in SIZES:
+    for width, height in (tuple(int(v) for v in size.split("x")) for size in args.sizes):
         files = [photo_like(width, height, seed) for seed in range(args.batch)]
         t0 = time.perf_counter()
         for _ in range(args.reps):
@@ -89,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         with torch.inference_mode():
             want = model(pack_images(cpu[:1], pin_memory=True)).float()
         ref = np.asarray(decode_image(files[0], MediaLimits()).image).astype(np.int16)
+        floor = _one_level_noise(model, ref, cfg, want)
         for name, decode in decoders.items():
             decode(files[:1])  # warm-up: decoder state, handles
             torch.cuda.synchronize()
@@ -110,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                 "decode_max_abs": int(np.abs(pixels - ref).max()),
                 "decode_mean_abs": float(np.abs(pixels - ref).mean()),
                 "embedding_rel_diff": float((got - want).norm() / want.norm()),
+                "embedding_rel_diff_of_1_level_noise": floor,
             }
             rows.append(row)
             print(json.dumps(row))
