@@ -63,7 +63,7 @@ def build_engine(settings: ServerSettings, metrics: Metrics | None = None) -> En
             max_patches=settings.max_patches_per_request,
         ),
         settings.runner_config(),
-        preprocess_workers=settings.preprocess_workers,
+        preprocess_workers=settings.decode_workers,
         max_inflight_requests=settings.max_inflight_requests,
         max_inflight_patches=settings.max_inflight_patches,
         metrics=metrics,

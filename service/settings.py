@@ -82,7 +82,12 @@ class ServerSettings(BaseSettings):
     )
 
     # Concurrency and batching
-    preprocess_workers: int = Field(2, ge=1, le=256)
+    preprocess_workers: int | None = Field(
+        None,
+        ge=1,
+        le=256,
+        description="decode worker processes; default: the CPUs this process may use (affinity, cgroup quota)",
+    )
     max_inflight_requests: int = Field(256, ge=1, le=100_000)
     max_inflight_patches: int = Field(
         2_097_152, ge=1, description="patches (from the headers) of all requests in flight; ~2.4 KB each once decoded"
@@ -167,6 +172,13 @@ class ServerSettings(BaseSettings):
             return self.dtype
         return "float32" if self.device == "cpu" else "bfloat16"
 
+    @property
+    def decode_workers(self) -> int:
+        """preprocess_workers, or one per CPU this process may use (at most 256)."""
+        from service.cpus import usable_cpus
+
+        return self.preprocess_workers or min(256, usable_cpus())
+
     def media_limits(self) -> MediaLimits:
         from mmproc.media import MediaLimits
 
@@ -188,7 +200,7 @@ class ServerSettings(BaseSettings):
             memory_mb = (24 * self.max_pixels) // MiB + 128
         return DecodePoolConfig(
             isolation=self.decode_isolation,
-            workers=self.preprocess_workers,
+            workers=self.decode_workers,
             worker_memory_mb=memory_mb,
             timeout_s=self.decode_timeout_s,
             budget_base_s=self.decode_budget_base_s,
