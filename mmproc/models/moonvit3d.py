@@ -99,7 +99,7 @@ def parse_kimi_k3(config: Mapping[str, Any], name: str) -> VisionConfig:
 def _choice(vision: Mapping[str, Any], key: str, default: str, allowed: Mapping[str, str]) -> str:
     """The config's spelling of `key` -> ours."""
     value = vision.get(key, default)
-    if value not in allowed:
+    if not isinstance(value, str) or value not in allowed:
         raise ConfigError(f"config.json: vision_config.{key} {value!r} is not supported (one of {sorted(allowed)})")
     return allowed[value]
 
@@ -113,10 +113,10 @@ def _flag(vision: Mapping[str, Any], key: str) -> bool:
 
 def _text_hidden(config: Mapping[str, Any], vision: Mapping[str, Any]) -> int:
     text = config.get("text_config")
-    if isinstance(text, Mapping) and text.get("hidden_size") is not None:
-        return get_int(text, "hidden_size", "text_config")
-    if "text_config" in config and text is not None:
+    if text is not None and not isinstance(text, Mapping):
         raise ConfigError("config.json: malformed field 'text_config'")
+    if text is not None and text.get("hidden_size") is not None:
+        return get_int(text, "hidden_size", "text_config")
     if vision.get("text_hidden_size") is not None:
         return get_int(vision, "text_hidden_size", "vision_config")
     return K3_DEFAULT_TEXT_HIDDEN
