@@ -40,6 +40,10 @@ class MmprocError(Exception):
     grpc_code: str = "INTERNAL"  # a grpc.StatusCode name (this package does not import grpc)
 
 
+# HTTP's own status for a client fault more specific than 400 (gRPC keeps INVALID_ARGUMENT for every reason).
+HTTP_STATUS_BY_REASON: dict[str, int] = {Reason.REQUEST_TOO_LARGE.value: 413}
+
+
 class InvalidMediaError(MmprocError, ValueError):
     """The request (or one image in it) is invalid: the client's fault, HTTP 400 / INVALID_ARGUMENT.
 

@@ -113,7 +113,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import mmproc
+
     parser = argparse.ArgumentParser(prog="mmproc", description="MoonViT encoder sidecar for VLM serving")
+    parser.add_argument("--version", action="version", version=f"mmproc {mmproc.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     serve = sub.add_parser("serve", help="run the gRPC + HTTP encoder service")

@@ -1,8 +1,9 @@
 """Where typed mmproc errors become gRPC statuses and HTTP responses (each class's codes: mmproc/errors.py).
 
-invalid media / bad request -> INVALID_ARGUMENT (400) with google.rpc.BadRequest + ErrorInfo details
-queue or pool full          -> RESOURCE_EXHAUSTED (429)
-not ready / draining        -> UNAVAILABLE (503)
+invalid media / bad request -> INVALID_ARGUMENT (400; 413 for a request too large) with google.rpc.BadRequest +
+                               ErrorInfo details
+queue or pool full          -> RESOURCE_EXHAUSTED (429, Retry-After)
+not ready / draining        -> UNAVAILABLE (503, Retry-After)
 deadline                    -> DEADLINE_EXCEEDED (504)
 missing/wrong bearer token  -> UNAUTHENTICATED (401), see service/auth.py
 anything else               -> INTERNAL (500), generic message; the traceback goes to the log only
@@ -23,7 +24,7 @@ from google.protobuf import any_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from mmproc.errors import STATUS_ERRORS, InvalidMediaError
+from mmproc.errors import HTTP_STATUS_BY_REASON, STATUS_ERRORS, InvalidMediaError
 
 if TYPE_CHECKING:
     from service.metrics import Metrics
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 ERROR_DOMAIN = "mmproc"
+RETRY_AFTER_S = 1  # what a 429 / 503 tells an HTTP client to wait before trying again
 INTERNAL_MESSAGE = "internal error; see the server log"
 
 
@@ -41,6 +43,10 @@ class MappedError:
     message: str
     reason: str  # machine-readable: a Reason value for 400s, else the code name in lower case
     index: int = -1
+
+    @property
+    def http_headers(self) -> dict[str, str]:
+        return {"Retry-After": str(RETRY_AFTER_S)} if self.http_status in (429, 503) else {}
 
     def http_body(self, request_id: str) -> dict[str, object]:
         error: dict[str, object] = {"code": self.grpc_code.name, "reason": self.reason, "message": self.message}
@@ -64,7 +70,8 @@ def map_error(exc: BaseException, *, metrics: Metrics | None = None) -> MappedEr
 
 def _classify(exc: BaseException) -> MappedError:
     if isinstance(exc, InvalidMediaError):
-        return MappedError(grpc.StatusCode.INVALID_ARGUMENT, 400, exc.message, exc.reason, exc.index)
+        http = HTTP_STATUS_BY_REASON.get(exc.reason, exc.http_status)
+        return MappedError(grpc.StatusCode.INVALID_ARGUMENT, http, exc.message, exc.reason, exc.index)
     if isinstance(exc, STATUS_ERRORS):
         code = grpc.StatusCode[exc.grpc_code]
         return MappedError(code, exc.http_status, str(exc), code.name.lower())

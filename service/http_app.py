@@ -18,12 +18,14 @@ import binascii
 import hashlib
 import time
 from collections.abc import Callable
+from http import HTTPStatus
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mmproc.errors import InvalidMediaError, Reason
 from mmproc.transport import DTYPE_NAMES
@@ -82,7 +84,14 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
 
     def error_response(exc: BaseException, request_id: str) -> JSONResponse:
         mapped = map_error(exc, metrics=metrics)
-        return JSONResponse(mapped.http_body(request_id), status_code=mapped.http_status)
+        return JSONResponse(mapped.http_body(request_id), status_code=mapped.http_status, headers=mapped.http_headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def routing_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        # Unknown paths and methods answer in the service's envelope too, not FastAPI's {"detail": ...}.
+        reason = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        error = {"code": HTTPStatus(exc.status_code).name, "reason": reason, "message": str(exc.detail)}
+        return JSONResponse({"request_id": "-", "error": error}, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def bad_body(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -142,7 +151,10 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
                 results = await engine.encode(images, request_id, deadline)
         except Exception as exc:
             mapped = map_error(exc, metrics=metrics)
-            return mapped.grpc_code.name, JSONResponse(mapped.http_body(request_id), status_code=mapped.http_status)
+            response = JSONResponse(
+                mapped.http_body(request_id), status_code=mapped.http_status, headers=mapped.http_headers
+            )
+            return mapped.grpc_code.name, response
         with metrics.time_stage("transport"):
             payloads = await asyncio.get_running_loop().run_in_executor(None, serialized_payloads, results)
             embeddings = [embedding_json(r, data, body.return_embeddings) for r, data in zip(results, payloads)]
