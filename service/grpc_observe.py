@@ -1,6 +1,7 @@
 """A grpc.aio interceptor for the Encoder service: every RPC runs with its request id in the logging context
-(one is made up, and written into the request, when the client sent none), and is counted and timed by
-method and final status code in the Service's metrics. Health and reflection RPCs pass through untouched.
+(the request's field, else the client's `x-request-id` metadata, else a new one; written into the request and
+sent back as `x-request-id` initial metadata), is counted and timed by method and final status code in the
+Service's metrics, and leaves one access line (service.logs.log_access). Health and reflection pass untouched.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from collections.abc import Awaitable, Callable, Iterator
 
 import grpc
 
-from service.logs import new_request_id, request_context
+from service.logs import REQUEST_ID_HEADER, client_request_id, log_access, request_context
 from service.metrics import Metrics
 
 
@@ -40,15 +41,19 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):
             inner_unary = handler.unary_unary
 
             async def unary(request, context):
-                with self._observed(method, request, context):
-                    return await inner_unary(request, context)
+                with self._observed(method, request, context) as outcome:
+                    await context.send_initial_metadata(((REQUEST_ID_HEADER, outcome["request_id"]),))
+                    response = await inner_unary(request, context)
+                    outcome.update(_reply_fields(response))
+                    return response
 
             return grpc.unary_unary_rpc_method_handler(unary, handler.request_deserializer, handler.response_serializer)
         if handler.unary_stream is not None:
             inner_stream = handler.unary_stream
 
             async def stream(request, context):
-                with self._observed(method, request, context):
+                with self._observed(method, request, context) as outcome:
+                    await context.send_initial_metadata(((REQUEST_ID_HEADER, outcome["request_id"]),))
                     async for item in inner_stream(request, context):
                         yield item
 
@@ -58,17 +63,38 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):
         return handler  # streaming requests (the IPC session): not counted per message
 
     @contextlib.contextmanager
-    def _observed(self, method: str, request: object, context: grpc.aio.ServicerContext) -> Iterator[None]:
-        request_id = getattr(request, "request_id", None)
-        if request_id == "":  # a field the client left empty: name the request for every log line
-            request_id = request.request_id = new_request_id()  # type: ignore[attr-defined]
+    def _observed(self, method: str, request: object, context: grpc.aio.ServicerContext) -> Iterator[dict]:
+        request_id = getattr(request, "request_id", None) or client_request_id(_metadata(context, REQUEST_ID_HEADER))
+        if hasattr(request, "request_id"):  # name the request for every log line below
+            request.request_id = request_id  # type: ignore[attr-defined]
+        images = len(getattr(request, "images", ())) or len(getattr(request, "keys", ()))
+        outcome: dict = {"request_id": request_id}
         started = time.perf_counter()
         failed = False
-        with request_context(request_id or new_request_id()):
+        with request_context(request_id):
             try:
-                yield
+                yield outcome
             except BaseException:
                 failed = True
                 raise
             finally:
-                self._metrics.observe_request(method, _final_code(context, failed), time.perf_counter() - started)
+                code, elapsed = _final_code(context, failed), time.perf_counter() - started
+                self._metrics.observe_request(method, code, elapsed)
+                extra = {k: v for k, v in outcome.items() if k != "request_id"}
+                log_access("grpc", method, code, elapsed, images=images, **extra)
+
+
+def _metadata(context: grpc.aio.ServicerContext, key: str) -> str | None:
+    for name, value in context.invocation_metadata() or ():
+        if name == key:
+            return value if isinstance(value, str) else None
+    return None
+
+
+def _reply_fields(response: object) -> dict:
+    """tokens and transport of an EncodeImagesResponse (nothing for other replies)."""
+    embeddings = getattr(response, "embeddings", None)
+    if embeddings is None:
+        return {}
+    transport = response.DESCRIPTOR.fields_by_name["transport"].enum_type.values_by_number[response.transport].name
+    return {"tokens": sum(e.num_tokens for e in embeddings), "transport": transport.removeprefix("TRANSPORT_").lower()}

@@ -32,7 +32,7 @@ from mmproc.transport import DTYPE_NAMES
 from service.convert import serialized_payloads
 from service.engine import EncodedImage
 from service.errors import map_error
-from service.logs import new_request_id, request_context
+from service.logs import REQUEST_ID_HEADER, client_request_id, log_access, request_context
 from service.state import ServingState
 
 
@@ -96,7 +96,10 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
     @app.exception_handler(RequestValidationError)
     async def bad_body(request: Request, exc: RequestValidationError) -> JSONResponse:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        return error_response(InvalidMediaError(f"malformed request body: {problems}", reason=Reason.BAD_REQUEST), "-")
+        request_id = client_request_id(request.headers.get(REQUEST_ID_HEADER))
+        with request_context(request_id):
+            bad = InvalidMediaError(f"malformed request body: {problems}", reason=Reason.BAD_REQUEST)
+            return error_response(bad, request_id)
 
     @app.middleware("http")
     async def limit_body(request: Request, call_next: Callable):
@@ -132,11 +135,15 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
             return error_response(exc, "-")
 
     @app.post("/v1/encode")
-    async def encode(body: EncodeBody) -> JSONResponse:
+    async def encode(body: EncodeBody, request: Request) -> JSONResponse:
         started = time.perf_counter()
-        with request_context(body.request_id or new_request_id()) as request_id:
+        request_id = body.request_id or client_request_id(request.headers.get(REQUEST_ID_HEADER))
+        with request_context(request_id):
             code, response = await encode_request(body, request_id)
-        metrics.observe_request("http:/v1/encode", code, time.perf_counter() - started)
+            elapsed = time.perf_counter() - started
+            log_access("http", "/v1/encode", code, elapsed, images=len(body.images), status=response.status_code)
+        metrics.observe_request("http:/v1/encode", code, elapsed)
+        response.headers[REQUEST_ID_HEADER] = request_id
         return response
 
     async def encode_request(body: EncodeBody, request_id: str) -> tuple[str, JSONResponse]:

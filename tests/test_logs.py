@@ -97,3 +97,80 @@ def test_json_lines_name_the_request() -> None:
     assert entry["request_id"] == "abc123"
     assert entry["message"] == "hello world"
     assert entry["level"] == "INFO"
+
+
+# ----------------------------------------------------------------------------------- access lines, request ids
+
+
+def access_lines(captured: Capture) -> list[logging.LogRecord]:
+    return [r for r in captured.records if r.name == "mmproc.access"]
+
+
+def test_every_grpc_request_leaves_one_access_line(tiny_server, captured) -> None:
+    good = make_image_bytes(40, 40, fmt="PNG")
+    with EncoderClient(tiny_server.grpc_target) as client:
+        client.encode_images([good, good])
+        with pytest.raises(InvalidMediaError):
+            client.encode_images([b"not an image"])
+    ok, refused = [r.fields for r in access_lines(captured) if r.fields["method"].startswith("EncodeImages")]
+    assert ok["code"] == "OK" and ok["images"] == 2 and ok["ms"] > 0 and ok["front_end"] == "grpc"
+    assert refused["code"] == "INVALID_ARGUMENT" and refused["images"] == 1
+
+
+def test_grpc_reads_and_echoes_x_request_id(tiny_server, captured) -> None:
+    import grpc
+
+    from mmproc.v1 import encoder_pb2 as pb
+    from mmproc.v1 import encoder_pb2_grpc as pb_grpc
+
+    request = pb.EncodeImagesRequest(images=[make_image_bytes(40, 40, fmt="PNG")])
+    with grpc.insecure_channel(tiny_server.grpc_target) as channel:
+        reply, call = pb_grpc.EncoderStub(channel).EncodeImages.with_call(
+            request, metadata=(("x-request-id", "trace-abc-123"),), timeout=60
+        )
+    assert reply.request_id == "trace-abc-123"
+    assert ("x-request-id", "trace-abc-123") in tuple(call.initial_metadata())
+    (line,) = [r for r in access_lines(captured) if r.request_id == "trace-abc-123"]
+    assert line.fields["code"] == "OK" and line.fields["method"] == "EncodeImages"
+    assert line.fields["tokens"] == reply.embeddings[0].num_tokens and line.fields["transport"] == "serialized"
+
+
+def test_http_reads_and_echoes_x_request_id(tiny_server, captured) -> None:
+    import base64
+
+    import httpx
+
+    body = {"images": [base64.b64encode(make_image_bytes(40, 40, fmt="PNG")).decode()]}
+    reply = httpx.post(f"{tiny_server.http_url}/v1/encode", json=body, headers={"x-request-id": "web-7"}, timeout=60)
+    assert reply.status_code == 200 and reply.headers["x-request-id"] == "web-7"
+    assert reply.json()["request_id"] == "web-7"
+    bad = httpx.post(f"{tiny_server.http_url}/v1/encode", json={"nope": 1}, headers={"x-request-id": "web-8"})
+    assert bad.status_code == 400 and bad.json()["request_id"] == "web-8"
+    (line,) = [r for r in access_lines(captured) if r.request_id == "web-7"]
+    assert line.fields == {**line.fields, "front_end": "http", "code": "OK", "status": 200, "images": 1}
+    odd = httpx.post(f"{tiny_server.http_url}/v1/encode", json=body, headers={"x-request-id": "a b" * 100})
+    assert odd.headers["x-request-id"] != "a b" * 100  # not a sane id: replaced by ours
+
+
+def test_json_lines_carry_iso_utc_times_and_the_access_fields() -> None:
+    record = logging.LogRecord("mmproc.access", logging.INFO, __file__, 1, "%s", ("x",), None)
+    record.fields = {"method": "EncodeImages", "code": "OK", "ms": 1.5}
+    entry = json.loads(JsonFormatter().format(record))
+    assert entry["time"].endswith("+00:00") and "T" in entry["time"]
+    assert entry["method"] == "EncodeImages" and entry["ms"] == 1.5
+
+
+def test_chatty_libraries_stay_at_warning_even_at_debug() -> None:
+    from service.logs import configure_logging
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    try:
+        configure_logging("DEBUG", as_json=False)
+        assert logging.getLogger("PIL").getEffectiveLevel() == logging.WARNING
+        assert logging.getLogger("grpc").getEffectiveLevel() == logging.WARNING
+        assert logging.getLogger("mmproc.models").getEffectiveLevel() == logging.DEBUG
+    finally:
+        root.handlers[:], root.level = saved[0], saved[1]
+        for name in ("PIL", "grpc"):
+            logging.getLogger(name).setLevel(logging.NOTSET)
