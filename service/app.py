@@ -19,7 +19,9 @@ import torch
 import uvicorn
 
 import mmproc
-from mmproc.models import VisionEncoder, load_encoder
+from mmproc.errors import ConfigError
+from mmproc.models import PRESETS, VisionEncoder, load_encoder
+from mmproc.models.loader import read_config
 from mmproc.preprocess import PreprocessConfig, load_preprocess_config
 from mmproc.prompt import FRAMINGS, framing, placeholder_token_id
 from mmproc.v1 import encoder_pb2 as pb
@@ -150,8 +152,23 @@ def _http_socket(address: str) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, int(port)))
+    try:
+        sock.bind((host, int(port)))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on http_address {address} (--http-address): {exc.strerror or exc}") from None
     return sock
+
+
+def check_model_before_binding(settings: ServerSettings) -> None:
+    """The model's configuration, read and checked before any port is bound (the weights load later): an unknown
+    preset, a missing or unreadable checkpoint, or a config of no known family is a ConfigError at once."""
+    if settings.model_path is None:
+        if settings.model not in PRESETS:
+            raise ConfigError(f"unknown preset {settings.model!r} (--model); choose one of {sorted(PRESETS)}")
+        return
+    config = read_config(Path(settings.model_path))
+    load_preprocess_config(settings.model_path, config.family)
 
 
 T = TypeVar("T")
@@ -211,18 +228,24 @@ class Service:
     async def start(self) -> None:
         s = self.settings
         token = BearerToken(s.auth_token.get_secret_value()) if s.auth_token is not None else None
-        self._grpc, self.grpc_port, self._health = await create_server(
-            self.state,
-            s.grpc_address,
-            max_message_bytes=s.max_message_mb * MiB,
-            default_deadline_s=s.default_deadline_s,
-            max_connection_age_s=s.max_connection_age_s,
-            auth_token=token,
-            # Room for health probes and IPC session streams above the engine's own in-flight limit.
-            max_concurrent_rpcs=2 * s.max_inflight_requests + 64,
-        )
-        if s.http_address:
-            sock = _http_socket(s.http_address)
+        # The HTTP socket first: a failure to bind either address then leaves nothing half started behind.
+        sock = _http_socket(s.http_address) if s.http_address else None
+        try:
+            self._grpc, self.grpc_port, self._health = await create_server(
+                self.state,
+                s.grpc_address,
+                max_message_bytes=s.max_message_mb * MiB,
+                default_deadline_s=s.default_deadline_s,
+                max_connection_age_s=s.max_connection_age_s,
+                auth_token=token,
+                # Room for health probes and IPC session streams above the engine's own in-flight limit.
+                max_concurrent_rpcs=2 * s.max_inflight_requests + 64,
+            )
+        except BaseException:
+            if sock is not None:
+                sock.close()
+            raise
+        if sock is not None:
             self.http_port = sock.getsockname()[1]
             app = create_http_app(
                 self.state,
@@ -320,6 +343,7 @@ class Service:
 async def serve(settings: ServerSettings) -> int:
     reuse_freed_host_memory(settings.host_malloc_reuse_mb * MiB)  # process-wide: only the serving process does it
     set_torch_threads(settings.torch_threads)
+    check_model_before_binding(settings)
     service = Service(settings)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

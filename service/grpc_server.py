@@ -12,7 +12,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from mmproc.errors import InvalidMediaError, Reason, ResourceExhaustedError
+from mmproc.errors import ConfigError, InvalidMediaError, Reason, ResourceExhaustedError
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from service.auth import BearerToken, TokenInterceptor
@@ -212,9 +212,13 @@ async def create_server(
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
     for service in ("", SERVICE_NAME):
         await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
-    port = server.add_insecure_port(address)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:  # grpc raises this for an address it cannot bind (in use, no permission)
+        reason = str(exc).split(";")[0]  # grpc appends advice about GRPC_VERBOSITY
+        raise ConfigError(f"cannot listen on grpc_address {address} (--grpc-address): {reason}") from None
     if port == 0 and not address.startswith("unix:"):
-        raise OSError(f"could not bind gRPC address {address}")
+        raise ConfigError(f"cannot listen on grpc_address {address} (--grpc-address): in use or not permitted")
     if address.startswith("unix:"):  # bound but not listening yet: nobody can connect before the chmod
         os.chmod(address.removeprefix("unix:").removeprefix("//"), 0o600)
     await server.start()

@@ -25,6 +25,13 @@ if TYPE_CHECKING:  # imported where used: the settings alone (`mmproc health`, `
 MiB = 1 << 20
 
 
+def _check_host_port(name: str, value: str, form: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host.strip("[]") or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{name} must be {form} with a port in 0..65535, got {value!r}")
+    return value
+
+
 class ServerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MMPROC_", extra="forbid", frozen=True, protected_namespaces=())
 
@@ -148,9 +155,14 @@ class ServerSettings(BaseSettings):
     @field_validator("grpc_address")
     @classmethod
     def _check_grpc_address(cls, value: str) -> str:
-        if not value.startswith("unix:") and value.rpartition(":")[2] == "":
-            raise ValueError(f"grpc_address must be HOST:PORT or unix:PATH, got {value!r}")
-        return value
+        if value.startswith("unix:") and value.removeprefix("unix:").removeprefix("//"):
+            return value
+        return _check_host_port("grpc_address", value, "HOST:PORT or unix:PATH")
+
+    @field_validator("http_address")
+    @classmethod
+    def _check_http_address(cls, value: str) -> str:
+        return value if value == "" else _check_host_port("http_address", value, "HOST:PORT or empty")
 
     @model_validator(mode="after")
     def _check_sizes(self) -> ServerSettings:
