@@ -328,6 +328,12 @@ class Service:
         elif self._loading is not None and not self._loading.done():
             logger.info("stopping while the model is still loading")
             self._loading.cancel()
+        # Listeners stay up (NOT_SERVING, /readyz 503, new work UNAVAILABLE) until the drain delay has passed, so
+        # that load balancers see the endpoint go away before any connection is refused.
+        delay = self.settings.drain_delay_s - (time.monotonic() - started)
+        if delay > 0:
+            logger.info("draining: listeners stay up %.1f s more for load balancers to notice", delay)
+            await asyncio.sleep(delay)
         # Admitted requests are done; what is left are replies on the wire and IPC session streams (which
         # never end by themselves), so the rest of the grace is short.
         await self._grpc.stop(min(2.0, max(0.0, grace - (time.monotonic() - started))))

@@ -129,6 +129,13 @@ class ServerSettings(BaseSettings):
 
     # Lifecycle and logs
     grace_period_s: float = Field(30.0, ge=0, le=3600, description="drain time after SIGTERM")
+    drain_delay_s: float = Field(
+        5.0,
+        ge=0,
+        le=3600,
+        description="after SIGTERM, stay reachable answering NOT_SERVING / 503 this long before closing, so that "
+        "load balancers drop the endpoint first (within grace_period_s)",
+    )
     max_connection_age_s: float = Field(
         0, ge=0, description="close gRPC connections after this age so that dns:/// clients find new replicas; 0: never"
     )
@@ -172,6 +179,8 @@ class ServerSettings(BaseSettings):
             raise ValueError("max_message_mb must exceed max_request_mb by at least 1 (protobuf framing)")
         if self.max_inflight_patches < self.max_patches_per_request:
             raise ValueError("max_inflight_patches must be at least max_patches_per_request (one request must fit)")
+        if self.drain_delay_s > self.grace_period_s:
+            raise ValueError("drain_delay_s must not exceed grace_period_s (the delay is part of the drain)")
         if self.stream_chunk_mb + 1 > self.max_message_mb:
             raise ValueError("max_message_mb must exceed stream_chunk_mb by at least 1 (each chunk carries a header)")
         return self

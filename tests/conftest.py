@@ -80,7 +80,12 @@ class ServiceThread:
 
 
 def test_settings(**overrides: object) -> ServerSettings:
-    values: dict[str, object] = {"grpc_address": "127.0.0.1:0", "http_address": "127.0.0.1:0", "grace_period_s": 10}
+    values: dict[str, object] = {
+        "grpc_address": "127.0.0.1:0",
+        "http_address": "127.0.0.1:0",
+        "grace_period_s": 10,
+        "drain_delay_s": 0,  # tests stop servers often; test_lifecycle checks the delay itself
+    }
     values.update(overrides)
     return load_settings(None, **values)
 

@@ -43,15 +43,17 @@ def wait_serving(target: str, timeout: float = 120) -> None:
 
 
 @pytest.fixture
-def server_process():
+def server_process(request):
     grpc_port, http_port = free_port(), free_port()
-    env = {**os.environ, "MMPROC_GRACE_PERIOD_S": "20", "MMPROC_PREPROCESS_WORKERS": "2"}
+    delay = getattr(request, "param", "0")
+    env = {**os.environ, "MMPROC_GRACE_PERIOD_S": "20", "MMPROC_PREPROCESS_WORKERS": "2", "MMPROC_DRAIN_DELAY_S": delay}
     proc = subprocess.Popen(
         [sys.executable, "-m", "service.cli", "serve", "--grpc-address", f"127.0.0.1:{grpc_port}",
          "--http-address", f"127.0.0.1:{http_port}"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip
     target = f"127.0.0.1:{grpc_port}"
+    proc.http_url = f"http://127.0.0.1:{http_port}"
     try:
         wait_serving(target)
         yield proc, target
@@ -137,3 +139,21 @@ def test_sigterm_under_load_leaves_no_process_or_file_behind(server_process) -> 
         time.sleep(0.05)
     assert not alive, f"helper processes outlived the server: {alive}"
     assert not [p for p in os.listdir("/dev/shm") if p.startswith(f"mmproc-decode-{proc.pid}-")]
+
+
+@pytest.mark.parametrize("server_process", ["2"], indirect=True)
+def test_drain_stays_reachable_answering_503_before_closing(server_process) -> None:
+    # What a load balancer polling readiness sees after SIGTERM: 503s for the drain delay, not refused connections.
+    import httpx
+
+    proc, _ = server_process
+    assert httpx.get(f"{proc.http_url}/readyz", timeout=5).status_code == 200
+    proc.send_signal(signal.SIGTERM)
+    sent = time.monotonic()
+    statuses: list[int] = []
+    while time.monotonic() - sent < 1.5:
+        statuses.append(httpx.get(f"{proc.http_url}/readyz", timeout=5).status_code)
+        time.sleep(0.1)
+    assert statuses and set(statuses[2:]) == {503}, statuses  # reachable, and saying "not ready"
+    assert proc.wait(30) == 0
+    assert time.monotonic() - sent >= 1.9  # closed only after the delay
