@@ -8,6 +8,7 @@ Built once at the edge and passed down as plain frozen dataclasses; nothing belo
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -250,6 +251,7 @@ def load_settings(config_file: Path | None = None, **overrides: object) -> Serve
 
     file_values = read_config_file(config_file) if config_file is not None else {}
     given = {k: v for k, v in overrides.items() if v is not None}
+    _warn_unknown_env()
     try:
         env_only = ServerSettings()  # defaults + environment
         return ServerSettings(**{**file_values, **_explicit(env_only), **given})
@@ -258,13 +260,30 @@ def load_settings(config_file: Path | None = None, **overrides: object) -> Serve
         raise ConfigError(f"invalid settings: {problems}") from None
 
 
+# MMPROC_* variables read elsewhere (the config file's path, the CI switch of the engine test), not settings.
+_OTHER_ENV = frozenset({"MMPROC_CONFIG_FILE", "MMPROC_COMMIT", "MMPROC_REQUIRE_VLLM"})
+
+
+def _warn_unknown_env() -> None:
+    """A typo in an MMPROC_* variable would otherwise be ignored in silence."""
+    known = {f"MMPROC_{name.upper()}" for name in ServerSettings.model_fields} | _OTHER_ENV
+    for key in sorted(k for k in os.environ if k.upper().startswith("MMPROC_") and k.upper() not in known):
+        logging.getLogger(__name__).warning("ignoring %s: not a setting of mmproc serve (mmproc config lists them)", key)
+
+
 def read_config_file(path: Path) -> dict[str, object]:
-    """A flat JSON object or TOML table of settings; `.toml` files are TOML, anything else JSON."""
+    """A flat JSON object or TOML table of settings: `.toml` is TOML, `.json` (or no suffix) JSON; YAML and other
+    suffixes are refused rather than guessed at."""
     path = Path(path)
+    if path.suffix not in (".toml", ".json", ""):
+        raise ConfigError(f"config file {path}: use a .json or .toml file (got {path.suffix!r})")
     try:
         text = path.read_text()
         if path.suffix == ".toml":
-            import tomllib  # Python >= 3.11
+            try:
+                import tomllib  # Python >= 3.11
+            except ImportError:  # Python 3.10: the backport, where installed
+                import tomli as tomllib  # type: ignore[no-redef]
 
             values = tomllib.loads(text)
         else:

@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
+from mmproc.errors import ConfigError
 from service.cli import build_parser, main
-from service.settings import ServerSettings
+from service.settings import ServerSettings, load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -100,3 +101,22 @@ def test_serve_refuses_bad_settings_before_starting() -> None:
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr
     assert "MMPROC_MAX_QUEUED_IMAGES (max_queued_images)" in proc.stderr
+
+
+def test_an_unknown_mmproc_variable_is_warned_about(monkeypatch, caplog) -> None:
+    monkeypatch.setenv("MMPROC_MAX_PIXLES", "10")  # a typo of max_pixels
+    with caplog.at_level("WARNING"):
+        load_settings(None)
+    assert "ignoring MMPROC_MAX_PIXLES" in caplog.text
+    monkeypatch.delenv("MMPROC_MAX_PIXLES")
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        load_settings(None)
+    assert "ignoring" not in caplog.text
+
+
+def test_a_yaml_config_file_is_refused_not_misread(tmp_path) -> None:
+    path = tmp_path / "mmproc.yaml"
+    path.write_text("max_pixels: 10\n")
+    with pytest.raises(ConfigError, match=r"\.json or \.toml"):
+        load_settings(path)
