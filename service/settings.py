@@ -268,7 +268,9 @@ def _warn_unknown_env() -> None:
     """A typo in an MMPROC_* variable would otherwise be ignored in silence."""
     known = {f"MMPROC_{name.upper()}" for name in ServerSettings.model_fields} | _OTHER_ENV
     for key in sorted(k for k in os.environ if k.upper().startswith("MMPROC_") and k.upper() not in known):
-        logging.getLogger(__name__).warning("ignoring %s: not a setting of mmproc serve (mmproc config lists them)", key)
+        logging.getLogger(__name__).warning(
+            "ignoring %s: not a setting of mmproc serve (mmproc config lists them)", key
+        )
 
 
 def read_config_file(path: Path) -> dict[str, object]:
