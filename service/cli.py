@@ -53,20 +53,47 @@ def cmd_encode(args: argparse.Namespace) -> int:
     from mmproc.errors import InvalidMediaError
     from mmproc.transport import tensor_to_bytes
 
-    images = [Path(p).read_bytes() for p in args.images]
-    token = args.token or os.environ.get("MMPROC_AUTH_TOKEN") or None  # the edge may read the environment
-    with EncoderClient(args.target, timeout=args.timeout, token=token) as client:
+    try:
+        images = [Path(p).read_bytes() for p in args.images]
+    except OSError as err:
+        print(f"mmproc: cannot read {err.filename}: {err.strerror}", file=sys.stderr)
+        return 2
+    token = _client_token(args)
+    with EncoderClient(_target(args), timeout=args.timeout, token=token) as client:
         try:
-            embeddings = client.encode_images(images)
+            results = client.encode(images)
         except InvalidMediaError as err:
             name = args.images[err.index] if 0 <= err.index < len(args.images) else "request"
             print(f"invalid: {name}: {err.message} [{err.reason}]", file=sys.stderr)
             return 2
-    for path, emb in zip(args.images, embeddings):
+    for path, result in zip(args.images, results):
+        emb = result.tensor
         digest = hashlib.sha256(tensor_to_bytes(emb.cpu())).hexdigest()[:16]
         dtype = str(emb.dtype).removeprefix("torch.")
-        print(f"{path}\ttokens={emb.shape[0]}\tshape={tuple(emb.shape)}\tdtype={dtype}\tsha256={digest}")
+        if args.json:
+            fields = {"path": path, "tokens": result.num_tokens, "shape": list(emb.shape), "dtype": dtype}
+            fields |= {"grid_thw": list(result.grid_thw), "image_size": list(result.image_size), "sha256": digest}
+            print(json.dumps(fields))
+        else:
+            print(f"{path}\ttokens={emb.shape[0]}\tshape={tuple(emb.shape)}\tdtype={dtype}\tsha256={digest}")
     return 0
+
+
+def _target(args: argparse.Namespace) -> str:
+    """--target, else the configured gRPC address (flags file / MMPROC_GRPC_ADDRESS) dialled on loopback."""
+    from service.settings import load_settings
+
+    return args.target or local_target(load_settings(_config_file(args)).grpc_address)
+
+
+def _client_token(args: argparse.Namespace) -> str | None:
+    """--token-file, --token, else MMPROC_AUTH_TOKEN (the edge may read the environment)."""
+    if args.token_file:
+        try:
+            return Path(args.token_file).read_text().strip() or None
+        except OSError as err:
+            raise ConfigError(f"--token-file {args.token_file}: {err.strerror}") from None
+    return args.token or os.environ.get("MMPROC_AUTH_TOKEN") or None
 
 
 def local_target(address: str) -> str:
@@ -86,9 +113,7 @@ def cmd_health(args: argparse.Namespace) -> int:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    from service.settings import load_settings
-
-    target = args.target or local_target(load_settings(_config_file(args)).grpc_address)
+    target = _target(args)
     with grpc.insecure_channel(target) as channel:
         try:
             reply = health_pb2_grpc.HealthStub(channel).Check(
@@ -102,7 +127,7 @@ def cmd_health(args: argparse.Namespace) -> int:
     return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
-BENCHMARKS = ("rope", "encoder", "serve", "decode")
+BENCHMARKS = ("encoder", "serve", "decode", "rope", "d2h", "fanout", "ipc_steps", "gpu_preprocess")
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -129,18 +154,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     encode = sub.add_parser("encode", help="encode image files through a running server")
     encode.add_argument("images", nargs="+", help="image files")
-    encode.add_argument("--target", default="127.0.0.1:50051", help="server address (HOST:PORT or unix:PATH)")
+    encode.add_argument("--target", help="server address (default: the configured --grpc-address, on loopback)")
+    encode.add_argument("--config", dest="config_file", help="settings file to take the address from")
     encode.add_argument("--timeout", type=float, default=60.0)
     encode.add_argument("--token", help="the server's auth token (default: env MMPROC_AUTH_TOKEN)")
+    encode.add_argument("--token-file", help="read the auth token from this file (not the process list)")
+    encode.add_argument("--json", action="store_true", help="one JSON object per image instead of a table")
     encode.set_defaults(func=cmd_encode)
 
     health = sub.add_parser("health", help="exit 0 when the server's gRPC health reports SERVING (probes)")
     health.add_argument("--target", help="server address (default: the configured --grpc-address, on loopback)")
+    health.add_argument("--config", dest="config_file", help="settings file to take the address from")
     health.add_argument("--service", default="", help="health service name (default: the whole server)")
     health.add_argument("--timeout", type=float, default=3.0)
     health.set_defaults(func=cmd_health)
 
-    bench = sub.add_parser("bench", help="benchmarks: rope | encoder | serve | decode (`mmproc bench NAME --help`)")
+    bench = sub.add_parser("bench", help=f"benchmarks: {' | '.join(BENCHMARKS)} (`mmproc bench NAME --help`)")
     bench.add_argument("name", choices=BENCHMARKS)
     bench.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own flags")
     bench.set_defaults(func=cmd_bench)

@@ -127,6 +127,9 @@ class ServerSettings(BaseSettings):
     auth_token: SecretStr | None = Field(
         None, description="shared secret: clients send `authorization: Bearer <token>` (gRPC metadata / HTTP header)"
     )
+    auth_token_file: Path | None = Field(
+        None, description="read auth_token from this file (a mounted secret: keeps it out of the process list)"
+    )
 
     # Lifecycle and logs
     grace_period_s: float = Field(30.0, ge=0, le=3600, description="drain time after SIGTERM")
@@ -149,6 +152,19 @@ class ServerSettings(BaseSettings):
         if value != "cpu" and value != "cuda" and not (value.startswith("cuda:") and value[5:].isdigit()):
             raise ValueError(f"device must be cpu, cuda or cuda:N, got {value!r}")
         return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_auth_token_file(cls, values: object) -> object:
+        if not isinstance(values, dict) or values.get("auth_token_file") in (None, ""):
+            return values
+        if values.get("auth_token") not in (None, ""):
+            raise ValueError("give auth_token or auth_token_file, not both")
+        path = Path(str(values["auth_token_file"]))
+        try:
+            return {**values, "auth_token": path.read_text().strip()}
+        except OSError as exc:
+            raise ValueError(f"auth_token_file {path}: {exc.strerror or exc}") from None
 
     @field_validator("auth_token")
     @classmethod
