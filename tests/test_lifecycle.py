@@ -74,7 +74,7 @@ def test_sigterm_finishes_in_flight_work_refuses_new_work_and_exits_zero(server_
 
     worker = threading.Thread(target=in_flight)
     worker.start()
-    time.sleep(0.3)
+    wait_admitted(proc.http_url)  # really in flight (a fixed sleep raced the upload on a loaded machine)
     proc.send_signal(signal.SIGTERM)
     time.sleep(0.05)
     with EncoderClient(target, timeout=10) as client, pytest.raises(UnavailableError):
@@ -86,6 +86,19 @@ def test_sigterm_finishes_in_flight_work_refuses_new_work_and_exits_zero(server_
     result = outcome.get("result")
     assert result is not None and len(result) == 6, "the in-flight request was lost"
     assert all(t.shape == (1089, 256) for t in result)
+
+
+def wait_admitted(http_url: str, timeout: float = 30) -> None:
+    """Until the server's mmproc_inflight_requests gauge shows a request admitted."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for line in httpx.get(f"{http_url}/metrics", timeout=5).text.splitlines():
+            if line.startswith("mmproc_inflight_requests ") and float(line.split()[1]) > 0:
+                return
+        time.sleep(0.02)
+    raise TimeoutError("the request never reached the server")
 
 
 def descendants(pid: int) -> set[int]:
