@@ -290,6 +290,24 @@ class Service:
             time.monotonic() - started,
             info.ipc_status,
         )
+        s = self.settings
+        logger.info(
+            "mmproc %s: auth %s; decode workers %d (%s); batches up to %d patches / %d images; queue %d images; "
+            "requests up to %d images, %d MiB, %d patches; CUDA graphs %d; drain delay %.1f s, grace %.1f s",
+            mmproc.__version__,
+            "on" if s.auth_token is not None else "off",
+            s.decode_workers,
+            s.decode_isolation,
+            s.max_batch_patches,
+            s.max_batch_images,
+            s.max_queued_images,
+            s.max_images_per_request,
+            s.max_request_mb,
+            s.max_patches_per_request,
+            s.cuda_graphs,
+            s.drain_delay_s,
+            s.grace_period_s,
+        )
 
     async def wait_ready(self) -> None:
         """Return once SERVING; raise what loading the model raised."""

@@ -42,5 +42,6 @@ def setup_ipc(settings: ServerSettings, engine: Engine) -> str:
     if settings.transport == "ipc":
         raise ConfigError(f"transport: ipc was requested but CUDA IPC cannot work here: {reason}")
     status = f"IPC unavailable ({reason}): serialized only"
-    logger.warning(status)
+    # Expected on a CPU model; a CUDA model that cannot share its pool is worth a warning.
+    (logger.info if settings.device == "cpu" else logger.warning)(status)
     return status
