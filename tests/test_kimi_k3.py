@@ -131,8 +131,7 @@ def k3_checkpoint(tmp_path_factory):
     return path, tensors
 
 
-def reference_cfg(path) -> dict:
-    return preprocessor_config("kimi_k3", PREPROCESSOR)["media_proc_cfg"]
+REFERENCE_CFG = preprocessor_config("kimi_k3", PREPROCESSOR)["media_proc_cfg"]  # what the checkpoint's file holds
 
 
 def test_k3_preprocessing_matches_the_reference_pixels_and_token_counts(k3_checkpoint) -> None:
@@ -141,7 +140,7 @@ def test_k3_preprocessing_matches_the_reference_pixels_and_token_counts(k3_check
     assert cfg.family == "kimi_k3" and cfg.transparent_bg is not None and cfg.transparent_bg.pattern == "chessboard"
     for data, what in CASES:
         image = reference_decode(data)
-        want, (_, gh, gw) = preprocess(image, reference_cfg(path))
+        want, (_, gh, gw) = preprocess(image, REFERENCE_CFG)
         got = preprocess_image(image, cfg)
         assert got.grid_hw == (gh, gw) == target_grid(image.width, image.height, cfg), what
         assert got.num_tokens == gh * gw // 4, what
@@ -168,7 +167,7 @@ def test_loaded_k3_checkpoint_matches_the_reference(k3_checkpoint) -> None:
     images = [preprocess_image(reference_decode(data), cfg) for data, _ in CASES]
     got = model(pack_images(images)).split([i.num_tokens for i in images])
     for (data, what), image, out in zip(CASES, images, got, strict=True):
-        want = reference.image(*preprocess(reference_decode(data), reference_cfg(path)))
+        want = reference.image(*preprocess(reference_decode(data), REFERENCE_CFG))
         assert out.shape == want.shape == (image.num_tokens, TEXT_HIDDEN), what
         assert rel_err(out, want) < 1e-3, what
 
@@ -190,8 +189,8 @@ def test_served_k3_checkpoint_matches_the_reference(k3_checkpoint) -> None:
         image = reference_decode(data)
         assert result.image_size == image.size, what  # what the K3 prompt header names
         got = result.tensor
-        want = reference.image(*preprocess(image, reference_cfg(path)))
-        new_w, new_h, pad_w, pad_h = navit_size(image.width, image.height, reference_cfg(path))
+        want = reference.image(*preprocess(image, REFERENCE_CFG))
+        new_w, new_h, pad_w, pad_h = navit_size(image.width, image.height, REFERENCE_CFG)
         assert got.shape[0] == (new_w + pad_w) * (new_h + pad_h) // 28**2, what
         assert rel_err(got, want) < 1e-3, what
 

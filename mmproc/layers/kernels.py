@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -47,8 +48,15 @@ def addmm_gelu_tanh(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
     (L, D_out) output is written once instead of written, read and written again. Bias-free layers (K3) pass
     a zero bias: the epilogue needs one, and adding 0 changes no value."""
     if bias is None:
-        bias = weight.new_zeros(weight.shape[0])
+        bias = _zero_bias(weight.shape[0], weight.dtype, weight.device)
     return torch._addmm_activation(bias, x, weight.t(), use_gelu=True)
+
+
+@functools.lru_cache(maxsize=16)
+def _zero_bias(size: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """One zero (size,) tensor per shape, dtype and device, made once (not per layer and forward); read-only."""
+    with torch.inference_mode(False):  # a plain tensor, usable in and out of inference mode
+        return torch.zeros(size, dtype=dtype, device=device)
 
 
 @dataclass(frozen=True)

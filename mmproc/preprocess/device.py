@@ -7,6 +7,8 @@ Opaque images only: an image with alpha keeps the CPU path (Pillow premultiplies
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
@@ -15,6 +17,13 @@ from mmproc.preprocess.config import PreprocessConfig
 from mmproc.preprocess.resize import pillow_bicubic
 from mmproc.preprocess.rules import RULES
 from mmproc.types import PreprocessedImage
+
+
+@functools.lru_cache(maxsize=16)
+def _device_lut(cfg: PreprocessConfig, device: torch.device) -> Tensor:
+    """The family's normalization table on `device`, copied there once per config (not once per image)."""
+    with torch.inference_mode(False):
+        return torch.from_numpy(RULES[cfg.family].lut(cfg)).to(device)
 
 
 def preprocess_tensor(rgb: Tensor, cfg: PreprocessConfig) -> PreprocessedImage:
@@ -34,7 +43,7 @@ def preprocess_tensor(rgb: Tensor, cfg: PreprocessConfig) -> PreprocessedImage:
     padded = torch.zeros(gh * p, gw * p, 3, dtype=torch.uint8, device=rgb.device)  # black bytes, as the references
     padded[: rgb.shape[0], : rgb.shape[1]] = rgb
     assert padded.shape[0] == rgb.shape[0] + pad_h and padded.shape[1] == rgb.shape[1] + pad_w, (plan, rgb.shape)
-    lut = torch.from_numpy(rule.lut(cfg)).to(rgb.device)  # (3, 256) float32
+    lut = _device_lut(cfg, rgb.device)  # (3, 256) float32
     grid = padded.view(gh, p, gw, p, 3).permute(0, 2, 4, 1, 3)  # (gh, gw, 3, p, p) uint8 view
     channel = torch.arange(3, device=rgb.device).view(1, 1, 3, 1, 1)
     patches = lut[channel, grid.long()]  # gather: (gh, gw, 3, p, p) float32
