@@ -46,11 +46,13 @@ MIXED_SIDES = (224, 1536)  # mixed workload: each side drawn uniformly in this r
 VARIANTS: dict[str, dict[str, object]] = {
     "no-fused-gelu": {"fused_gelu": False},
     "no-fused-rope": {"fused_rope": False},
-    "no-uniform": {"uniform_attention": False},
-    "all-sdpa": {"long_segment": 1},
     "no-fused-add-norm": {"fused_add_norm": False},
-    "attn-streams=2": {"attention_streams": 2},
-    "attn-streams=4": {"attention_streams": 4},
+    # The library varlen kernel with long segments on SDPA (the default before the Triton dh-72 kernel) and its
+    # options: a batch of equal images as one batched SDPA call, every segment on SDPA, side streams.
+    "attn=varlen": {"attention_kernel": "varlen"},
+    "varlen-no-uniform": {"attention_kernel": "varlen", "uniform_attention": False},
+    "varlen-all-sdpa": {"attention_kernel": "varlen", "long_segment": 1},
+    "varlen-streams=2": {"attention_kernel": "varlen", "attention_streams": 2},
 }
 # Our default encoder fed a batch packed in another pixel dtype: what shipping pixels in the model dtype is worth.
 PIXEL_VARIANTS: dict[str, torch.dtype] = {"f32-pixels": torch.float32}
@@ -67,7 +69,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--peak", type=float, default=PEAK_TFLOPS, help="TFLOP/s for MFU")
-    p.add_argument("--variants", action="store_true", help="also time our encoder with each fast path switched")
+    p.add_argument("--variants", nargs="*", default=None, metavar="NAME", choices=[*VARIANTS, *PIXEL_VARIANTS],
+                   help="also time our encoder with each fast path switched (or only the NAMEd ones)")  # fmt: skip
     p.add_argument("--no-baseline", action="store_true", help="skip the eager per-image baseline")
     p.add_argument("--attention", action="store_true", help="also time one image's SDPA per backend and layout")
     p.add_argument("--profile", action="store_true", help="per workload, kernel time by category of one warm forward")
@@ -271,9 +274,14 @@ def _variant_rows(
     """Our encoder with each fast path switched (VARIANTS) and with other pixel dtypes (PIXEL_VARIANTS). A variant
     that fails is reported as a row with "error" and the bench goes on (the run's other figures are kept)."""
     config, reps = model.config, max(3, args.reps // 2)
+    chosen = set(args.variants or (*VARIANTS, *PIXEL_VARIANTS))
     runs: list[tuple[str, dict[str, object], PackedBatch | torch.dtype]] = [
-        *((variant, changes, batch) for variant, changes in VARIANTS.items()),
-        *((variant, {}, dtype) for variant, dtype in PIXEL_VARIANTS.items() if dtype != batch.pixel_values.dtype),
+        *((variant, changes, batch) for variant, changes in VARIANTS.items() if variant in chosen),
+        *(
+            (variant, {}, dtype)
+            for variant, dtype in PIXEL_VARIANTS.items()
+            if variant in chosen and dtype != batch.pixel_values.dtype
+        ),
     ]
     default = dataclasses.asdict(model.tower.options)
     rows = []
@@ -360,7 +368,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ours["vs_baseline"] = base["ms"] / ours["ms"]
                 check["rel_err_vs_baseline"] = _rel_err(model(batch), baseline(batch))
                 group.append(base)
-            if args.variants:
+            if args.variants is not None:
                 group += _variant_rows(model, name, batch, grids, flops, ours, args, device)
             for r in group:
                 _print_row(r)
