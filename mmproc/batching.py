@@ -33,11 +33,13 @@ def pack_images(
     pin_memory: bool = False,
     dtype: torch.dtype = torch.float32,
 ) -> PackedBatch:
-    """One `torch.cat` of the float32 patches into a (pinned when asked) (sum L, 3, P, P) buffer of `dtype`.
+    """One `torch.cat` of the patches into a (pinned when asked) (sum L, 3, P, P) buffer.
 
-    dtype: float32 (default), or the model's bf16/fp16 for a CUDA consumer (see `pixel_transfer_dtype`); the
-    conversion happens in the same CPU copy pass. cu_seqlens (N + 1,) int32 CPU; max_seqlen and token_counts as
-    Python ints. Pin only for a CUDA consumer.
+    Images whose bytes were left to the device (`PreprocessedImage.lut`, all with the same table) are packed as
+    uint8 with that table, for the model to normalize. Otherwise in `dtype`: float32 (default), or the model's
+    bf16/fp16 for a CUDA consumer (see `pixel_transfer_dtype`), converted in the same CPU copy pass (images with
+    bytes are normalized here first). cu_seqlens (N + 1,) int32 CPU; max_seqlen and token_counts as Python ints.
+    Pin only for a CUDA consumer.
     """
     if dtype not in PIXEL_DTYPES:
         raise ValueError(f"pack_images: dtype must be one of {PIXEL_DTYPES}, got {dtype}")
@@ -57,16 +59,33 @@ def pack_images(
         grids.append((h, w))
         token_counts.append(tokens)
         offsets.append(offsets[-1] + h * w)
+    lut = _shared_lut(images)
     patch_shape = images[0].patches.shape[1:]  # (3, P, P)
+    if lut is not None:
+        dtype, parts = torch.uint8, [image.patches for image in images]
+    else:
+        parts = [image.normalized() for image in images]
     pixel_values = torch.empty((offsets[-1], *patch_shape), dtype=dtype, pin_memory=pin_memory)
-    torch.cat([image.patches for image in images], out=pixel_values)  # casts while copying when dtype differs
+    torch.cat(parts, out=pixel_values)  # casts while copying when dtype differs
     return PackedBatch(
         pixel_values=pixel_values,
         grid_hws=tuple(grids),
         cu_seqlens=torch.tensor(offsets, dtype=torch.int32),
         max_seqlen=max(h * w for h, w in grids),
         token_counts=tuple(token_counts),
+        lut=lut,
     )
+
+
+def _shared_lut(images: Sequence[PreprocessedImage]) -> Tensor | None:
+    """The one table every image's bytes still need, or None (some are normalized, or the tables differ)."""
+    first = images[0].lut
+    if first is None:
+        return None
+    for image in images[1:]:
+        if image.lut is None or not (image.lut is first or torch.equal(image.lut, first)):
+            return None
+    return first
 
 
 def split_by_image(embeddings: Tensor, token_counts: Sequence[int]) -> list[Tensor]:

@@ -29,20 +29,35 @@ class DecodedImage:
 class PreprocessedImage:
     """One image as the vision tower eats it.
 
-    patches: (L, 3, P, P) float32 on the CPU, row-major patch order, L == grid_h * grid_w.
+    patches: (L, 3, P, P) float32 on the CPU, row-major patch order, L == grid_h * grid_w; or the uint8 bytes
+        still to be normalized, when `lut` is set (for a CUDA encoder, which normalizes them on the device).
     grid_hw: (grid_h, grid_w) in patches, plain Python ints (never a tensor: metadata stays on the CPU).
     num_tokens: embeddings this image yields after the merger, (grid_h // kh) * (grid_w // kw).
     image_size: (width, height) of the image as decoded (after EXIF orientation), before resize/pad.
+    lut: (3, 256) float32 CPU table, lut[c, v] = the normalized value of byte v in channel c; None when
+        `patches` are normalized already.
     """
 
     patches: torch.Tensor
     grid_hw: tuple[int, int]
     num_tokens: int
     image_size: tuple[int, int] = (0, 0)
+    lut: torch.Tensor | None = None
 
     @property
     def num_patches(self) -> int:
         return self.grid_hw[0] * self.grid_hw[1]
+
+    def normalized(self) -> torch.Tensor:
+        """The (L, 3, P, P) float32 patches, normalizing the bytes here when they were left to the device."""
+        return self.patches if self.lut is None else apply_lut(self.patches, self.lut)
+
+
+def apply_lut(patches: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
+    """(L, 3, P, P) uint8 bytes -> lut[c, byte] per channel c, in lut's dtype and on the patches' device (pass a
+    lut already there). One gather kernel; exactly the values the CPU's table gives."""
+    flat = patches.to(torch.int32) + torch.arange(0, 768, 256, dtype=torch.int32, device=patches.device).view(3, 1, 1)
+    return lut.reshape(-1)[flat]
 
 
 @dataclass(frozen=True)
@@ -50,11 +65,13 @@ class PackedBatch:
     """Many images packed into one varlen sequence, all metadata built on the CPU from Python ints.
 
     pixel_values: (sum L, 3, P, P) float32, or the model's bf16/fp16 when packed for a CUDA model (half the H2D
-        bytes); pinned when the batch is meant for a CUDA device.
+        bytes), or uint8 bytes that the model normalizes through `lut` on its device (a quarter); pinned when
+        the batch is meant for a CUDA device.
     grid_hws: per image (grid_h, grid_w) in patches.
     cu_seqlens: (N + 1,) int32 CPU tensor, prefix sums of patches per image (attention segments).
     max_seqlen: longest image in patches, a Python int (varlen kernels want it without a sync).
     token_counts: per image the number of output embeddings after the merger.
+    lut: (3, 256) float32 CPU table when pixel_values are uint8 (see PreprocessedImage.lut), else None.
     """
 
     pixel_values: torch.Tensor
@@ -62,6 +79,7 @@ class PackedBatch:
     cu_seqlens: torch.Tensor
     max_seqlen: int
     token_counts: tuple[int, ...]
+    lut: torch.Tensor | None = None
 
     @property
     def num_images(self) -> int:

@@ -72,7 +72,9 @@ class DecodePoolConfig:
     worker_memory_mb: address space a process worker may add after start-up (0: no cap).
     timeout_s: the most wall-clock time one process worker may spend on one image (also caps its budget).
     budget_base_s, budget_per_mp_s: one image's CPU time budget, base + per declared megapixel (process mode).
-    log_level, log_json: how process workers log (to the inherited stderr), as the server does."""
+    log_level, log_json: how process workers log (to the inherited stderr), as the server does.
+    normalize: normalize the patches here (a CPU encoder); False leaves the uint8 bytes to the device (a CUDA
+    encoder: a quarter of the bytes to hold and ship, and the CPU's most expensive pass moved to the GPU)."""
 
     isolation: Isolation = "process"
     workers: int = 2
@@ -82,6 +84,7 @@ class DecodePoolConfig:
     budget_per_mp_s: float = 0.2
     log_level: str = "WARNING"
     log_json: bool = False
+    normalize: bool = True
 
     def __post_init__(self) -> None:
         if self.isolation not in ("process", "thread"):
@@ -294,7 +297,7 @@ class DecodePool:
     def _submit_thread(self, data: bytes) -> Future:
         run = contextvars.copy_context().run  # the decode thread's log lines carry the request id
         try:
-            task = self._task or decode_worker.prepare_image
+            task = self._task or self._prepare
             return self._executor.submit(run, task, data, self.limits, self.preprocess)
         except RuntimeError:  # shut down
             raise UnavailableError("decoder pool is shut down") from None
@@ -311,12 +314,17 @@ class DecodePool:
             return self._submit_process(data)
 
     def _submit_task(self, executor: Executor, data: bytes) -> Future:
-        task, request_id = self._task or decode_worker.prepare_image, REQUEST_ID.get()
+        task, request_id = self._task or self._prepare, REQUEST_ID.get()
         future = executor.submit(
             run_task, task, self.config.budget, self._transfer(), request_id, data, self.limits, self.preprocess
         )
         future.add_done_callback(_materialize)  # before anyone waits: maps and unlinks even if nobody does
         return future
+
+    @property
+    def _prepare(self) -> Callable:
+        """The worker task, looked up at each call (tests may patch it): normalized patches, or the bytes."""
+        return decode_worker.prepare_image if self.config.normalize else decode_worker.prepare_image_bytes
 
     def _transfer(self) -> str | None:
         """The tmpfs directory workers ship large results through (None: use the pipe)."""

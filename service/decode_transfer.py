@@ -47,6 +47,8 @@ class Shipped:
     patches: np.ndarray | None = None
     path: str | None = None
     image_size: tuple[int, int] = (0, 0)  # (width, height) as decoded
+    dtype: str = "float32"  # of the patches: float32, or uint8 bytes that `lut` normalizes (on the device)
+    lut: np.ndarray | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __getstate__(self) -> dict:
@@ -64,16 +66,17 @@ class Shipped:
                 return
             path, self.path = self.path, None
             try:
-                self.patches = _map_file(path, self.shape)
+                self.patches = _map_file(path, self.shape, np.dtype(self.dtype))
             finally:
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(path)
 
     def to_image(self) -> PreprocessedImage:
-        """The `PreprocessedImage`: patches (L, 3, p, p) float32 CPU tensor sharing the array's memory."""
+        """The `PreprocessedImage`: patches (L, 3, p, p) CPU tensor sharing the array's memory."""
         self.materialize()
         assert self.patches is not None
-        return PreprocessedImage(torch.from_numpy(self.patches), self.grid_hw, self.num_tokens, self.image_size)
+        lut = None if self.lut is None else torch.from_numpy(self.lut)
+        return PreprocessedImage(torch.from_numpy(self.patches), self.grid_hw, self.num_tokens, self.image_size, lut)
 
 
 def ship(
@@ -83,9 +86,12 @@ def ship(
     out_dir: str | None,
     timings: tuple[float, ...] = (),
     image_size: tuple[int, int] = (0, 0),
+    lut: np.ndarray | None = None,
 ) -> Shipped:
-    """Worker side: (L, 3, p, p) float32 C-contiguous patches -> `Shipped`, through a file when worthwhile."""
-    shipped = Shipped(grid_hw, num_tokens, tuple(patches.shape), tuple(timings), image_size=image_size)
+    """Worker side: (L, 3, p, p) C-contiguous patches (float32, or uint8 with their `lut`) -> `Shipped`, through
+    a file when worthwhile."""
+    shape, dtype = tuple(patches.shape), patches.dtype.name
+    shipped = Shipped(grid_hw, num_tokens, shape, tuple(timings), image_size=image_size, dtype=dtype, lut=lut)
     if out_dir is not None and patches.nbytes >= FILE_THRESHOLD:
         fd, path = tempfile.mkstemp(dir=out_dir)
         try:
@@ -101,14 +107,14 @@ def ship(
     return shipped
 
 
-def _map_file(path: str, shape: tuple[int, ...]) -> np.ndarray:
+def _map_file(path: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
     with open(path, "rb") as file:
         size = os.fstat(file.fileno()).st_size
-        expected = int(np.prod(shape)) * 4
+        expected = int(np.prod(shape)) * dtype.itemsize
         if size != expected:
             raise OSError(f"decode transfer file holds {size} bytes, expected {expected}")
         mapped = mmap.mmap(file.fileno(), size, flags=mmap.MAP_PRIVATE, prot=mmap.PROT_READ | mmap.PROT_WRITE)
-    return np.frombuffer(mapped, dtype=np.float32).reshape(shape)
+    return np.frombuffer(mapped, dtype=dtype).reshape(shape)
 
 
 def make_transfer_dir() -> str | None:

@@ -71,13 +71,18 @@ def _on_budget_alarm(signum: int, frame: object) -> None:
     raise _OverBudget
 
 
-def prepare_image(data: bytes, limits: MediaLimits, config: PreprocessConfig) -> Prepared:
+def prepare_image(data: bytes, limits: MediaLimits, config: PreprocessConfig, normalize: bool = True) -> Prepared:
     """Validate, decode and preprocess one image (in a decode thread or a decode worker process)."""
     started = time.perf_counter()
     decoded = decode_image(data, limits, keep_alpha=RULES[config.family].keeps_alpha).image
     decoded_at = time.perf_counter()
-    image = preprocess_image(decoded, config)
+    image = preprocess_image(decoded, config, normalize=normalize)
     return Prepared(image, decoded_at - started, time.perf_counter() - decoded_at)
+
+
+def prepare_image_bytes(data: bytes, limits: MediaLimits, config: PreprocessConfig) -> Prepared:
+    """`prepare_image` leaving the normalization to the device: uint8 patches and their table (CUDA encoders)."""
+    return prepare_image(data, limits, config, normalize=False)
 
 
 def address_space_bytes() -> int:
@@ -152,7 +157,8 @@ def run_task(
         # itself is refused (not an innocent one that met a worker worn by earlier work).
         os._exit(MEMORY_EXIT_CODE)
     image = prepared.image
-    return ship(image.patches.numpy(), image.grid_hw, image.num_tokens, out_dir, prepared[1:], image.image_size)
+    lut = None if image.lut is None else image.lut.numpy()
+    return ship(image.patches.numpy(), image.grid_hw, image.num_tokens, out_dir, prepared[1:], image.image_size, lut)
 
 
 def warm_up() -> int:

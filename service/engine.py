@@ -86,7 +86,10 @@ class Engine:
         self.preprocess = preprocess
         self.media_limits = media_limits
         self.request_limits = request_limits
-        self.decode_pool = DecodePool(media_limits, preprocess, decode or DecodePoolConfig(workers=preprocess_workers))
+        decode = decode or DecodePoolConfig(workers=preprocess_workers)
+        if encoder.device.type != "cuda":  # only a CUDA encoder normalizes the bytes itself (mmproc/preprocess)
+            decode = replace(decode, normalize=True)
+        self.decode_pool = DecodePool(media_limits, preprocess, decode)
         self._runner = EncoderRunner(
             encoder,
             runner_config,
@@ -126,7 +129,8 @@ class Engine:
             size = self.preprocess.patch_size * 2 * max(self.preprocess.merge_kernel_size)
             from PIL import Image
 
-            image = preprocess_image(Image.new("RGB", (size, size), (127, 127, 127)), self.preprocess)
+            blank = Image.new("RGB", (size, size), (127, 127, 127))
+            image = preprocess_image(blank, self.preprocess, normalize=self.decode_pool.config.normalize)
             self._runner.submit([image]).result(timeout=600)
             logger.info("warm-up forward took %.1f ms", (time.monotonic() - started) * 1000)
         self.ready = True

@@ -47,6 +47,11 @@ class ServerSettings(BaseSettings):
         8, ge=0, le=64, description="CUDA graphs kept for small batches whose exact sizes repeat (0: none)"
     )
     cuda_graph_max_patches: int = Field(4096, ge=1, le=1 << 20, description="largest batch, in patches, to capture")
+    gpu_preprocess: bool = Field(
+        True,
+        description="with a CUDA model, normalize pixels on the GPU: decode workers ship uint8 bytes, a quarter of "
+        "the float32 bytes, and skip their costliest pass (docs/benchmarks/preprocess.md)",
+    )
 
     # Addresses
     grpc_address: str = Field("127.0.0.1:50051", description="HOST:PORT or unix:PATH (socket made mode 0600)")
@@ -245,6 +250,7 @@ class ServerSettings(BaseSettings):
             budget_per_mp_s=self.decode_budget_per_mp_s,
             log_level=self.log_level,
             log_json=self.log_json,
+            normalize=not (self.gpu_preprocess and self.device.startswith("cuda")),
         )
 
     def runner_config(self) -> RunnerConfig:

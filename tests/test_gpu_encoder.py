@@ -220,3 +220,40 @@ def test_cuda_graph_replay_matches_eager_without_syncs(gpu):
     finally:
         gpu.use_cuda_graphs(capacity=0, max_patches=1)
     assert gpu.graphs is None
+
+
+def byte_images(grids, seed=0):
+    """uint8 patches with one normalization table: what the decode workers ship for a CUDA encoder."""
+    gen = torch.Generator().manual_seed(seed)
+    lut = torch.rand(3, 256, generator=gen) * 2 - 1
+    return [
+        PreprocessedImage(
+            torch.randint(0, 256, (h * w, 3, 14, 14), dtype=torch.uint8, generator=gen), (h, w), (h // 2) * (w // 2),
+            lut=lut,
+        )
+        for h, w in grids
+    ]  # fmt: skip
+
+
+@torch.inference_mode()
+def test_bytes_normalized_on_the_gpu_give_the_bf16_packed_result_without_syncs(gpu):
+    images = byte_images(GRIDS, seed=7)
+    from_bytes = pack_images(images, pin_memory=True)
+    normalized = [dataclasses.replace(i, patches=i.normalized(), lut=None) for i in images]
+    want = gpu(pack_images(normalized, pin_memory=True, dtype=torch.bfloat16))
+    assert from_bytes.pixel_values.dtype == torch.uint8 and from_bytes.pixel_values.is_pinned()
+    assert torch.equal(gpu(from_bytes), want)  # the table cast to bf16 == each float32 value cast: same bits
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        gpu(from_bytes)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    small = pack_images(byte_images([(4, 4), (8, 14)], seed=8), pin_memory=True)
+    eager = gpu(small)
+    gpu.use_cuda_graphs(capacity=1, max_patches=1024, min_hits=2)
+    try:
+        gpu(small), gpu(small)  # captured on the second sighting
+        assert len(gpu.graphs.graphs) == 1 and rel_err(gpu(small), eager) < 1e-3
+    finally:
+        gpu.use_cuda_graphs(capacity=0, max_patches=1)

@@ -1,9 +1,6 @@
 """Block-diagonal (per image) attention over a packed varlen sequence; softmax scale 1/sqrt(dh).
 
 Backends, chosen once per (device, dtype) by `select_attention` and then called without further checks:
-  - "triton": mmproc/layers/attention_triton.py, one launch for all segments, the head split into a power of two
-    plus a 16-lane remainder (dh 72: 10% padding instead of the 44% of kernels that pad to 128); CUDA, fp16/bf16,
-    head dims that are not a power of two;
   - "flash_attn": flash-attn's `flash_attn_varlen_func` (CUDA, fp16/bf16) when importable;
   - "torch_varlen": `torch.nn.attention.varlen.varlen_attn` (torch >= 2.9, CUDA, fp16/bf16);
   - "sdpa": a loop over segments with `F.scaled_dot_product_attention` (CPU, float32, and the fallback).
@@ -27,11 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from mmproc.layers import attention_triton
-
 logger = logging.getLogger(__name__)
 
-ATTENTION_KERNELS = ("auto", "triton", "varlen")
 LONG_SEGMENT = 2048  # patches: from here on one SDPA call per segment beats varlen (see above)
 
 
@@ -213,16 +207,6 @@ def _flash_attn_backend() -> AttentionFn | None:
     return flash_attn
 
 
-def _triton_backend() -> AttentionFn | None:
-    if not attention_triton.available():
-        return None
-
-    def triton_varlen(q: Tensor, k: Tensor, v: Tensor, meta: VarlenMeta) -> Tensor:
-        return attention_triton.varlen_attention(q, k, v, meta.cu_seqlens_device, meta.max_seqlen)
-
-    return triton_varlen
-
-
 def _torch_varlen_backend() -> AttentionFn | None:
     try:
         from torch.nn.attention.varlen import varlen_attn
@@ -265,29 +249,14 @@ def select_attention(
     uniform_batched: bool = False,
     sdpa_backend: str = "auto",
     streams: int = 1,
-    kernel: str = "auto",
 ) -> tuple[str, AttentionFn]:
     """The fastest working backend for this device and dtype: (name, fn). Call once, reuse the fn.
 
-    kernel: "auto" (the Triton kernel where the head dim is not a power of two, else varlen), "triton", or
-    "varlen" (a varlen library kernel with long segments on SDPA; the options below apply to it only).
     sdpa_backend: "auto" (torch's order) or one of SDPA_BACKENDS to try first for the SDPA calls (CUDA only).
     streams: how many CUDA streams a mixed batch's per-segment calls are spread over (1: the caller's only).
     """
-    if kernel not in ATTENTION_KERNELS:
-        raise ValueError(f"attention kernel must be one of {ATTENTION_KERNELS}, got {kernel!r}")
     device = torch.device(device)
     if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
-        if kernel == "triton" or (kernel == "auto" and head_dim & (head_dim - 1)):
-            fn = _triton_backend()
-            if fn is not None and _probe(fn, device, dtype, num_heads, head_dim):
-                logger.info(
-                    "attention backend: triton (split head %s, all segments in one launch) on %s/%s",
-                    "+".join(map(str, attention_triton.split_head_dim(head_dim))),
-                    device,
-                    dtype,
-                )
-                return "triton", fn
         for name, make in (("flash_attn", _flash_attn_backend), ("torch_varlen", _torch_varlen_backend)):
             fn = make()
             if fn is not None and _probe(fn, device, dtype, num_heads, head_dim):

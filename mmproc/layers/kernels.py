@@ -69,7 +69,6 @@ class KernelOptions:
     sdpa_backend: "auto" or the SDPA backend to try first ("cudnn", "flash", "efficient"; CUDA only).
     fused_add_norm: each residual add and the norm after it as one Triton kernel (CUDA).
     attention_streams: CUDA streams the per-segment attention calls of a mixed batch are spread over (1: none).
-    attention_kernel: "auto", "triton" or "varlen" (mmproc/layers/attention.py `select_attention`).
     Defaults measured on an H200 (docs/benchmarks/encoder.md): uniform_attention +3-7% end to end.
     """
 
@@ -80,7 +79,6 @@ class KernelOptions:
     sdpa_backend: str = "auto"
     fused_add_norm: bool = True
     attention_streams: int = 1
-    attention_kernel: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -114,7 +112,6 @@ def select_kernels(
         uniform_batched=options.uniform_attention,
         sdpa_backend=options.sdpa_backend,
         streams=options.attention_streams,
-        kernel=options.attention_kernel,
     )
     rope_name, rope_fn = select_rope(device) if options.fused_rope else ("eager", apply_rope)
     fused_gelu = options.fused_gelu and device.type == "cuda" and dtype in (torch.float16, torch.bfloat16)

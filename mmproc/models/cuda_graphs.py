@@ -52,9 +52,13 @@ class CapturedForward:
         assert out is not None
         self.out: Tensor = out  # (T, text_hidden), overwritten by each replay
 
-    def replay(self, batch: PackedBatch, out: Tensor | list[Tensor] | None) -> Tensor | None:
+    def replay(self, encoder: VisionEncoder, batch: PackedBatch, out: Tensor | list[Tensor] | None) -> Tensor | None:
         """The forward for `batch` (same grids as captured): pixels into the static input, replay, copy out."""
-        self.inputs.pixels.copy_(batch.pixel_values, non_blocking=True)  # H2D from pinned memory, cast if needed
+        if batch.lut is None:
+            self.inputs.pixels.copy_(batch.pixel_values, non_blocking=True)  # H2D from pinned memory, cast if needed
+        else:  # bytes: upload, then the same normalizing gather as an eager forward
+            pixels = batch.pixel_values.to(self.inputs.pixels.device, non_blocking=True)
+            self.inputs.pixels.copy_(encoder.device_pixels(pixels, batch))
         self.graph.replay()
         if out is None:
             return self.out.clone()

@@ -3,7 +3,8 @@
 State-dict names: `tower.*` (the checkpoint's `vision_tower.*`) and `projector.{pre_norm,linear_1,linear_2}.*`
 (K3: `projector.{linear_1,linear_2,post_norm}.*`); each family's `CheckpointLayout` maps its checkpoints onto them.
 
-Host -> device traffic per forward: one non_blocking copy of `pixel_values` (packed in the model dtype for a
+Host -> device traffic per forward: one non_blocking copy of `pixel_values` (uint8 bytes that one gather through
+the batch's normalization table turns into the model dtype on the device, or packed in the model dtype for a
 bf16/fp16 CUDA model, see `mmproc.batching.pixel_transfer_dtype`; any other dtype is cast on the device) and one
 non_blocking copy of a single int64 buffer holding every index (RoPE rows, merge gather, cu_seqlens), built on
 the CPU from the batch's Python ints, both on a side stream that overlaps the previous forward's compute.
@@ -23,7 +24,9 @@ from mmproc.layers.rope import gather_rope, rope_row_index
 from mmproc.models.config import VisionConfig
 from mmproc.models.cuda_graphs import GraphCache
 from mmproc.models.tower import KernelOptions, MoonViT, TowerInputs
-from mmproc.types import PackedBatch
+from mmproc.types import PackedBatch, apply_lut
+
+_LUTS_PER_DEVICE = 8  # normalization tables kept on the device (one per preprocessing config in use)
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,7 @@ class VisionEncoder(nn.Module):
             config.hidden_size, config.merge_kernel_size, config.text_hidden_size, config.projector_ln_eps
         )
         self._upload_streams: dict[torch.device, torch.cuda.Stream] = {}  # per device, made on first use
+        self._device_luts: dict[tuple, Tensor] = {}  # (table bytes, device, dtype) -> the table there
 
     def use_cuda_graphs(self, capacity: int, max_patches: int, min_hits: int = 2) -> None:
         """Replay captured forwards for batches seen `min_hits` times, up to `capacity` of them and `max_patches`
@@ -95,13 +99,13 @@ class VisionEncoder(nn.Module):
         if self.graphs is not None:
             captured = self.graphs.lookup(self, batch)
             if captured is not None:
-                return captured.replay(batch, out)
+                return captured.replay(self, batch, out)
         return self.run(self.prepare(batch), out)
 
     def prepare(self, batch: PackedBatch) -> DeviceInputs:
         """Everything one forward reads, on the model's device: pixels (cast to the model dtype), per-patch RoPE
         factors and the merge index, with the batch's CPU metadata."""
-        device, dtype = self.device, self.dtype
+        device = self.device
         grids = batch.grid_hws
         cos_table, sin_table = self.tower.rope_table(
             device, max(h for h, _ in grids), max(w for _, w in grids)
@@ -109,13 +113,30 @@ class VisionEncoder(nn.Module):
         pixels, rope_rows, merge_idx, cu_dev = self._inputs_to_device(batch, cos_table.shape[1], device)
         cos, sin = gather_rope(cos_table, sin_table, rope_rows)  # (L, dh/2) each
         return DeviceInputs(
-            pixels=pixels.to(dtype),  # (L, 3, P, P): no cast when packed in the model dtype
+            pixels=self.device_pixels(pixels, batch),  # (L, 3, P, P) model dtype
             cos=cos,
             sin=sin,
             merge_index=merge_idx,
             attn=VarlenMeta.from_cu_seqlens(batch.cu_seqlens, batch.max_seqlen, cu_dev),
             grid_hws=grids,
         )
+
+    def device_pixels(self, pixels: Tensor, batch: PackedBatch) -> Tensor:
+        """The batch's pixels (already on the device) in the model dtype: bytes through the batch's table (one
+        gather, straight into the model dtype: the same bits as normalizing in float32 and casting), others cast
+        (no cast when packed in the model dtype)."""
+        if batch.lut is None:
+            return pixels.to(self.dtype)
+        return apply_lut(pixels, self._device_lut(batch.lut, pixels.device))
+
+    def _device_lut(self, lut: Tensor, device: torch.device) -> Tensor:
+        key = (lut.numpy().tobytes(), device, self.dtype)
+        table = self._device_luts.get(key)
+        if table is None:
+            if len(self._device_luts) >= _LUTS_PER_DEVICE:
+                self._device_luts.pop(next(iter(self._device_luts)))
+            table = self._device_luts[key] = lut.to(device=device, dtype=self.dtype)
+        return table
 
     def run(self, inputs: DeviceInputs, out: Tensor | list[Tensor] | None = None) -> Tensor | None:
         """The forward proper over prepared inputs: only device work, no host reads (CUDA-graph capturable)."""

@@ -22,14 +22,17 @@ from mmproc.types import PreprocessedImage
 __all__ = ["RULES", "PreprocessConfig", "load_preprocess_config", "preprocess_image", "target_grid"]
 
 
-def preprocess_image(image: Image.Image, cfg: PreprocessConfig) -> PreprocessedImage:
+def preprocess_image(image: Image.Image, cfg: PreprocessConfig, *, normalize: bool = True) -> PreprocessedImage:
     """One decoded image -> patches (grid_h * grid_w, 3, p, p) float32 on the CPU, grid and token count.
+
+    normalize=False (for a CUDA encoder): the patches stay uint8 bytes with the family's table in `lut`, and the
+    device normalizes them (`mmproc.types.apply_lut`: the same values).
 
     Raises InvalidMediaError for an image the model cannot take (Kimi-VL: over 511 patches on a side).
     """
     if image.width < 1 or image.height < 1:
         raise InvalidMediaError(f"image is {image.width}x{image.height}", reason=Reason.TOO_SMALL)
-    return dataclasses.replace(RULES[cfg.family].run(image, cfg), image_size=image.size)
+    return dataclasses.replace(RULES[cfg.family].run(image, cfg, normalize), image_size=image.size)
 
 
 def target_grid(width: int, height: int, cfg: PreprocessConfig) -> tuple[int, int]:

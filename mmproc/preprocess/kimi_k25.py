@@ -64,9 +64,10 @@ def kimi_k25_lut(cfg: PreprocessConfig) -> np.ndarray:
     return np.ascontiguousarray(x.T)
 
 
-def preprocess_kimi_k25(image: Image.Image, cfg: PreprocessConfig) -> PreprocessedImage:
-    """KimiK25VisionProcessor.preprocess for one image. Returns (L, 3, p, p) float32 patches."""
+def preprocess_kimi_k25(image: Image.Image, cfg: PreprocessConfig, normalize: bool = True) -> PreprocessedImage:
+    """KimiK25VisionProcessor.preprocess for one image. Returns (L, 3, p, p) float32 patches (uint8 bytes and
+    their table with normalize=False)."""
     if image.mode != "RGB":
         image = image.convert("RGB")  # media_utils._to_pil converts before anything else
     plan = plan_kimi_k25(image.width, image.height, cfg)
-    return run_plan(image, plan, kimi_k25_lut(cfg), cfg.patch_size, cfg.merge_kernel_size)
+    return run_plan(image, plan, kimi_k25_lut(cfg), cfg.patch_size, cfg.merge_kernel_size, normalize)

@@ -15,7 +15,7 @@ from PIL import Image
 
 from mmproc.preprocess.config import PreprocessConfig, TransparentBackground
 from mmproc.preprocess.kimi_k25 import kimi_k25_lut, plan_kimi_k25
-from mmproc.preprocess.patchify import normalize_pad_patchify
+from mmproc.preprocess.patchify import finish
 from mmproc.types import PreprocessedImage
 
 plan_kimi_k3 = plan_kimi_k25  # the same navit_resize_config
@@ -39,8 +39,9 @@ def composite(rgba: np.ndarray, bg: TransparentBackground) -> np.ndarray:
     return np.floor(np.clip(blended, 0.0, 255.0)).astype(np.uint8)
 
 
-def preprocess_kimi_k3(image: Image.Image, cfg: PreprocessConfig) -> PreprocessedImage:
-    """One decoded image (mode RGB, or RGBA when it has transparency) -> (L, 3, p, p) float32 patches."""
+def preprocess_kimi_k3(image: Image.Image, cfg: PreprocessConfig, normalize: bool = True) -> PreprocessedImage:
+    """One decoded image (mode RGB, or RGBA when it has transparency) -> (L, 3, p, p) float32 patches (uint8
+    bytes and their table with normalize=False)."""
     has_alpha = image.mode == "RGBA"
     if image.mode not in ("RGB", "RGBA"):
         image = image.convert("RGB")
@@ -51,9 +52,5 @@ def preprocess_kimi_k3(image: Image.Image, cfg: PreprocessConfig) -> Preprocesse
     if has_alpha:
         # Without a configured background the reference keeps the colour channels as they are.
         pixels = composite(pixels, cfg.transparent_bg) if cfg.transparent_bg is not None else pixels[..., :3]
-    patches, grid_hw = normalize_pad_patchify(
-        np.ascontiguousarray(pixels), kimi_k25_lut(cfg), plan.pad_wh, cfg.patch_size
-    )
-    assert grid_hw == plan.grid_hw, (grid_hw, plan)
-    k = cfg.merge_kernel_size[0]
-    return PreprocessedImage(patches=patches, grid_hw=grid_hw, num_tokens=(grid_hw[0] // k) * (grid_hw[1] // k))
+    rgb = np.ascontiguousarray(pixels)
+    return finish(rgb, plan, kimi_k25_lut(cfg), cfg.patch_size, cfg.merge_kernel_size, normalize)

@@ -82,12 +82,13 @@ def kimi_vl_lut(cfg: PreprocessConfig) -> np.ndarray:
     return x.sub_(mean).div_(std).numpy()
 
 
-def preprocess_kimi_vl(image: Image.Image, cfg: PreprocessConfig) -> PreprocessedImage:
+def preprocess_kimi_vl(image: Image.Image, cfg: PreprocessConfig, normalize: bool = True) -> PreprocessedImage:
     """KimiVLImageProcessor._preprocess for one image: rescale, to_tensor, normalize, patchify.
 
     As in the reference the resize runs in the image's own mode and RGB conversion comes after it; the
     padding is black even for a palette image, where the reference would pad with palette entry 0 (media
-    delivers RGB, so this only matters for direct callers). Returns (L, 3, p, p) float32 patches.
+    delivers RGB, so this only matters for direct callers). Returns (L, 3, p, p) float32 patches (uint8 bytes and
+    their table with normalize=False).
     """
     plan = plan_kimi_vl(image.width, image.height, cfg)
-    return run_plan(image, plan, kimi_vl_lut(cfg), cfg.patch_size, cfg.merge_kernel_size)
+    return run_plan(image, plan, kimi_vl_lut(cfg), cfg.patch_size, cfg.merge_kernel_size, normalize)

@@ -1,5 +1,9 @@
 """The pixel work both families share: resize -> RGB uint8 -> normalize + pad -> patches.
 
+For a CUDA encoder the normalization is left to the device (`normalize=False`): the patches stay uint8 bytes
+(a quarter of the float32 bytes to hold, ship and upload) and carry the table the device gathers them through
+(`mmproc.types.apply_lut`, the same values bit for bit). On a CPU encoder numpy's gather here is the fast one.
+
 Normalization goes through a per-channel 256-entry lookup table. Both reference processors normalize
 uint8 pixels elementwise, so every output value is a function of (channel, byte) only; each family builds
 its table with exactly the reference's arithmetic (dtype, order of operations, float64 vs float32), which
@@ -32,6 +36,32 @@ class ResizePlan:
     grid_hw: tuple[int, int]
 
 
+def pad_patchify(rgb: np.ndarray, pad_wh: tuple[int, int], patch_size: int) -> tuple[torch.Tensor, tuple[int, int]]:
+    """Pad an RGB uint8 image right/bottom with black and cut it into patches, still uint8: (L, 3, p, p)
+    C-contiguous (the layout of `normalize_pad_patchify`, one byte copy) and the grid (grid_h, grid_w)."""
+    grid = _patch_view(_pad(rgb, pad_wh), patch_size)  # (gh, gw, 3, p, p) uint8 view
+    gh, gw = grid.shape[:2]
+    return torch.from_numpy(np.ascontiguousarray(grid)).view(gh * gw, 3, patch_size, patch_size), (gh, gw)
+
+
+def _pad(rgb: np.ndarray, pad_wh: tuple[int, int]) -> np.ndarray:
+    pad_w, pad_h = pad_wh
+    if not (pad_w or pad_h):
+        return rgb
+    # Both references pad with black bytes before normalizing, so padding = lut[:, 0] after the gather.
+    h, w, _ = rgb.shape
+    padded = np.zeros((h + pad_h, w + pad_w, 3), dtype=np.uint8)
+    padded[:h, :w] = rgb
+    return padded
+
+
+def _patch_view(rgb: np.ndarray, p: int) -> np.ndarray:
+    """(H, W, 3) -> (H/p, W/p, 3, p, p) view, no copy: KimiVLImageProcessor.patchify's order and layout."""
+    height, width, _ = rgb.shape
+    assert height % p == 0 and width % p == 0, (rgb.shape, p)
+    return rgb.reshape(height // p, p, width // p, p, 3).transpose(0, 2, 4, 1, 3)
+
+
 def normalize_pad_patchify(
     rgb: np.ndarray, lut: np.ndarray, pad_wh: tuple[int, int], patch_size: int
 ) -> tuple[torch.Tensor, tuple[int, int]]:
@@ -45,18 +75,9 @@ def normalize_pad_patchify(
     The permutation is done on the uint8 pixels as a view and the float32 output is written once, in its
     final layout, by the gather: no float32 image is ever materialized in (3, H, W).
     """
-    h, w, _ = rgb.shape
-    pad_w, pad_h = pad_wh
-    if pad_w or pad_h:
-        # Both references pad with black bytes before normalizing, so padding = lut[:, 0] after the gather.
-        padded = np.zeros((h + pad_h, w + pad_w, 3), dtype=np.uint8)
-        padded[:h, :w] = rgb
-        rgb = padded
     p = patch_size
-    height, width, _ = rgb.shape
-    assert height % p == 0 and width % p == 0, (rgb.shape, p)
-    gh, gw = height // p, width // p
-    grid = rgb.reshape(gh, p, gw, p, 3).transpose(0, 2, 4, 1, 3)  # (gh, gw, 3, p, p) uint8 view, no copy
+    grid = _patch_view(_pad(rgb, pad_wh), p)  # (gh, gw, 3, p, p) uint8 view, no copy
+    gh, gw = grid.shape[:2]
     out = np.empty((gh, gw, 3, p, p), dtype=np.float32)
     for c in range(3):
         out[:, :, c] = lut[c][grid[:, :, c]]  # gather (gh, gw, p, p) bytes -> float32
@@ -64,18 +85,42 @@ def normalize_pad_patchify(
 
 
 def run_plan(
-    image: Image.Image, plan: ResizePlan, lut: np.ndarray, patch_size: int, kernel: tuple[int, int]
+    image: Image.Image,
+    plan: ResizePlan,
+    lut: np.ndarray,
+    patch_size: int,
+    kernel: tuple[int, int],
+    normalize: bool = True,
 ) -> PreprocessedImage:
     """Apply a plan to an image: BICUBIC resize (in the image's own mode), RGB, normalize + pad, patchify.
 
-    Returns patches (grid_h * grid_w, 3, p, p) float32 on the CPU.
+    Returns patches (grid_h * grid_w, 3, p, p) on the CPU: float32, or with normalize=False the uint8 bytes
+    and `lut` (see `finish`).
     """
     if plan.resize_to is not None and plan.resize_to != image.size:
         image = image.resize(plan.resize_to, Image.Resampling.BICUBIC)
     if image.mode != "RGB":
         image = image.convert("RGB")
-    rgb = np.asarray(image)  # (h, w, 3) uint8
-    patches, grid_hw = normalize_pad_patchify(rgb, lut, plan.pad_wh, patch_size)
+    return finish(np.asarray(image), plan, lut, patch_size, kernel, normalize)
+
+
+def finish(
+    rgb: np.ndarray,
+    plan: ResizePlan,
+    lut: np.ndarray,
+    patch_size: int,
+    kernel: tuple[int, int],
+    normalize: bool,
+) -> PreprocessedImage:
+    """(h, w, 3) uint8 at the planned size -> padded patches: normalized float32, or (normalize=False) the
+    uint8 bytes with the family's table for the device to apply."""
+    if normalize:
+        patches, grid_hw = normalize_pad_patchify(rgb, lut, plan.pad_wh, patch_size)
+        table = None
+    else:
+        patches, grid_hw = pad_patchify(rgb, plan.pad_wh, patch_size)
+        table = torch.from_numpy(lut)
     assert grid_hw == plan.grid_hw, (grid_hw, plan)
     kh, kw = kernel
-    return PreprocessedImage(patches=patches, grid_hw=grid_hw, num_tokens=(grid_hw[0] // kh) * (grid_hw[1] // kw))
+    tokens = (grid_hw[0] // kh) * (grid_hw[1] // kw)
+    return PreprocessedImage(patches=patches, grid_hw=grid_hw, num_tokens=tokens, lut=table)

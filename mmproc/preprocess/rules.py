@@ -20,13 +20,14 @@ from mmproc.types import PreprocessedImage
 
 @dataclass(frozen=True)
 class Rule:
-    """plan(width, height, cfg): the resize/pad/grid from the size alone. run(image, cfg): the patches.
+    """plan(width, height, cfg): the resize/pad/grid from the size alone. run(image, cfg, normalize): the patches
+    (float32, or with normalize=False the uint8 bytes and the table to normalize them with).
     lut(cfg): (3, 256) float32, the normalized value of each byte per channel (the same for an opaque image on
     any device: mmproc/preprocess/device.py). keeps_alpha: the rule composites transparent images itself, so the
     decoder should keep their alpha."""
 
     plan: Callable[[int, int, PreprocessConfig], ResizePlan]
-    run: Callable[[Image.Image, PreprocessConfig], PreprocessedImage]
+    run: Callable[[Image.Image, PreprocessConfig, bool], PreprocessedImage]
     lut: Callable[[PreprocessConfig], np.ndarray]
     keeps_alpha: bool = False
 

@@ -1,6 +1,6 @@
 """`mmproc bench encoder --attention`: one image's attention (1, H, L, dh) per SDPA backend and q/k/v layout (CUDA),
-with the head zero-padded to a wider dh (80, 96, 128: what a kernel without a dh-72 variant runs), and mmproc's
-Triton split-head kernel. TFLOP/s always count the model's real head dim."""
+and with the head zero-padded to a wider dh (80, 96, 128: what a kernel without a dh-72 variant runs). TFLOP/s
+always count the model's real head dim."""
 
 from __future__ import annotations
 
@@ -36,21 +36,8 @@ def attention_table(config: VisionConfig, dtype: torch.dtype, reps: int = 10) ->
                     rows.append(row | {"error": str(exc)[:80]})
                     continue
                 rows.append(row | {"ms": t["ms"], "tflops": flops / t["ms"] / 1e9})
-        rows.append({"seq": seq, "backend": "TRITON_SPLIT_HEAD", "layout": "strided"} | _triton_time(qkv, flops, reps))
         del qkv, strided, dense, padded
     for r in rows:
         perf = f"{r['ms']:8.3f} ms {r['tflops']:6.1f} TFLOP/s" if "ms" in r else r["error"]
         print(f"attention L={r['seq']:>6} {r['backend']:>20} {r['layout']:>10} {perf}")
     return rows
-
-
-def _triton_time(qkv: torch.Tensor, flops: int, reps: int) -> dict:
-    """mmproc's Triton kernel (mmproc/layers/attention_triton.py) on the (L, H, dh) views of the fused qkv."""
-    from mmproc.layers import attention_triton
-
-    if not attention_triton.available():
-        return {"error": "Triton not available"}
-    q, k, v = qkv.unbind(1)
-    cu = torch.tensor([0, q.shape[0]], dtype=torch.int32, device=q.device)
-    t = time_forward(lambda b: attention_triton.varlen_attention(q, k, v, cu, q.shape[0]), None, 2, reps)
-    return {"ms": t["ms"], "tflops": flops / t["ms"] / 1e9}

@@ -46,13 +46,11 @@ MIXED_SIDES = (224, 1536)  # mixed workload: each side drawn uniformly in this r
 VARIANTS: dict[str, dict[str, object]] = {
     "no-fused-gelu": {"fused_gelu": False},
     "no-fused-rope": {"fused_rope": False},
+    "no-uniform": {"uniform_attention": False},
+    "all-sdpa": {"long_segment": 1},
     "no-fused-add-norm": {"fused_add_norm": False},
-    # The library varlen kernel with long segments on SDPA (the default before the Triton dh-72 kernel) and its
-    # options: a batch of equal images as one batched SDPA call, every segment on SDPA, side streams.
-    "attn=varlen": {"attention_kernel": "varlen"},
-    "varlen-no-uniform": {"attention_kernel": "varlen", "uniform_attention": False},
-    "varlen-all-sdpa": {"attention_kernel": "varlen", "long_segment": 1},
-    "varlen-streams=2": {"attention_kernel": "varlen", "attention_streams": 2},
+    "attn-streams=2": {"attention_streams": 2},
+    "attn-streams=4": {"attention_streams": 4},
 }
 # Our default encoder fed a batch packed in another pixel dtype: what shipping pixels in the model dtype is worth.
 PIXEL_VARIANTS: dict[str, torch.dtype] = {"f32-pixels": torch.float32}
