@@ -305,7 +305,7 @@ class Engine:
 
             def on_written() -> None:  # runner thread, right after the request's last forward was enqueued
                 pool.mark_ready(lease)
-                written.append(torch.cuda.Event())
+                written.append(torch.cuda.Event(blocking=True))  # its waiter sleeps, not spins (a core each)
                 written[0].record()
 
         future = self._runner.submit(prepared, deadline, output=output, on_written=on_written)

@@ -66,7 +66,7 @@ def start_staging(embeddings: Sequence[torch.Tensor]) -> list[StagedTensor]:
         tensor = embeddings[i]
         host = staging[start : start + tensor.nbytes].view(tensor.dtype).view(tensor.shape)
         host.copy_(tensor, non_blocking=True)  # enqueued on the current stream of tensor.device
-        ready = torch.cuda.Event()
+        ready = torch.cuda.Event(blocking=True)  # a waiting thread sleeps instead of spinning on a core
         ready.record(torch.cuda.current_stream(tensor.device))  # fires once this copy (and earlier work) is done
         out[i] = StagedTensor(host, ready)
         start += tensor.nbytes
