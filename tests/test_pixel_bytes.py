@@ -92,3 +92,13 @@ def test_decode_workers_ship_bytes_and_table(isolation):
     for payload, image in zip(data, got):
         want = preprocess_image(Image.open(io.BytesIO(payload)).convert("RGB"), cfg)
         assert image.patches.dtype == torch.uint8 and torch.equal(image.normalized(), want.patches)
+
+
+def test_cpu_preprocess_bench_reports_both_paths_against_the_decode(capsys):
+    from service.bench.cpu_preprocess import main
+
+    assert main(["--sizes", "64x48", "--repeat", "1"]) == 0
+    header, row = capsys.readouterr().out.strip().splitlines()
+    assert "decode ms" in header and "uint8 ms" in header
+    fields = row.split()
+    assert fields[0] == "64x48" and all(float(v) > 0 for v in fields[1:])
