@@ -115,3 +115,10 @@ def test_without_matplotlib_plot_is_skipped_in_one_line(tmp_path, monkeypatch, c
     assert "pip install 'mmproc[plot]'" in capsys.readouterr().err and not plot.exists()
     assert encoder_bench.main([*TINY_ENCODER, "--no-baseline", "--quiet", "--plot", str(plot)]) == 0
     assert not plot.exists()
+
+
+@pytest.mark.parametrize("argv", [["--workloads", "bogus"], ["--workloads", "448x0"], ["--latency", "mixed"]])
+def test_a_bad_workload_is_a_usage_error_not_a_traceback(argv, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        encoder_bench.main(["--device", "cpu", "--preset", "tiny", *argv])
+    assert exit_.value.code == 2 and "is not a workload" in capsys.readouterr().err

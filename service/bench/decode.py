@@ -128,9 +128,15 @@ def plot_decode(plt: object, results: dict) -> None:
     fig.suptitle(f"decode isolation: {results['workers']} workers")
 
 
+def _side(value: str) -> int:
+    if not value.isdigit() or not 8 <= int(value) <= 16384:
+        raise argparse.ArgumentTypeError(f"{value!r}: an image width in 8..16384")
+    return int(value)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mmproc bench decode", description=__doc__.split("\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[64, 448, 1024, 2048, 4096])
+    parser.add_argument("--sizes", type=_side, nargs="+", default=[64, 448, 1024, 2048, 4096], help="image widths")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--concurrency", type=int, default=4)

@@ -60,13 +60,25 @@ PIXEL_VARIANTS: dict[str, torch.dtype] = {"f32-pixels": torch.float32}
 Forward = Callable[[PackedBatch], Tensor]
 
 
+def workload_name(value: str) -> str:
+    """argparse type of a workload: SIDExCOUNT or mixedN, both positive (else a one-line usage error)."""
+    side, x, count = value.partition("x")
+    ok = value[5:].isdigit() and int(value[5:]) > 0 if value.startswith("mixed") else (
+        x == "x" and side.isdigit() and count.isdigit() and int(side) > 0 and int(count) > 0
+    )  # fmt: skip
+    if not ok:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a workload: SIDExCOUNT (e.g. 448x64) or mixedN")
+    return value
+
+
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="mmproc bench encoder", description=__doc__.split("\n")[0])
     p.add_argument("--preset", choices=sorted(PRESETS), default="kimi-k2.5")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None,
                    help="default: what the server uses on the device (bfloat16 on CUDA, float32 on the CPU)")  # fmt: skip
     p.add_argument("--device", default="cuda", help="cuda[:N], or cpu for a smoke test with the tiny preset")
-    p.add_argument("--workloads", nargs="+", default=["448x64", "1024x16", "mixed48"], help="SIDExCOUNT | mixedN")
+    p.add_argument("--workloads", nargs="+", type=workload_name, default=["448x64", "1024x16", "mixed48"],
+                   help="SIDExCOUNT | mixedN")  # fmt: skip
     p.add_argument("--reps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
@@ -76,7 +88,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--no-baseline", action="store_true", help="skip the eager per-image baseline")
     p.add_argument("--attention", action="store_true", help="also time one image's SDPA per backend and layout")
     p.add_argument("--profile", action="store_true", help="per workload, kernel time by category of one warm forward")
-    p.add_argument("--latency", nargs="*", default=None, metavar="WORKLOAD",
+    p.add_argument("--latency", nargs="*", type=workload_name, default=None, metavar="WORKLOAD",
                    help="one batch at a time: p50/p99 latency eager and as a CUDA graph vs GPU busy time (CUDA; "
                         "default workloads 448x1 1024x1 256x4)")  # fmt: skip
     p.add_argument("--latency-reps", type=int, default=50)
