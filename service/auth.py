@@ -13,7 +13,6 @@ This is a shared secret, not transport security: on anything but loopback or a u
 from __future__ import annotations
 
 import hmac
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
@@ -22,7 +21,7 @@ from fastapi import FastAPI, Request
 
 from mmproc.errors import UnauthenticatedError
 from service.errors import map_error, to_grpc_status
-from service.http_app import refusal
+from service.http_app import mark_started, refusal
 
 if TYPE_CHECKING:
     from service.metrics import Metrics
@@ -98,7 +97,7 @@ def require_bearer_token(app: FastAPI, token: BearerToken, metrics: Metrics | No
 
     @app.middleware("http")
     async def check_token(request: Request, call_next: Callable):
-        request.scope.setdefault("mmproc.started", time.perf_counter())
+        mark_started(request)
         if request.scope["path"] not in OPEN_HTTP_PATHS and not token.matches(request.headers.get("authorization")):
             return refusal(request, UnauthenticatedError(_MESSAGE), metrics, {"www-authenticate": "Bearer"})
         return await call_next(request)

@@ -64,6 +64,11 @@ def decode_image_field(value: str, index: int) -> bytes:
 
 
 REQUEST_ID_KEY = "mmproc.request_id"  # where the request's id is kept in the ASGI scope, for every layer to use
+STARTED_KEY = "mmproc.started"  # perf_counter() when the outermost middleware saw the request: its latency's start
+
+
+def mark_started(request: Request) -> float:
+    return request.scope.setdefault(STARTED_KEY, time.perf_counter())
 
 
 def http_request_id(request: Request) -> str:
@@ -74,13 +79,15 @@ def http_request_id(request: Request) -> str:
     return request.scope[REQUEST_ID_KEY]
 
 
-def refusal(request: Request, exc: BaseException, metrics: Metrics | None, headers: dict[str, str] | None = None):
+def refusal(
+    request: Request, exc: BaseException, metrics: Metrics | None, headers: dict[str, str] | None = None
+) -> JSONResponse:
     """The error response for a request refused before its handler ran (auth, body size, body shape): mapped,
     counted, logged with the request's id, one access line, the id echoed."""
     request_id = http_request_id(request)
     with request_context(request_id):
         mapped = map_error(exc, metrics=metrics)
-        elapsed = time.perf_counter() - request.scope.get("mmproc.started", time.perf_counter())
+        elapsed = time.perf_counter() - mark_started(request)
         log_access("http", request.url.path[:200], mapped.grpc_code.name, elapsed, status=mapped.http_status)
     headers = {**mapped.http_headers, **(headers or {}), REQUEST_ID_HEADER: request_id}
     return JSONResponse(mapped.http_body(request_id), status_code=mapped.http_status, headers=headers)
@@ -132,7 +139,7 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
     @app.middleware("http")
     async def limit_body(request: Request, call_next: Callable):
         # Refuse oversized bodies from the declared length before reading them (base64 inflates by 4/3).
-        request.scope.setdefault("mmproc.started", time.perf_counter())
+        mark_started(request)
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > max_body_bytes:
             exc = InvalidMediaError(f"request body over {max_body_bytes} bytes", reason=Reason.REQUEST_TOO_LARGE)
@@ -165,7 +172,7 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
 
     @app.post("/v1/encode")
     async def encode(body: EncodeBody, request: Request) -> JSONResponse:
-        started = request.scope.get("mmproc.started", time.perf_counter())
+        started = mark_started(request)
         request_id = body.request_id or http_request_id(request)
         with request_context(request_id):
             code, response = await encode_request(body, request_id)

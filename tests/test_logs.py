@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -102,8 +103,15 @@ def test_json_lines_name_the_request() -> None:
 # ----------------------------------------------------------------------------------- access lines, request ids
 
 
-def access_lines(captured: Capture) -> list[logging.LogRecord]:
-    return [r for r in captured.records if r.name == "mmproc.access"]
+def access_lines(captured: Capture, at_least: int = 0) -> list[logging.LogRecord]:
+    """The access lines so far; waits (bounded) for `at_least` of them: the server writes a gRPC call's line
+    once the call has ended, which can be just after the client has its reply."""
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [r for r in captured.records if r.name == "mmproc.access"]
+        if len(lines) >= at_least or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.01)
 
 
 def test_every_grpc_request_leaves_one_access_line(tiny_server, captured) -> None:
@@ -112,7 +120,7 @@ def test_every_grpc_request_leaves_one_access_line(tiny_server, captured) -> Non
         client.encode_images([good, good])
         with pytest.raises(InvalidMediaError):
             client.encode_images([b"not an image"])
-    ok, refused = [r.fields for r in access_lines(captured) if r.fields["method"].startswith("EncodeImages")]
+    ok, refused = [r.fields for r in access_lines(captured, 2) if r.fields["method"].startswith("EncodeImages")]
     assert ok["code"] == "OK" and ok["images"] == 2 and ok["ms"] > 0 and ok["front_end"] == "grpc"
     assert refused["code"] == "INVALID_ARGUMENT" and refused["images"] == 1
 
@@ -130,7 +138,7 @@ def test_grpc_reads_and_echoes_x_request_id(tiny_server, captured) -> None:
         )
     assert reply.request_id == "trace-abc-123"
     assert ("x-request-id", "trace-abc-123") in tuple(call.initial_metadata())
-    (line,) = [r for r in access_lines(captured) if r.request_id == "trace-abc-123"]
+    (line,) = [r for r in access_lines(captured, 1) if r.request_id == "trace-abc-123"]
     assert line.fields["code"] == "OK" and line.fields["method"] == "EncodeImages"
     assert line.fields["tokens"] == reply.embeddings[0].num_tokens and line.fields["transport"] == "serialized"
 
