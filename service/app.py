@@ -160,6 +160,14 @@ def _http_socket(address: str) -> socket.socket:
     return sock
 
 
+def listening_address(address: str, port: int) -> str:
+    """The address as bound: a unix socket as its path, a TCP one with the port it got (port 0 picks one)."""
+    if address.startswith("unix:"):
+        return address
+    host, _, _ = address.rpartition(":")
+    return f"{host}:{port}"
+
+
 def check_model_before_binding(settings: ServerSettings) -> None:
     """The model's configuration, read and checked before any port is bound (the weights load later): an unknown
     preset, a missing or unreadable checkpoint, or a config of no known family is a ConfigError at once."""
@@ -261,10 +269,9 @@ class Service:
             while not self._http.started and not self._http_task.done():
                 await asyncio.sleep(0.005)
         logger.info(
-            "listening: gRPC %s (port %d), HTTP %s; NOT_SERVING until the model is loaded and warmed up",
-            s.grpc_address,
-            self.grpc_port,
-            f"port {self.http_port}" if s.http_address else "off",
+            "listening: gRPC %s, HTTP %s; NOT_SERVING until the model is loaded and warmed up",
+            listening_address(s.grpc_address, self.grpc_port),
+            listening_address(s.http_address, self.http_port) if s.http_address else "off",
         )
         self._loading = asyncio.create_task(self._load())
 
@@ -277,6 +284,7 @@ class Service:
         started = time.monotonic()
         engine = await _in_daemon_thread(build_and_warm_up, "mmproc-load")
         self.state.publish(engine, build_server_info(self.settings, engine))
+        self.metrics.describe(self.info)
         if self.state.draining:  # stopped while loading: never report SERVING
             return
         await set_serving(self._health, True)

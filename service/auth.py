@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 import grpc
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
 
 from mmproc.errors import UnauthenticatedError
 from service.errors import map_error, to_grpc_status
+from service.http_app import mark_started, refusal
 
 if TYPE_CHECKING:
     from service.metrics import Metrics
@@ -97,9 +97,7 @@ def require_bearer_token(app: FastAPI, token: BearerToken, metrics: Metrics | No
 
     @app.middleware("http")
     async def check_token(request: Request, call_next: Callable):
+        mark_started(request)
         if request.scope["path"] not in OPEN_HTTP_PATHS and not token.matches(request.headers.get("authorization")):
-            mapped = map_error(UnauthenticatedError(_MESSAGE), metrics=metrics)
-            return JSONResponse(
-                mapped.http_body("-"), status_code=mapped.http_status, headers={"www-authenticate": "Bearer"}
-            )
+            return refusal(request, UnauthenticatedError(_MESSAGE), metrics, {"www-authenticate": "Bearer"})
         return await call_next(request)

@@ -139,16 +139,25 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     import mmproc
+    from service.flags import HelpFormatter
 
     parser = argparse.ArgumentParser(prog="mmproc", description="MoonViT encoder sidecar for VLM serving")
     parser.add_argument("--version", action="version", version=f"mmproc {mmproc.__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the gRPC + HTTP encoder service")
+    usage = "%(prog)s [--config FILE] [--model-path DIR | --model NAME] [--device DEVICE] [setting flags]"
+    serve = sub.add_parser(
+        "serve", help="run the gRPC + HTTP encoder service", usage=usage, formatter_class=HelpFormatter
+    )
     _add_serve_flags(serve)
     serve.set_defaults(func=cmd_serve)
 
-    config = sub.add_parser("config", help="print the effective configuration (flags, env, file, defaults)")
+    config = sub.add_parser(
+        "config",
+        help="print the effective configuration (flags, env, file, defaults)",
+        usage=usage,
+        formatter_class=HelpFormatter,
+    )
     _add_serve_flags(config)
     config.set_defaults(func=cmd_config)
 

@@ -190,6 +190,7 @@ class DecodePool:
         self._closed = False
         self.crashes = 0  # process executors found broken (each one replaced)
         self.quarantined = 0  # images retried alone after a crash or a timeout
+        self.quarantine_crashes = 0  # of those, the ones that killed their lone worker too (refused undecodable)
         self.retired = 0  # process executors replaced after an image ran out of its time budget
         self._share = FairShare(config.workers)
         self._request_keys = itertools.count()
@@ -394,6 +395,7 @@ class DecodePool:
             raise
         except BrokenProcessPool:
             self._quarantine = None
+            self.quarantine_crashes += 1
             executor.shutdown(wait=False, cancel_futures=True)
             logger.warning("decode pool: an image crashed its decoder alone (or ran out of time or memory); refused")
             raise InvalidMediaError(

@@ -117,6 +117,7 @@ class Engine:
         self.batches_run = 0
         self.metrics = metrics or Metrics()
         self.metrics.track(queue_images=lambda: self._runner.queued_images, inflight_requests=lambda: self._inflight)
+        self.metrics.track_decode(lambda: self.decode_pool)
 
     # -- lifecycle ----------------------------------------------------------------------------------
 

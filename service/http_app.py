@@ -19,11 +19,11 @@ import hashlib
 import time
 from collections.abc import Callable
 from http import HTTPStatus
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from google.protobuf.json_format import MessageToDict
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -32,8 +32,12 @@ from mmproc.transport import DTYPE_NAMES
 from service.convert import serialized_payloads
 from service.engine import EncodedImage
 from service.errors import map_error
+from service.info_json import server_info_json
 from service.logs import REQUEST_ID_HEADER, client_request_id, log_access, request_context
 from service.state import ServingState
+
+if TYPE_CHECKING:
+    from service.metrics import Metrics
 
 
 class EncodeBody(BaseModel):
@@ -57,6 +61,36 @@ def decode_image_field(value: str, index: int) -> bytes:
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
         raise InvalidMediaError("image is not valid base64", reason=Reason.BAD_REQUEST, index=index) from None
+
+
+REQUEST_ID_KEY = "mmproc.request_id"  # where the request's id is kept in the ASGI scope, for every layer to use
+STARTED_KEY = "mmproc.started"  # perf_counter() when the outermost middleware saw the request: its latency's start
+
+
+def mark_started(request: Request) -> float:
+    return request.scope.setdefault(STARTED_KEY, time.perf_counter())
+
+
+def http_request_id(request: Request) -> str:
+    """The request's id, the same for the middlewares, handlers and error handlers: the client's x-request-id
+    when it is a sane one, else a new one."""
+    if REQUEST_ID_KEY not in request.scope:
+        request.scope[REQUEST_ID_KEY] = client_request_id(request.headers.get(REQUEST_ID_HEADER))
+    return request.scope[REQUEST_ID_KEY]
+
+
+def refusal(
+    request: Request, exc: BaseException, metrics: Metrics | None, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    """The error response for a request refused before its handler ran (auth, body size, body shape): mapped,
+    counted, logged with the request's id, one access line, the id echoed."""
+    request_id = http_request_id(request)
+    with request_context(request_id):
+        mapped = map_error(exc, metrics=metrics)
+        elapsed = time.perf_counter() - mark_started(request)
+        log_access("http", request.url.path[:200], mapped.grpc_code.name, elapsed, status=mapped.http_status)
+    headers = {**mapped.http_headers, **(headers or {}), REQUEST_ID_HEADER: request_id}
+    return JSONResponse(mapped.http_body(request_id), status_code=mapped.http_status, headers=headers)
 
 
 def embedding_json(result: EncodedImage, data: bytes, with_data: bool) -> dict[str, object]:
@@ -91,26 +125,28 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
         # Unknown paths and methods answer in the service's envelope too, not FastAPI's {"detail": ...}.
         reason = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         error = {"code": HTTPStatus(exc.status_code).name, "reason": reason, "message": str(exc.detail)}
-        return JSONResponse({"request_id": "-", "error": error}, status_code=exc.status_code, headers=exc.headers)
+        request_id = http_request_id(request)
+        headers = {**(exc.headers or {}), REQUEST_ID_HEADER: request_id}
+        return JSONResponse({"request_id": request_id, "error": error}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(RequestValidationError)
     async def bad_body(request: Request, exc: RequestValidationError) -> JSONResponse:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
-        request_id = client_request_id(request.headers.get(REQUEST_ID_HEADER))
-        with request_context(request_id):
-            bad = InvalidMediaError(f"malformed request body: {problems}", reason=Reason.BAD_REQUEST)
-            return error_response(bad, request_id)
+        return refusal(
+            request, InvalidMediaError(f"malformed request body: {problems}", reason=Reason.BAD_REQUEST), metrics
+        )
 
     @app.middleware("http")
     async def limit_body(request: Request, call_next: Callable):
         # Refuse oversized bodies from the declared length before reading them (base64 inflates by 4/3).
+        mark_started(request)
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > max_body_bytes:
             exc = InvalidMediaError(f"request body over {max_body_bytes} bytes", reason=Reason.REQUEST_TOO_LARGE)
-            return error_response(exc, "-")
+            return refusal(request, exc, metrics)
         if length is None and request.method in ("POST", "PUT", "PATCH"):  # chunked: no size to check up front
             exc = InvalidMediaError("a Content-Length header is required", reason=Reason.BAD_REQUEST)
-            return error_response(exc, "-")
+            return refusal(request, exc, metrics)
         return await call_next(request)
 
     @app.get("/healthz")
@@ -130,14 +166,14 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
     @app.get("/v1/info")
     async def server_info() -> JSONResponse:
         try:
-            return JSONResponse(MessageToDict(state.info(), preserving_proto_field_name=True))
+            return JSONResponse(server_info_json(state.info()))
         except Exception as exc:
             return error_response(exc, "-")
 
     @app.post("/v1/encode")
     async def encode(body: EncodeBody, request: Request) -> JSONResponse:
-        started = time.perf_counter()
-        request_id = body.request_id or client_request_id(request.headers.get(REQUEST_ID_HEADER))
+        started = mark_started(request)
+        request_id = body.request_id or http_request_id(request)
         with request_context(request_id):
             code, response = await encode_request(body, request_id)
             elapsed = time.perf_counter() - started

@@ -16,13 +16,20 @@ Families (all defined at start, so that every one is scrapeable with zero values
   mmproc_inflight_requests, mmproc_ready
   mmproc_ipc_pool_bytes_in_use, mmproc_ipc_pool_capacity_bytes, mmproc_ipc_leases,
   mmproc_ipc_fallbacks_total, mmproc_ipc_sessions_opened_total   (updated by the IPC transport)
+  mmproc_decode_worker_crashes_total{pool}      decode workers that died (crash, signal, memory cap, wall-clock
+                                                cap): pool "shared" (all its workers replaced) or "quarantine"
+                                                (an image retried alone killed its worker too: refused)
+  mmproc_decode_worker_retirements_total        workers replaced after an image ran out of its CPU-time budget
+  mmproc_decode_quarantined_images_total        images retried alone after a crash or a timeout
+  mmproc_build_info{version,model,family,layout,dtype,device,transport}   1; the model labels once it is loaded
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Protocol
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -30,18 +37,61 @@ from prometheus_client import (
     Counter,
     Gauge,
     Histogram,
+    Info,
     PlatformCollector,
     ProcessCollector,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
 
+import mmproc
 from mmproc.errors import Reason
 from mmproc.runner import BatchStats
+from mmproc.v1 import encoder_pb2 as pb
 
 STAGES = ("decode", "preprocess", "queue", "forward", "transport")
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 IMAGE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 PATCH_BUCKETS = (256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
+
+
+class DecodeCounts(Protocol):
+    """What the decode pool counts (service/decode_pool.py), read at scrape time."""
+
+    crashes: int
+    quarantine_crashes: int
+    retired: int
+    quarantined: int
+
+
+class _NoDecodePool:
+    crashes = quarantine_crashes = retired = quarantined = 0
+
+
+class _DecodeCollector:
+    """The decode pool's own counters as Prometheus counters (the pool counts; nothing is copied per event)."""
+
+    def __init__(self) -> None:
+        self.pool: Callable[[], DecodeCounts] = _NoDecodePool
+
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        pool = self.pool()
+        crashes = CounterMetricFamily(
+            "mmproc_decode_worker_crashes",
+            "Decode workers that died (crash, signal, memory or time cap).",
+            labels=["pool"],
+        )
+        crashes.add_metric(["shared"], pool.crashes)
+        crashes.add_metric(["quarantine"], pool.quarantine_crashes)
+        yield crashes
+        yield CounterMetricFamily(
+            "mmproc_decode_worker_retirements", "Decode workers replaced after an image ran out of its CPU-time budget.",
+            value=pool.retired,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "mmproc_decode_quarantined_images", "Images retried alone after a decode worker crash or timeout.",
+            value=pool.quarantined,
+        )  # fmt: skip
 
 
 class Metrics:
@@ -87,6 +137,10 @@ class Metrics:
         self.ipc_fallbacks = Counter(
             "mmproc_ipc_fallbacks", "Requests that asked for IPC and got a serialized reply.", registry=r
         )
+        self._decode = _DecodeCollector()
+        r.register(self._decode)
+        self.build_info = Info("mmproc_build", "The server's version; the model it serves once loaded.", registry=r)
+        self.build_info.info({"version": mmproc.__version__})
         self.ipc_sessions_opened = Counter(
             "mmproc_ipc_sessions_opened",
             "IPC consumer sessions opened; each consumer process opens the pool handle once per session "
@@ -124,6 +178,24 @@ class Metrics:
         """Gauges read at scrape time from the engine that owns the numbers."""
         self.queue_images.set_function(queue_images)
         self.inflight_requests.set_function(inflight_requests)
+
+    def track_decode(self, pool: Callable[[], DecodeCounts]) -> None:
+        """Decode counters read at scrape time from `pool()`, the engine's current decode pool."""
+        self._decode.pool = pool
+
+    def describe(self, info: pb.ServerInfo) -> None:
+        """mmproc_build_info's labels from the ServerInfo published once the model is loaded."""
+        self.build_info.info(
+            {
+                "version": mmproc.__version__,
+                "model": info.model_name,
+                "family": info.family,
+                "layout": info.model_layout,
+                "dtype": pb.DType.Name(info.dtype).removeprefix("DTYPE_").lower(),
+                "device": info.device,
+                "transport": "ipc" if pb.TRANSPORT_IPC in info.transports else "serialized",
+            }
+        )
 
     def track_ipc(self, stats: Callable[[], object], capacity: int) -> None:
         """IPC pool gauges, read at scrape time from the pool's lease table (`stats()` -> LeaseStats)."""

@@ -37,61 +37,95 @@ class ServerSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="MMPROC_", extra="forbid", frozen=True, protected_namespaces=())
 
     # Model
-    model_path: Path | None = Field(None, description="local Hugging Face checkpoint directory")
-    model: str = Field("tiny", description="embedded preset used when no model_path is given")
-    device: str = Field("cpu", description="cpu | cuda | cuda:N")
+    model_path: Path | None = Field(
+        None,
+        description="Local Hugging Face checkpoint directory to serve (config.json, *.safetensors); nothing is downloaded",
+    )
+    model: str = Field("tiny", description="Embedded preset (random weights) served when no --model-path is given")
+    device: str = Field("cpu", description="Where the encoder runs: cpu, cuda or cuda:N")
     dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
-        None, description="default: float32 on cpu, bfloat16 on cuda"
+        None, description="Weights and activations dtype; float32 on cpu and bfloat16 on cuda when not given"
     )
     cuda_graphs: int = Field(
-        8, ge=0, le=64, description="CUDA graphs kept for small batches whose exact sizes repeat (0: none)"
+        8, ge=0, le=64, description="How many CUDA graphs to keep for small batches whose exact sizes repeat (0: none)"
     )
-    cuda_graph_max_patches: int = Field(4096, ge=1, le=1 << 20, description="largest batch, in patches, to capture")
+    cuda_graph_max_patches: int = Field(
+        4096,
+        ge=1,
+        le=1 << 20,
+        description="Largest batch, in patches, captured as a CUDA graph; bigger ones run eagerly",
+    )
     gpu_preprocess: bool = Field(
         True,
-        description="with a CUDA model, normalize pixels on the GPU: decode workers ship uint8 bytes, a quarter of "
+        description="With a CUDA model, normalize pixels on the GPU: decode workers ship uint8 bytes, a quarter of "
         "the float32 bytes, and skip their costliest pass (docs/benchmarks/preprocess.md)",
     )
 
     # Addresses
-    grpc_address: str = Field("127.0.0.1:50051", description="HOST:PORT or unix:PATH (socket made mode 0600)")
-    http_address: str = Field("127.0.0.1:8080", description="HOST:PORT; empty disables HTTP")
+    grpc_address: str = Field(
+        "127.0.0.1:50051", description="Where gRPC listens: HOST:PORT (port 0: any free one) or unix:PATH (mode 0600)"
+    )
+    http_address: str = Field(
+        "127.0.0.1:8080", description="Where HTTP (probes, /metrics, /v1/*) listens: HOST:PORT; empty turns HTTP off"
+    )
 
     # Transport
-    transport: Literal["auto", "ipc", "serialized"] = "auto"
-    ipc_pool_mb: int = Field(512, ge=1, le=1 << 20)
-    ipc_word_slots: int = Field(1024, ge=1, le=1 << 20, description="bound on IPC leases in flight")
-    ipc_ttl_s: float = Field(60.0, gt=0, description="backstop: a lease older than this is reclaimed")
-    ipc_fallback: bool = Field(True, description="pool full past the wait: serialized reply (else RESOURCE_EXHAUSTED)")
-    key_store_mb: int = Field(
-        256, ge=0, le=1 << 20, description="results kept by key for engines (docs/engines.md); 0 refuses keys"
+    transport: Literal["auto", "ipc", "serialized"] = Field(
+        "auto",
+        description="How embeddings reach a client: CUDA IPC on the same node, serialized bytes, or auto (IPC when it works)",
     )
-    key_store_ttl_s: float = Field(120.0, gt=0, le=86_400, description="how long a result stays kept under its key")
-    key_store_max_keys: int = Field(4096, ge=1, le=1 << 20)
-    max_message_mb: int = Field(64, ge=1, le=2047, description="gRPC message cap, both directions")
-    stream_chunk_mb: int = Field(4, ge=1, le=64)
+    ipc_pool_mb: int = Field(
+        512, ge=1, le=1 << 20, description="Size of the one GPU pool that IPC replies are written into"
+    )
+    ipc_word_slots: int = Field(1024, ge=1, le=1 << 20, description="How many IPC leases may be in flight at once")
+    ipc_ttl_s: float = Field(60.0, gt=0, description="A lease not acked after this long is reclaimed (a backstop)")
+    ipc_fallback: bool = Field(
+        True, description="When the pool stays full past the wait, reply serialized instead of RESOURCE_EXHAUSTED"
+    )
+    key_store_mb: int = Field(
+        256,
+        ge=0,
+        le=1 << 20,
+        description="Memory for results kept by key for engines (docs/engines.md); 0 refuses keys",
+    )
+    key_store_ttl_s: float = Field(120.0, gt=0, le=86_400, description="How long a result stays kept under its key")
+    key_store_max_keys: int = Field(4096, ge=1, le=1 << 20, description="How many keys the key store holds at most")
+    max_message_mb: int = Field(64, ge=1, le=2047, description="Largest gRPC message, received or sent")
+    stream_chunk_mb: int = Field(4, ge=1, le=64, description="Chunk size of streamed serialized replies")
     host_malloc_reuse_mb: int = Field(
-        1024, ge=0, le=2047, description="keep freed host memory up to this for the next reply (glibc); 0: default"
+        1024,
+        ge=0,
+        le=2047,
+        description="Freed host memory kept for the next reply instead of returned (glibc); 0: glibc's",
     )
     torch_threads: int = Field(
-        0, ge=0, le=1024, description="torch's CPU threads (reply copies, batch packing, a CPU model); 0: torch's own"
+        0,
+        ge=0,
+        le=1024,
+        description="Torch's CPU threads (reply copies, batch packing, a CPU model); 0: torch's default",
     )
 
     # Request limits (validated before any decoding)
-    max_images_per_request: int = Field(32, ge=1, le=4096)
-    max_request_mb: int = Field(48, ge=1, le=2047)
-    max_image_mb: int = Field(32, ge=1, le=2047)
-    max_pixels: int = Field(40_000_000, ge=1, le=89_000_000, description="per image; below Pillow's bomb limit")
-    max_aspect_ratio: float = Field(200.0, ge=1.0)
-    max_patches_per_request: int = Field(262_144, ge=1)
-    # Work multipliers counted from the bytes before decoding (docs/reliability.md, "Cost limits")
-    max_jpeg_scans: int = Field(100, ge=1, le=1 << 20, description="SOS segments per JPEG; libjpeg writes 10")
-    max_chunks: int = Field(
-        65_536, ge=1, le=1 << 24, description="JPEG marker segments, PNG chunks, GIF blocks before the first image"
+    max_images_per_request: int = Field(32, ge=1, le=4096, description="Most images one request may carry")
+    max_request_mb: int = Field(48, ge=1, le=2047, description="Most image bytes one request may carry")
+    max_image_mb: int = Field(32, ge=1, le=2047, description="Largest encoded image accepted")
+    max_pixels: int = Field(
+        40_000_000, ge=1, le=89_000_000, description="Most pixels one image may declare (below Pillow's bomb limit)"
     )
-    max_rle_ratio: int = Field(256, ge=1, le=1 << 20, description="declared pixels per byte of RLE BMP data")
+    max_aspect_ratio: float = Field(200.0, ge=1.0, description="Longest side over shortest side allowed")
+    max_patches_per_request: int = Field(262_144, ge=1, description="Most vision patches one request may need")
+    # Work multipliers counted from the bytes before decoding (docs/reliability.md, "Cost limits")
+    max_jpeg_scans: int = Field(
+        100, ge=1, le=1 << 20, description="Most scans (SOS segments) in a JPEG; progressive libjpeg files have 10"
+    )
+    max_chunks: int = Field(
+        65_536, ge=1, le=1 << 24, description="Most JPEG segments, PNG chunks or GIF blocks before the first image"
+    )
+    max_rle_ratio: int = Field(
+        256, ge=1, le=1 << 20, description="Most declared pixels per byte of run-length-encoded BMP data"
+    )
     apply_exif_orientation: bool = Field(
-        True, description="turn images upright from their EXIF orientation (false: as stored, like SGLang's K3 path)"
+        True, description="Turn images upright from their EXIF orientation (off: as stored, like SGLang's K3 path)"
     )
 
     # Concurrency and batching
@@ -99,57 +133,71 @@ class ServerSettings(BaseSettings):
         None,
         ge=1,
         le=256,
-        description="decode worker processes; default: the CPUs this process may use (affinity, cgroup quota)",
+        description="How many images are decoded at once; default: the CPUs this process may use (affinity, cgroup)",
     )
-    max_inflight_requests: int = Field(256, ge=1, le=100_000)
+    max_inflight_requests: int = Field(
+        256, ge=1, le=100_000, description="Requests admitted at once; more are refused with RESOURCE_EXHAUSTED"
+    )
     max_inflight_patches: int = Field(
-        2_097_152, ge=1, description="patches (from the headers) of all requests in flight; ~2.4 KB each once decoded"
+        2_097_152, ge=1, description="Patches (from the headers) of all requests in flight; ~2.4 KB each once decoded"
     )
-    max_batch_patches: int = Field(32768, ge=1)
-    max_batch_images: int = Field(64, ge=1)
-    max_wait_ms: float = Field(2.0, ge=0, le=1000)
-    max_queued_images: int = Field(2048, ge=1)
-    default_deadline_s: float = Field(60.0, gt=0, description="used when a request has no deadline")
+    max_batch_patches: int = Field(32768, ge=1, description="Most patches packed into one forward")
+    max_batch_images: int = Field(64, ge=1, description="Most images packed into one forward")
+    max_wait_ms: float = Field(2.0, ge=0, le=1000, description="How long a forward waits for more images to batch")
+    max_queued_images: int = Field(2048, ge=1, description="Images that may wait for the encoder; more are refused")
+    default_deadline_s: float = Field(60.0, gt=0, description="Deadline of a request that sets none")
 
     # Decode isolation (docs/reliability.md): where hostile bytes are decoded
     decode_isolation: Literal["process", "thread"] = Field(
-        "process", description="process: a decoder crash or runaway allocation ends a worker, never the service"
+        "process",
+        description="Decode in worker processes (a crash or runaway allocation ends a worker, not the service) "
+        "or in threads",
     )
     decode_worker_memory_mb: int | None = Field(
-        None, ge=0, le=1 << 20, description="address space a decode worker may add; default ~24 B/pixel; 0: no cap"
+        None,
+        ge=0,
+        le=1 << 20,
+        description="Address space a decode worker may add; default ~24 B per max pixel; 0: no cap",
     )
     decode_timeout_s: float = Field(
-        30.0, gt=0, le=3600, description="wall-clock time one image may take in a worker, then 400; caps the budget"
+        30.0, gt=0, le=3600, description="Wall-clock time one image may take in a worker before a 400; caps the budget"
     )
     decode_budget_base_s: float = Field(
-        0.5, gt=0, le=3600, description="one image's decode CPU-time budget: this plus decode_budget_per_mp_s per MP"
+        0.5, gt=0, le=3600, description="An image's decode CPU-time budget: this plus --decode-budget-per-mp-s per MP"
     )
     decode_budget_per_mp_s: float = Field(
-        0.2, ge=0, le=3600, description="budget per declared megapixel; past the budget: 400 decode_time"
+        0.2, ge=0, le=3600, description="Budget added per declared megapixel; past the budget: 400 decode_time"
     )
 
     # Security
     auth_token: SecretStr | None = Field(
-        None, description="shared secret: clients send `authorization: Bearer <token>` (gRPC metadata / HTTP header)"
+        None, description="Shared secret clients send as `authorization: Bearer <token>`; visible in the process list"
     )
     auth_token_file: Path | None = Field(
-        None, description="read auth_token from this file (a mounted secret: keeps it out of the process list)"
+        None, description="Read the auth token from this file (a mounted secret), keeping it out of the process list"
     )
 
     # Lifecycle and logs
-    grace_period_s: float = Field(30.0, ge=0, le=3600, description="drain time after SIGTERM")
+    grace_period_s: float = Field(
+        30.0,
+        ge=0,
+        le=3600,
+        description="After SIGTERM, the longest the drain (delay included) may take before work is cut off",
+    )
     drain_delay_s: float = Field(
         5.0,
         ge=0,
         le=3600,
-        description="after SIGTERM, stay reachable answering NOT_SERVING / 503 this long before closing, so that "
-        "load balancers drop the endpoint first (within grace_period_s)",
+        description="After SIGTERM, stay reachable answering NOT_SERVING / 503 this long before closing, so that "
+        "load balancers drop the endpoint first (within --grace-period-s)",
     )
     max_connection_age_s: float = Field(
-        0, ge=0, description="close gRPC connections after this age so that dns:/// clients find new replicas; 0: never"
+        0, ge=0, description="Close gRPC connections after this age so that dns:/// clients find new replicas; 0: never"
     )
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
-    log_json: bool = Field(False, description="log JSON lines instead of text")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Lowest level logged; third-party libraries stay at WARNING"
+    )
+    log_json: bool = Field(False, description="Log JSON lines (ISO-8601 UTC times, structured fields) instead of text")
 
     @field_validator("device")
     @classmethod

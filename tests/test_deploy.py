@@ -1,5 +1,6 @@
 """deploy/: Kubernetes manifests validated offline against the bundled schemas (kubernetes-validate), the
-properties the deployment depends on asserted, Dockerfiles and the compose file linted (no docker here)."""
+kustomize overlays rendered (tests/kustomize.py, no binary needed) and validated the same way, the properties the
+deployment depends on asserted, Dockerfiles and the compose file linted (no docker here)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,15 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from tests.kustomize import KustomizeError, render
+
 DEPLOY = Path(__file__).resolve().parent.parent / "deploy"
 K8S_VERSION = "1.34"  # the oldest release with resource.k8s.io/v1 (DRA) and native sidecars both GA
-MANIFESTS = sorted((DEPLOY / "k8s").rglob("*.yaml"))
+MANIFESTS = sorted(p for p in (DEPLOY / "k8s").rglob("*.yaml") if p.name != "kustomization.yaml")
+OVERLAYS = sorted(p.name for p in (DEPLOY / "k8s" / "overlays").iterdir() if (p / "kustomization.yaml").is_file())
+# Prometheus operator CRDs: no schema in kubernetes-validate, so checked field by field (monitoring.coreos.com/v1)
+POD_MONITOR_SPEC = {"selector", "podMetricsEndpoints", "namespaceSelector", "jobLabel", "podTargetLabels"}
+POD_METRICS_ENDPOINT = {"port", "path", "interval", "scrapeTimeout", "scheme", "honorLabels", "relabelings"}
 
 
 def documents(path: Path) -> list[dict]:
@@ -54,10 +61,21 @@ DEPLOYMENTS = {
 # -- schema ----------------------------------------------------------------------------------------------
 
 
+def validate(doc: dict) -> None:
+    if doc["kind"] == "PodMonitor":
+        assert doc["apiVersion"] == "monitoring.coreos.com/v1"
+        assert set(doc) <= {"apiVersion", "kind", "metadata", "spec"} and set(doc["spec"]) <= POD_MONITOR_SPEC
+        assert doc["spec"]["podMetricsEndpoints"] and doc["spec"]["selector"]["matchLabels"]
+        for endpoint in doc["spec"]["podMetricsEndpoints"]:
+            assert set(endpoint) <= POD_METRICS_ENDPOINT and isinstance(endpoint["port"], str)
+        return
+    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)  # unknown fields fail too
+
+
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: str(p.relative_to(DEPLOY)))
 def test_manifest_is_valid_kubernetes(path: Path) -> None:
     for doc in documents(path):
-        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)  # unknown fields fail too
+        validate(doc)
 
 
 def test_the_validator_catches_mistakes() -> None:
@@ -114,6 +132,7 @@ def test_probes_use_numeric_ports_and_drain_fits_the_grace_period(variant: str) 
         assert probe in mmproc, probe
     grace = float(env(mmproc)["MMPROC_GRACE_PERIOD_S"])
     assert spec["terminationGracePeriodSeconds"] >= grace + 5  # drain, then unload, before SIGKILL
+    assert 1 <= float(env(mmproc).get("MMPROC_DRAIN_DELAY_S", 5)) <= grace  # endpoints drop the pod first
     assert spec["enableServiceLinks"] is False
 
 
@@ -220,3 +239,88 @@ def test_engine_container_loads_the_mmproc_connector_from_the_shared_socket(vari
     import mmproc.engines  # the module path names a package that exists
 
     assert (Path(mmproc.engines.__file__).parent / "vllm.py").is_file()
+
+
+# -- topology, /dev/shm ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", sorted(DEPLOYMENTS))
+def test_replicas_spread_and_decode_workers_get_a_memory_backed_dev_shm(variant: str) -> None:
+    path, name = DEPLOYMENTS[variant]
+    deployment = load(path, "Deployment")
+    spec = pod_spec(deployment)
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    spreads = spec["topologySpreadConstraints"]
+    assert "kubernetes.io/hostname" in {c["topologyKey"] for c in spreads}
+    for constraint in spreads:
+        assert constraint["labelSelector"]["matchLabels"].items() <= labels.items()
+    mounts = {m["mountPath"]: m["name"] for m in containers(spec)[name]["volumeMounts"]}
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"  # not the runtime's 64 MiB default
+
+
+# -- kustomize overlays ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_overlay_renders_to_valid_manifests_with_its_parameters(overlay: str) -> None:
+    docs = render(DEPLOY / "k8s" / "overlays" / overlay)
+    kinds = {d["kind"] for d in docs}
+    assert {"Deployment", "PodMonitor", "NetworkPolicy"} <= kinds
+    for doc in docs:
+        validate(doc)
+        assert doc["metadata"]["namespace"] == "vlm", doc["metadata"]["name"]
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    spec = pod_spec(deployment)
+    for container in containers(spec).values():
+        assert container["image"].startswith("registry.example.com/ml/") and image_ok(container["image"])
+    (models,) = [v for v in spec["volumes"] if v["name"] == "models"]
+    assert models["persistentVolumeClaim"]["claimName"] != "kimi-vl-weights"  # the overlay's own volume
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_pod_monitor_scrapes_mmproc_and_the_network_policy_guards_it(overlay: str) -> None:
+    docs = render(DEPLOY / "k8s" / "overlays" / overlay)
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    (monitor,) = [d for d in docs if d["kind"] == "PodMonitor"]
+    (policy,) = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    labels = deployment["spec"]["template"]["metadata"]["labels"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= labels.items()
+    spec = pod_spec(deployment)
+    mmproc = containers(spec)["mmproc"]
+    named = {p["name"]: p["containerPort"] for c in containers(spec).values() for p in c.get("ports", [])}
+    assert len(named) == sum(len(c.get("ports", [])) for c in containers(spec).values())  # unique in the pod
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    http_port = int(env(mmproc)["MMPROC_HTTP_ADDRESS"].rpartition(":")[2])
+    assert named[endpoint["port"]] == http_port and endpoint["path"] == "/metrics"
+    # mmproc's HTTP port (which also serves /v1/encode) is reachable from the monitoring namespace only
+    (http_rule,) = [r for r in policy["spec"]["ingress"] if {p["port"] for p in r["ports"]} == {http_port}]
+    (source,) = http_rule["from"]
+    assert source == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}
+    if env(mmproc)["MMPROC_GRPC_ADDRESS"].startswith("unix:"):
+        return  # the sidecar's gRPC is a socket in the pod
+    grpc_port = int(env(mmproc)["MMPROC_GRPC_ADDRESS"].rpartition(":")[2])
+    (grpc_rule,) = [r for r in policy["spec"]["ingress"] if {p["port"] for p in r["ports"]} == {grpc_port}]
+    assert grpc_rule["from"][0]["podSelector"]["matchLabels"] == {"mmproc.io/client": "true"}
+
+
+def test_the_renderer_refuses_what_it_does_not_implement(tmp_path: Path) -> None:
+    base = tmp_path / "base"
+    base.mkdir()
+    (base / "cm.yaml").write_text("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: x\ndata:\n  a: b\n")
+    (base / "kustomization.yaml").write_text("resources: [cm.yaml]\ncommonLabels: {a: b}\n")
+    with pytest.raises(KustomizeError, match="commonLabels"):
+        render(base)
+    (base / "kustomization.yaml").write_text("resources: [cm.yaml]\n")
+    overlay = tmp_path / "overlay"
+    overlay.mkdir()
+    failing = "- op: test\n  path: /data/a\n  value: c\n"
+    (overlay / "kustomization.yaml").write_text(yaml.safe_dump({
+        "resources": ["../base"], "patches": [{"target": {"kind": "ConfigMap", "name": "x"}, "patch": failing}],
+    }))  # fmt: skip
+    with pytest.raises(KustomizeError, match="test failed"):
+        render(overlay)
+    (overlay / "kustomization.yaml").write_text("resources: [../base/cm.yaml]\n")
+    with pytest.raises(KustomizeError, match="outside"):
+        render(overlay)

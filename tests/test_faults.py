@@ -12,6 +12,7 @@ import time
 from collections.abc import Iterator
 
 import grpc
+import httpx
 import pytest
 import torch
 
@@ -82,6 +83,11 @@ def test_a_decoder_crash_is_that_requests_400_and_the_next_request_is_fine(serve
     assert pool.crashes == crashes + 1
     assert not pids & set(pool.worker_pids()), "the crashed pool's workers were replaced"
     settle(server)
+    metrics = httpx.get(f"{server.http_url}/metrics", timeout=10).text  # the operator sees the deaths counted
+    assert f'mmproc_decode_worker_crashes_total{{pool="shared"}} {float(pool.crashes)}' in metrics
+    assert f'mmproc_decode_worker_crashes_total{{pool="quarantine"}} {float(pool.quarantine_crashes)}' in metrics
+    assert pool.quarantine_crashes >= 1  # the crashing image, retried alone, killed its lone worker too
+    assert f"mmproc_decode_quarantined_images_total {float(pool.quarantined)}" in metrics
 
 
 def test_cancelled_call_frees_its_work(server: ServiceThread) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -102,8 +103,15 @@ def test_json_lines_name_the_request() -> None:
 # ----------------------------------------------------------------------------------- access lines, request ids
 
 
-def access_lines(captured: Capture) -> list[logging.LogRecord]:
-    return [r for r in captured.records if r.name == "mmproc.access"]
+def access_lines(captured: Capture, at_least: int = 0) -> list[logging.LogRecord]:
+    """The access lines so far; waits (bounded) for `at_least` of them: the server writes a gRPC call's line
+    once the call has ended, which can be just after the client has its reply."""
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [r for r in captured.records if r.name == "mmproc.access"]
+        if len(lines) >= at_least or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.01)
 
 
 def test_every_grpc_request_leaves_one_access_line(tiny_server, captured) -> None:
@@ -112,7 +120,7 @@ def test_every_grpc_request_leaves_one_access_line(tiny_server, captured) -> Non
         client.encode_images([good, good])
         with pytest.raises(InvalidMediaError):
             client.encode_images([b"not an image"])
-    ok, refused = [r.fields for r in access_lines(captured) if r.fields["method"].startswith("EncodeImages")]
+    ok, refused = [r.fields for r in access_lines(captured, 2) if r.fields["method"].startswith("EncodeImages")]
     assert ok["code"] == "OK" and ok["images"] == 2 and ok["ms"] > 0 and ok["front_end"] == "grpc"
     assert refused["code"] == "INVALID_ARGUMENT" and refused["images"] == 1
 
@@ -130,7 +138,7 @@ def test_grpc_reads_and_echoes_x_request_id(tiny_server, captured) -> None:
         )
     assert reply.request_id == "trace-abc-123"
     assert ("x-request-id", "trace-abc-123") in tuple(call.initial_metadata())
-    (line,) = [r for r in access_lines(captured) if r.request_id == "trace-abc-123"]
+    (line,) = [r for r in access_lines(captured, 1) if r.request_id == "trace-abc-123"]
     assert line.fields["code"] == "OK" and line.fields["method"] == "EncodeImages"
     assert line.fields["tokens"] == reply.embeddings[0].num_tokens and line.fields["transport"] == "serialized"
 
@@ -174,3 +182,40 @@ def test_chatty_libraries_stay_at_warning_even_at_debug() -> None:
         root.handlers[:], root.level = saved[0], saved[1]
         for name in ("PIL", "grpc"):
             logging.getLogger(name).setLevel(logging.NOTSET)
+
+
+def test_refusals_before_the_handler_carry_the_callers_request_id(captured, tmp_path) -> None:
+    """A wrong token (HTTP and gRPC) and a body too large are logged and answered under the caller's id."""
+    import grpc
+    import httpx
+
+    from mmproc.v1 import encoder_pb2 as pb
+    from mmproc.v1 import encoder_pb2_grpc as pb_grpc
+
+    socket_path = tmp_path / "encoder.sock"
+    settings = test_settings(auth_token="s3cret-token-0123456789", grpc_address=f"unix:{socket_path}")
+    server = ServiceThread(settings).start()
+    try:
+        url = server.http_url
+        denied = httpx.post(f"{url}/v1/encode", json={"images": []}, headers={"x-request-id": "auth-1"})
+        big = httpx.post(
+            f"{url}/v1/encode", content=b"x" * (70 << 20), headers={"x-request-id": "big-1", "authorization": "no"}
+        )
+        with grpc.insecure_channel(f"unix:{socket_path}") as channel, pytest.raises(grpc.RpcError) as refused:
+            pb_grpc.EncoderStub(channel).EncodeImages(
+                pb.EncodeImagesRequest(images=[b"x"]), metadata=(("x-request-id", "auth-2"),), timeout=10
+            )
+    finally:
+        server.stop()
+    assert denied.status_code == 401 and denied.json()["request_id"] == "auth-1"
+    assert denied.headers["x-request-id"] == "auth-1"
+    assert big.status_code == 401 and big.headers["x-request-id"] == "big-1"  # auth is checked first
+    assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    for request_id, front_end in (("auth-1", "http"), ("big-1", "http"), ("auth-2", "grpc")):
+        lines = [r for r in captured.records if r.request_id == request_id]
+        assert any(r.name == "service.errors" and "UNAUTHENTICATED" in r.getMessage() for r in lines), request_id
+        (access,) = [r for r in lines if r.name == "mmproc.access"]
+        assert access.fields["code"] == "UNAUTHENTICATED" and access.fields["front_end"] == front_end
+    assert not [r for r in captured.records if r.name == "service.errors" and r.request_id == "-"]
+    (listening,) = [r.getMessage() for r in captured.records if r.getMessage().startswith("listening:")]
+    assert f"gRPC unix:{socket_path}, HTTP 127.0.0.1:{server.service.http_port};" in listening  # not "(port 1)"

@@ -8,6 +8,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+import mmproc
 from mmproc.client import EncoderClient
 from mmproc.errors import InvalidMediaError
 from service.metrics import STAGES
@@ -41,7 +42,8 @@ def test_every_family_is_exported_before_any_traffic(tiny_server) -> None:
         "mmproc_tokens_encoded", "mmproc_stage_duration_seconds", "mmproc_batch_images", "mmproc_batch_patches",
         "mmproc_queue_images", "mmproc_inflight_requests", "mmproc_ready", "mmproc_ipc_pool_bytes_in_use",
         "mmproc_ipc_pool_capacity_bytes", "mmproc_ipc_leases", "mmproc_ipc_fallbacks", "mmproc_ipc_sessions_opened",
-        "process_cpu_seconds",
+        "mmproc_decode_worker_crashes", "mmproc_decode_worker_retirements", "mmproc_decode_quarantined_images",
+        "mmproc_build_info", "process_cpu_seconds",
     ):  # fmt: skip
         assert family in families, family
     for stage in STAGES:
@@ -99,3 +101,14 @@ def test_servers_in_one_process_keep_separate_registries(tiny_server) -> None:
         other.stop()
     assert value(theirs, "mmproc_requests_total", method="EncodeImagesStream", code="OK") == 2
     assert value(after, "mmproc_images_encoded_total") == value(before, "mmproc_images_encoded_total")
+
+
+def test_build_info_names_the_version_and_the_model_served(tiny_server) -> None:
+    samples, _ = scrape(tiny_server)
+    (labels,) = [dict(labels) for name, labels in samples if name == "mmproc_build_info"]
+    assert labels == {
+        "version": mmproc.__version__, "model": "tiny", "family": "kimi_vl", "layout": "kimi_vl",
+        "dtype": "float32", "device": "cpu", "transport": "serialized",
+    }  # fmt: skip
+    assert value(samples, "mmproc_build_info", **labels) == 1.0
+    assert value(samples, "mmproc_decode_worker_crashes_total", pool="shared") == 0.0

@@ -25,6 +25,7 @@ from mmproc.client.ipc import clone_views, pool_views, request_lease
 from mmproc.v1 import encoder_pb2 as pb
 from service.bench.images import ImageSpec, request_images
 from service.bench.provenance import git_commit
+from service.bench.report import Progress
 
 
 def _median_us(samples: list[float]) -> float:
@@ -166,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", default=None)
     parser.add_argument("--busy-wait", action="store_true", help="poll for the reply instead of sleeping in the call")
     parser.add_argument("--spin", action="store_true", help="poll for the reply without ever yielding the CPU")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
 
     device = torch.device(args.device)
@@ -179,7 +181,9 @@ def main(argv: list[str] | None = None) -> int:
     with EncoderClient(args.target, device=device, transport="ipc", timeout=60) as client:
         if args.busy_wait or args.spin:
             keep_waiting_thread_busy(client, spin=args.spin)
+        progress = Progress(len(payloads), "ipc steps", unit="req", enabled=False if args.quiet else None)
         for i, images in enumerate(payloads):
+            progress.tick()  # before the timed steps: a redraw never falls inside one
             laps, hot = read_steps(client, images, 60)
             if i >= args.warmup:
                 for step in STEPS:
@@ -189,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
                     for step in READY_STEPS:
                         hot_samples[step].append(timed.wall[step])
                     hot_totals.append(sum(timed.wall[step] for step in READY_STEPS))
+        progress.close()
         hot_probe = []
         for _ in range(args.requests):
             t = time.perf_counter()

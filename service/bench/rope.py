@@ -30,6 +30,7 @@ import torch
 from mmproc.layers import rope_triton
 from mmproc.layers.rope import apply_rope
 from service.bench.provenance import git_commit
+from service.bench.report import Progress
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
 DTYPES |= {"float32": torch.float32, "fp32": torch.float32}
@@ -47,6 +48,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--rep", type=float, default=200.0, help="do_bench measuring time per case, ms")
     p.add_argument("--sweep", action="store_true", help="also time block/warp/pair-load variants of fused-qkv")
     p.add_argument("--sweep-tokens", type=int, default=4096)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--json", type=Path, default=None, help="write machine-readable results here")
     return p.parse_args(argv)
 
@@ -177,6 +179,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(header)
     results: list[dict[str, object]] = []
     ptx: dict[str, int] = {}
+    progress = Progress(len(args.tokens), "rope", unit="size", enabled=False if args.quiet else None)
     for seq in args.tokens:
         inp = Inputs(seq, args.heads, args.head_dim, dtype)
         err = _max_error(inp, args.heads)
@@ -187,12 +190,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             row = {"tokens": seq, "path": name, "ms": ms, "gbps": moved / (ms * 1e-3) / 1e9, "bytes": moved}
             row["speedup_vs_plain"] = times["plain"] / ms
             results.append(row)
-            print(f"{seq:>6} {name:>10} {ms:>9.4f} {row['gbps']:>7.0f} {row['speedup_vs_plain']:>7.2f}x")
-        print(f"{'':>6} max |fused-qkv - plain| = {err:.3g} ({args.dtype} outputs)")
+            progress.print(f"{seq:>6} {name:>10} {ms:>9.4f} {row['gbps']:>7.0f} {row['speedup_vs_plain']:>7.2f}x")
+        progress.print(f"{'':>6} max |fused-qkv - plain| = {err:.3g} ({args.dtype} outputs)")
         if not ptx:
             ptx = _ptx_summary(inp, args.heads)
         del inp
         torch.cuda.empty_cache()
+        progress.tick()
+    progress.close()
     print(f"fused kernel memory ops per thread (PTX): {ptx}")
     sweep = _sweep(args, dtype) if args.sweep else []
 

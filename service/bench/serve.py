@@ -42,6 +42,8 @@ import torch
 
 from service.bench.d2h import transport_microbench
 from service.bench.images import FORMATS, ORDERS, ImageSpec, generate_requests, parse_resolutions
+from service.bench.report import save_plot
+from service.bench.serve_plot import plot_serve
 from service.bench.serve_stats import (
     Sample,
     compare,
@@ -104,6 +106,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--json", type=Path, default=None, help="write all numbers here")
     add("--json-raw", action="store_true", help="include per-request timings in --json")
     add("--markdown", type=Path, default=None, help="also write the summary here")
+    add("--plot", type=Path, default=None, help="write a PNG here: latency CDF, throughput and latency per side")
     add("--quiet", action="store_true", help="no progress bar or notes on stderr")
     args = p.parse_args(argv)
     if args.rounds is None:
@@ -489,6 +492,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         print(f"mmproc bench serve: {err}", file=sys.stderr)
         return 2
+    keep_raw, args.json_raw = args.json_raw, args.json_raw or args.plot is not None  # the CDF needs each request
     runs = run_plan(_plan(args), args, measured, warmup)
     record = {
         "bench": "serve",
@@ -499,6 +503,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "runs": runs,
         "compare": compare(runs) if len(runs) == 2 else None,
     }
+    save_plot(args.plot, lambda plt: plot_serve(plt, record), note=lambda line: _note(args, line))
+    for run in runs if not keep_raw else ():
+        run.pop("requests", None)
     _emit(markdown(record), record, args)
     return 0 if all(r["failed"] == 0 and r["completed"] > 0 for r in runs) else 1
 
