@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import io
 import os
+import tempfile
 from fractions import Fraction
 
 import numpy as np
 
 # codec name -> (container format, encoder) that PyAV's wheel writes
-ENCODERS = {"h264": "libx264", "hevc": "libx265", "vp9": "libvpx-vp9", "av1": "libsvtav1", "vp8": "libvpx"}
+ENCODERS = {
+    "h264": "libx264",
+    "hevc": "libx265",
+    "vp9": "libvpx-vp9",
+    "av1": "libsvtav1",
+    "vp8": "libvpx",
+    "mpeg4": "mpeg4",
+    "mjpeg": "mjpeg",
+}
 os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its banner to stderr otherwise
 FORMATS = {"mp4": "mp4", "mov": "mov", "mkv": "matroska", "webm": "webm"}
 
@@ -38,17 +47,33 @@ def make_video_bytes(
     audio: bool = False,
     video: bool = True,
     constant: bool = False,
+    faststart: bool = False,
 ) -> bytes:
     """An encoded video of `frames` frames at `fps`. gop: keyframe interval (None: the encoder's default);
-    constant: every frame the same (compresses to almost nothing: a decoder bomb's raw material)."""
+    constant: every frame flat grey (compresses to almost nothing: a decoder bomb's raw material)."""
     import av
 
     buffer = io.BytesIO()
+    if faststart:  # the index (moov) before the frames: FFmpeg rewrites the file, which needs a real one
+        with tempfile.TemporaryDirectory() as tmp:
+            path = f"{tmp}/clip"
+            with open(path, "wb") as file:
+                file.write(make_video_bytes(width, height, frames, fps, codec=codec, container=container, gop=gop))
+            with av.open(path) as source, av.open(f"{path}.out", "w", format=FORMATS[container],
+                                                  options={"movflags": "faststart"}) as out:  # fmt: skip
+                stream = out.add_stream_from_template(source.streams.video[0])
+                for packet in source.demux(source.streams.video[0]):
+                    if packet.size:
+                        packet.stream = stream
+                        out.mux(packet)
+            with open(f"{path}.out", "rb") as file:
+                return file.read()
     with av.open(buffer, mode="w", format=FORMATS[container]) as out:
         stream = None
         if video:
             stream = out.add_stream(ENCODERS[codec], rate=fps)
-            stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+            stream.width, stream.height = width, height
+            stream.pix_fmt = "yuvj420p" if codec == "mjpeg" else "yuv420p"
             options = {"preset": "ultrafast"} if codec in ("h264", "hevc") else {}
             if codec == "hevc":
                 options["x265-params"] = "log-level=error"
@@ -59,7 +84,7 @@ def make_video_bytes(
             stream.options = options
         sound = out.add_stream("aac", rate=16000) if audio else None
         for i in range(frames if video else 0):
-            pixels = frame_pixels(0 if constant else i, width, height, seed)
+            pixels = np.full((height, width, 3), 128, np.uint8) if constant else frame_pixels(i, width, height, seed)
             frame = av.VideoFrame.from_ndarray(pixels, format="rgb24")
             frame.pts = i
             frame.time_base = Fraction(1, fps)

@@ -7,7 +7,9 @@ Order, cheapest first (each refusal an `InvalidMediaError` with index -1; the ca
 3. The header: no video stream -> NO_VIDEO_STREAM; codec not allowed -> UNSUPPORTED_CODEC; width * height over
    `max_pixels` -> TOO_MANY_PIXELS; frame rate over `max_fps` -> FRAME_RATE.
 4. The packet index (demuxing only): more than `max_stream_frames` packets or a duration (the larger of the
-   header's and the packets') over `max_duration_s` -> VIDEO_TOO_LONG; no frame -> EMPTY.
+   header's and the packets') over `max_duration_s` -> VIDEO_TOO_LONG; no frame -> EMPTY; fewer frames than
+   the MP4 sample table lists, or frames ending well before the declared duration of a one-stream file ->
+   TRUNCATED (a file cut short is refused, not served as a shorter video).
 5. Sampling (`sample_indices`, Kimi_K25VideoProcessor's rule) and the decode plan: sampled frames over
    `max_sampled_frames` -> TOO_MANY_FRAMES; frames to decode x pixels over `max_decode_megapixels` -> DECODE_COST.
 6. Decoding within `decode_cpu_s` of CPU time (DECODE_TIME), seeking to a keyframe when one lies between the
@@ -170,13 +172,23 @@ def _index(handle, container: str, limits: VideoLimits) -> VideoIndex:
         raise InvalidMediaError(f"the container is damaged: {exc}", reason=Reason.TRUNCATED) from None
     if not pts:
         raise InvalidMediaError("the video stream has no frames", reason=Reason.EMPTY)
+    if stream.frames and len(pts) < stream.frames:  # MP4's sample table counts the frames the file should hold
+        raise InvalidMediaError(
+            f"the file holds {len(pts)} of the {stream.frames} frames its index lists", reason=Reason.TRUNCATED
+        )
     pts.sort()
     span_s = float((pts[-1] - pts[0]) * time_base)
     if rate is None:  # no rate in the header: the packets' own
         rate = Fraction(len(pts) - 1, 1) / Fraction(span_s).limit_denominator(1 << 20) if span_s > 0 else Fraction(1)
         if float(rate) > limits.max_fps:
             raise InvalidMediaError(f"frame rate {float(rate):.3f} is over {limits.max_fps}", reason=Reason.FRAME_RATE)
-    duration_s = max(header_s, span_s + 1 / float(rate))
+    packets_s = span_s + 1 / float(rate)
+    if len(handle.streams) == 1 and header_s > packets_s + max(0.5, 0.05 * header_s):
+        # The header's duration is this stream's alone, and the frames stop well short of it.
+        raise InvalidMediaError(
+            f"the frames end at {packets_s:.2f} s of the {header_s:.2f} s the header declares", reason=Reason.TRUNCATED
+        )
+    duration_s = max(header_s, packets_s)
     if duration_s > limits.max_duration_s:
         raise InvalidMediaError(
             f"the stream lasts {duration_s:.1f} s, the limit is {limits.max_duration_s} s", reason=Reason.VIDEO_TOO_LONG
