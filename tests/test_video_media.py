@@ -73,6 +73,10 @@ def test_sampled_frames_are_those_of_decoding_every_frame(codec, container, gop,
         assert list(video.indices) == sample_indices(len(every), 15.0, fps, None)
         assert all(np.array_equal(got, every[i]) for got, i in zip(video.frames, video.indices, strict=True))
         assert video.timestamps == tuple(i / 15.0 for i in video.indices)
+        planned = plan_decode(index_video(data, VideoLimits()), list(video.indices))[1]
+        if bframes and fps < 6:  # B-frames nobody sampled are not decoded at all (skip_frame=NONREF)
+            assert video.decoded_frames < planned
+        assert video.decoded_frames <= planned
 
 
 def _bframes_video(gop: int) -> bytes:

@@ -13,7 +13,8 @@ Order, cheapest first (each refusal an `InvalidMediaError` with index -1; the ca
 5. Sampling (`sample_indices`, Kimi_K25VideoProcessor's rule) and the decode plan: sampled frames over
    `max_sampled_frames` -> TOO_MANY_FRAMES; frames to decode x pixels over `max_decode_megapixels` -> DECODE_COST.
 6. Decoding within `decode_cpu_s` of CPU time (DECODE_TIME), seeking to a keyframe when one lies between the
-   decoder's position and the next sampled frame; a stream that ends early or fails -> TRUNCATED / UNDECODABLE.
+   decoder's position and the next sampled frame and skipping frames that nothing refers to and nobody sampled;
+   a stream that ends early or fails -> TRUNCATED / UNDECODABLE.
 
 Frame i is the i-th frame in presentation order, as transformers' `read_video_pyav` counts (the i-th frame its
 decoder outputs); frames are converted with `to_ndarray(format="rgb24")`, the reference's conversion.
@@ -208,8 +209,9 @@ def _index(handle, container: str, limits: VideoLimits) -> VideoIndex:
 
 
 def plan_decode(index: VideoIndex, wanted: list[int]) -> tuple[list[bool], int]:
-    """Per sampled frame whether to seek before it, and the frames decoded in all. Seek when a keyframe lies
-    after the decoder's position and at or before the target: decoding from there is never more work."""
+    """Per sampled frame whether to seek before it, and the frames decoded at most (non-reference frames may be
+    skipped). Seek when a keyframe lies after the decoder's position and at or before the target: decoding from
+    there is never more work."""
     if index.pts is None or not index.keyframe_pts:
         return [False] * len(wanted), wanted[-1] + 1  # no timestamps to seek by: decode from the start
     pts, keys = index.pts, index.keyframe_pts
@@ -257,22 +259,36 @@ def decode_video(data: bytes, limits: VideoLimits, sampling: VideoSampling, defa
 
 
 def _decode(handle, index: VideoIndex, wanted: list[int], seeks: list[bool], limits: VideoLimits):
-    """The sampled frames as (H, W, 3) uint8 arrays, and the number of frames decoded."""
+    """The sampled frames as (H, W, 3) uint8 arrays, and the number of frames decoded.
+
+    With timestamps and one decoder thread, a packet that is not a sampled frame is decoded with
+    skip_frame=NONREF: a frame no other frame refers to (most B-frames) is then not decoded at all, which the
+    sampled frames never notice (measured in docs/benchmarks/video.md)."""
     import av
 
     stream = handle.streams.video[0]
-    stream.codec_context.thread_count = limits.decode_threads
+    codec = stream.codec_context
+    codec.thread_count = limits.decode_threads
+    skip = index.pts is not None and limits.decode_threads == 1
+    sampled_pts = {index.pts[i] for i in wanted} if skip else set()
+
+    def frames():
+        for packet in handle.demux(stream):
+            if skip:
+                codec.skip_frame = "DEFAULT" if packet.pts in sampled_pts or packet.pts is None else "NONREF"
+            yield from codec.decode(packet)  # the flush packet (size 0) at the end drains the decoder
+
     deadline = time.thread_time() + limits.decode_cpu_s
     out: list[np.ndarray] = []
     count, ordinal = 0, -1  # frames decoded; frame number of the last one (counted when there are no pts)
-    frames = handle.decode(stream)
+    decoded = frames()
     try:
         for target, seek in zip(wanted, seeks, strict=True):
             if seek:
-                handle.seek(index.pts[target], stream=stream, backward=True, any_frame=False)
-                frames = handle.decode(stream)
+                handle.seek(index.pts[target], stream=stream, backward=True, any_frame=False)  # flushes the decoder
+                decoded = frames()
             while True:
-                frame = next(frames, None)
+                frame = next(decoded, None)
                 if frame is None:
                     raise InvalidMediaError(
                         f"the stream ends before frame {target} of {index.num_frames}", reason=Reason.TRUNCATED
@@ -290,7 +306,7 @@ def _decode(handle, index: VideoIndex, wanted: list[int], seeks: list[bool], lim
                     if seek and stamp is not None and stamp > index.pts[target]:
                         # The demuxer seeked past the target (an index without that keyframe): start over.
                         handle.seek(0, stream=stream, backward=True, any_frame=False)
-                        frames, seek = handle.decode(stream), False
+                        decoded, seek = frames(), False
                         continue
                     hit = stamp is not None and stamp >= index.pts[target]
                 seek = False
