@@ -10,6 +10,8 @@ batch and yields one frame's tokens).
 
 from __future__ import annotations
 
+import importlib.util
+import logging
 import time
 from dataclasses import dataclass
 
@@ -23,6 +25,8 @@ from mmproc.v1 import encoder_pb2 as pb
 from service.decode_pool import VideoJob
 from service.engine import EncodedImage, Engine, check_readers
 from service.settings import ServerSettings
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -181,6 +185,9 @@ class VideoService:
 def build_video_service(settings: ServerSettings, engine: Engine) -> VideoService | None:
     """The video service of a model whose family takes video (None otherwise), its rules from the checkpoint."""
     if engine.encoder.config.family not in VIDEO_FAMILIES or engine.encoder.config.pos_emb_time < 1:
+        return None
+    if importlib.util.find_spec("av") is None:
+        logger.warning("video input needs PyAV (pip install 'mmproc[video]'): EncodeVideos is off")
         return None
     rules = load_video_rules(settings.model_path)
     if rules.temporal_patch_size > engine.encoder.config.pos_emb_time:

@@ -130,6 +130,22 @@ def test_videos_and_images_share_the_runner(server) -> None:
                     assert torch.allclose(got.tensor, want.tensor, atol=1e-5)
 
 
+def test_the_async_client_gets_the_same_videos(server) -> None:
+    import asyncio
+
+    from mmproc.client import AsyncEncoderClient
+
+    async def main():
+        async with AsyncEncoderClient(server.grpc_target, timeout=120) as client:
+            return await client.encode_videos([CLIP])
+
+    (got,) = asyncio.run(main())
+    with EncoderClient(server.grpc_target, timeout=120) as client:
+        (want,) = client.encode_videos([CLIP])
+    assert got.frame_indices == want.frame_indices
+    assert all(torch.equal(a.tensor, b.tensor) for a, b in zip(got.chunks, want.chunks, strict=True))
+
+
 def test_a_model_without_video_refuses_it(tiny_server) -> None:
     with EncoderClient(tiny_server.grpc_target, timeout=60) as client:
         assert not client.server_info().video.supported
