@@ -49,16 +49,17 @@ def pack_images(
     grids, token_counts, offsets = [], [], [0]
     for i, image in enumerate(images):
         h, w = image.grid_hw
-        if image.patches.shape[0] != h * w or h % kh or w % kw:
+        if image.patches.shape[0] != image.frames * h * w or h % kh or w % kw:
             raise ValueError(
-                f"image {i}: {image.patches.shape[0]} patches do not form a grid {(h, w)} divisible by {(kh, kw)}"
+                f"image {i}: {image.patches.shape[0]} patches do not form {image.frames} grid(s) {(h, w)} "
+                f"divisible by {(kh, kw)}"
             )
         tokens = (h // kh) * (w // kw)
         if image.num_tokens != tokens:
             raise ValueError(f"image {i}: num_tokens {image.num_tokens} != {tokens} for grid {(h, w)}")
         grids.append((h, w))
         token_counts.append(tokens)
-        offsets.append(offsets[-1] + h * w)
+        offsets.append(offsets[-1] + image.frames * h * w)  # a video chunk is one attention segment
     lut = _shared_lut(images)
     patch_shape = images[0].patches.shape[1:]  # (3, P, P)
     if lut is not None:
@@ -67,13 +68,15 @@ def pack_images(
         parts = [image.normalized() for image in images]
     pixel_values = torch.empty((offsets[-1], *patch_shape), dtype=dtype, pin_memory=pin_memory)
     torch.cat(parts, out=pixel_values)  # casts while copying when dtype differs
+    frames = tuple(image.frames for image in images)
     return PackedBatch(
         pixel_values=pixel_values,
         grid_hws=tuple(grids),
         cu_seqlens=torch.tensor(offsets, dtype=torch.int32),
-        max_seqlen=max(h * w for h, w in grids),
+        max_seqlen=max(b - a for a, b in zip(offsets, offsets[1:])),
         token_counts=tuple(token_counts),
         lut=lut,
+        frames=frames if any(t != 1 for t in frames) else (),
     )
 
 

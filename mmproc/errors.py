@@ -31,6 +31,13 @@ class Reason(str, Enum):
     TOO_MANY_PATCHES = "too_many_patches"  # total patches per request over the limit
     REQUEST_TOO_LARGE = "request_too_large"  # total request bytes over the limit
     BAD_REQUEST = "bad_request"  # malformed request (bad base64, unknown transport, ...)
+    # Videos (mmproc/media/video.py): checked from the container's index before any frame is decoded.
+    UNSUPPORTED_CODEC = "unsupported_codec"  # allowlisted container, but its video codec is not allowed
+    NO_VIDEO_STREAM = "no_video_stream"  # a container without a video stream (audio only, subtitles ...)
+    VIDEO_TOO_LONG = "video_too_long"  # duration (header or stream, the larger) over the limit
+    FRAME_RATE = "frame_rate"  # frames per second over the limit
+    TOO_MANY_FRAMES = "too_many_frames"  # sampled frames per video or per request over the limit
+    DECODE_COST = "decode_cost"  # frames that must be decoded x pixels over the limit (decoder bomb)
 
 
 class MmprocError(Exception):

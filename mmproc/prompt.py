@@ -7,6 +7,8 @@ The token-count contract (docs/engines.md): the engine expands each image's plac
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -37,6 +39,42 @@ FRAMINGS: dict[str, PromptFraming] = {
         "<|media_begin|>image {width}x{height}<|media_content|>", "<|media_pad|>", "<|media_end|>"
     ),
 }
+
+
+@dataclass(frozen=True)
+class VideoFraming:
+    """One family's framing of a video: per chunk its start time, a header, one placeholder per row, a footer."""
+
+    chunk_header: str
+    placeholder: str
+    chunk_footer: str
+
+    def chunk_text(self, timestamp_s: float, num_tokens: int) -> str:
+        return timestamp_text(timestamp_s) + self.chunk_header + self.placeholder * num_tokens + self.chunk_footer
+
+    def video_text(self, timestamps: Sequence[float], token_counts: Sequence[int]) -> str:
+        return "".join(self.chunk_text(t, n) for t, n in zip(timestamps, token_counts, strict=True))
+
+
+def timestamp_text(seconds: float) -> str:
+    """HH:MM:SS.mmm, milliseconds truncated (transformers 5.23 Kimi_K25Processor.replace_video_token)."""
+    return time.strftime("%H:%M:%S", time.gmtime(seconds)) + f".{int(seconds % 1 * 1000):03d}"
+
+
+# transformers 5.23 Kimi_K25Processor: `<|kimi_k25_video_placeholder|>` is the tokenizer's video token.
+VIDEO_FRAMINGS: dict[str, VideoFraming] = {
+    "kimi_k25": VideoFraming(
+        "<|media_begin|>video<|media_content|>", "<|kimi_k25_video_placeholder|>", "<|media_end|>"
+    ),
+}
+
+
+def video_prompt(family: str, timestamps: Sequence[float], token_counts: Sequence[int]) -> str:
+    """The expanded prompt text of one video: each chunk's timestamp, media tokens and placeholders."""
+    try:
+        return VIDEO_FRAMINGS[family].video_text(timestamps, token_counts)
+    except KeyError:
+        raise KeyError(f"no video framing for family {family!r}; known: {sorted(VIDEO_FRAMINGS)}") from None
 
 
 def framing(family: str) -> PromptFraming:

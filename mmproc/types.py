@@ -34,6 +34,8 @@ class PreprocessedImage:
     grid_hw: (grid_h, grid_w) in patches, plain Python ints (never a tensor: metadata stays on the CPU).
     num_tokens: embeddings this image yields after the merger, (grid_h // kh) * (grid_w // kw).
     image_size: (width, height) of the image as decoded (after EXIF orientation), before resize/pad.
+    frames: 1 for an image; t for a chunk of t video frames, whose patches are (t * grid_h * grid_w, 3, P, P),
+        frame-major, and whose tokens are those of one frame (the frames are averaged after the tower).
     lut: (3, 256) float32 CPU table, lut[c, v] = the normalized value of byte v in channel c; None when
         `patches` are normalized already.
     """
@@ -42,15 +44,40 @@ class PreprocessedImage:
     grid_hw: tuple[int, int]
     num_tokens: int
     image_size: tuple[int, int] = (0, 0)
+    frames: int = 1
     lut: torch.Tensor | None = None
 
     @property
     def num_patches(self) -> int:
-        return self.grid_hw[0] * self.grid_hw[1]
+        return self.frames * self.grid_hw[0] * self.grid_hw[1]
+
+    @property
+    def grid_thw(self) -> tuple[int, int, int]:
+        return (self.frames, *self.grid_hw)
 
     def normalized(self) -> torch.Tensor:
         """The (L, 3, P, P) float32 patches, normalizing the bytes here when they were left to the device."""
         return self.patches if self.lut is None else apply_lut(self.patches, self.lut)
+
+
+@dataclass(frozen=True)
+class PreprocessedVideo:
+    """One video as the tower eats it: its chunks (each a `PreprocessedImage` with `frames` = t <= the temporal
+    patch size, the last one possibly shorter) and what the prompt needs.
+
+    indices: the sampled frame numbers; timestamps: each chunk's start in seconds (its first frame / fps);
+    source_size: (width, height) of the frames as decoded; fps: the stream's frame rate.
+    """
+
+    chunks: tuple[PreprocessedImage, ...]
+    indices: tuple[int, ...]
+    timestamps: tuple[float, ...]
+    source_size: tuple[int, int]
+    fps: float
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(chunk.num_tokens for chunk in self.chunks)
 
 
 def apply_lut(patches: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
@@ -72,6 +99,7 @@ class PackedBatch:
     max_seqlen: longest image in patches, a Python int (varlen kernels want it without a sync).
     token_counts: per image the number of output embeddings after the merger.
     lut: (3, 256) float32 CPU table when pixel_values are uint8 (see PreprocessedImage.lut), else None.
+    frames: per item its frames (video chunks, see PreprocessedImage.frames); empty when every item is an image.
     """
 
     pixel_values: torch.Tensor
@@ -80,6 +108,7 @@ class PackedBatch:
     max_seqlen: int
     token_counts: tuple[int, ...]
     lut: torch.Tensor | None = None
+    frames: tuple[int, ...] = ()
 
     @property
     def num_images(self) -> int:
@@ -87,7 +116,11 @@ class PackedBatch:
 
     @property
     def num_patches(self) -> int:
-        return sum(h * w for h, w in self.grid_hws)
+        return sum(h * w * t for (h, w), t in zip(self.grid_hws, self.item_frames, strict=True))
+
+    @property
+    def item_frames(self) -> tuple[int, ...]:
+        return self.frames or (1,) * len(self.grid_hws)
 
     @property
     def num_tokens(self) -> int:

@@ -36,6 +36,7 @@ from service.key_store import KeyStoreConfig
 from service.metrics import Metrics
 from service.settings import MiB, ServerSettings
 from service.state import ServingState
+from service.video_engine import build_video_service, video_info
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ def build_engine(settings: ServerSettings, metrics: Metrics | None = None) -> En
         ),
     )
     engine.ipc_status = setup_ipc(settings, engine)
+    engine.videos = build_video_service(settings, engine)
     return engine
 
 
@@ -117,6 +119,7 @@ def build_server_info(settings: ServerSettings, engine: Engine) -> pb.ServerInfo
         key_store=pb.KeyStoreInfo(
             max_bytes=engine.keys.config.max_bytes, ttl_s=engine.keys.config.ttl_s, max_keys=engine.keys.config.max_keys
         ),
+        video=video_info(engine.videos),
     )
 
 

@@ -53,9 +53,13 @@ from typing import Literal
 
 from mmproc.errors import ConfigError, DeadlineExceededError, InvalidMediaError, Reason, UnavailableError
 from mmproc.media import MediaLimits
+from mmproc.media.video import VideoSampling
+from mmproc.media.video_limits import VideoLimits
 from mmproc.preprocess import PreprocessConfig
-from service import decode_worker
+from mmproc.preprocess.video_config import VideoRules
+from service import decode_video_worker, decode_worker
 from service.decode_transfer import Shipped, make_transfer_dir, remove_transfer_dir
+from service.decode_video_worker import ShippedVideo
 from service.decode_worker import DecodeBudget, Prepared, init_worker, run_task, warm_up
 from service.logs import REQUEST_ID
 
@@ -199,7 +203,8 @@ class DecodePool:
             return
         self._context = multiprocessing.get_context("forkserver")
         # The forkserver imports these once; every worker (and every replacement) is forked from it.
-        preload = {"service.decode_worker"} | ({task.__module__} if task is not None else set())
+        preload = {"service.decode_worker", "service.decode_video_worker"}
+        preload |= {task.__module__} if task is not None else set()
         self._context.set_forkserver_preload(sorted(preload))
         self._transfer_dir: str | None = None  # made on first use: an engine never started leaves nothing
         self._transfer_made = False
@@ -252,27 +257,35 @@ class DecodePool:
         the answer) while images before i still finish, so the error reported is deterministic. `deadline`
         (time.monotonic()) ends the wait with DeadlineExceededError; cancelling the caller cancels the rest.
         """
+        return await self._prepare_many([_ImageJob(data) for data in images], deadline, "images")
+
+    async def prepare_videos(self, jobs: Sequence[VideoJob], deadline: float | None = None) -> list[ShippedVideo]:
+        """Every video of one request (`VideoJob`s), in order, as `decode_video_worker.ShippedVideo`s: the same
+        workers, fair share, crash quarantine and first-error-in-order rule as images (one video, one slot)."""
+        return await self._prepare_many(jobs, deadline, "videos")
+
+    async def _prepare_many(self, jobs: Sequence, deadline: float | None, what: str) -> list:
         key = next(self._request_keys)  # this request's turn in the fair share
-        tasks = [asyncio.ensure_future(self._prepare_one(data, key)) for data in images]
+        tasks = [asyncio.ensure_future(self._prepare_one(job, key)) for job in jobs]
         try:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
             return await asyncio.wait_for(_first_error_in_order(tasks), timeout)
         except asyncio.TimeoutError:
-            raise DeadlineExceededError("deadline passed while decoding the images") from None
+            raise DeadlineExceededError(f"deadline passed while decoding the {what}") from None
         finally:
             for task in tasks:
                 task.cancel()
 
-    async def _prepare_one(self, data: bytes, key: object) -> Prepared:
+    async def _prepare_one(self, job: _ImageJob | VideoJob, key: object):
         await self._share.acquire(key)
         future: Future | None = None
         try:
             if self.config.isolation == "thread":
-                future = self._submit_thread(data)
-                return await asyncio.wrap_future(future)
-            executor, future = self._submit_process(data)
+                future = self._submit_thread(job)
+                return job.unship(await asyncio.wrap_future(future))
+            executor, future = self._submit_process(job)
             try:
-                return _unship(await asyncio.wrap_future(future))
+                return job.unship(await asyncio.wrap_future(future))
             except BrokenProcessPool:
                 self._replace(executor)
             except InvalidMediaError as exc:
@@ -284,7 +297,7 @@ class DecodePool:
         self.quarantined += 1  # outside the fair share: the quarantine is its own one-worker executor
         loop = asyncio.get_running_loop()
         run = contextvars.copy_context().run  # keeps the request id for the worker's log lines
-        return _unship(await loop.run_in_executor(self._quarantine_thread, run, self._run_alone, data))
+        return job.unship(await loop.run_in_executor(self._quarantine_thread, run, self._run_alone, job))
 
     def _release_when_done(self, future: Future | None) -> None:
         """Give the slot back once the image has left its worker: a cancelled request's image that is already
@@ -295,30 +308,36 @@ class DecodePool:
         else:
             future.add_done_callback(lambda _: self._share.release())  # on an executor thread
 
-    def _submit_thread(self, data: bytes) -> Future:
+    def _submit_thread(self, job: _ImageJob | VideoJob) -> Future:
         run = contextvars.copy_context().run  # the decode thread's log lines carry the request id
         try:
+            if isinstance(job, VideoJob):
+                return self._executor.submit(run, decode_video_worker.prepare_video, *job.args)
             task = self._task or self._prepare
-            return self._executor.submit(run, task, data, self.limits, self.preprocess)
+            return self._executor.submit(run, task, job.data, self.limits, self.preprocess)
         except RuntimeError:  # shut down
             raise UnavailableError("decoder pool is shut down") from None
 
-    def _submit_process(self, data: bytes) -> tuple[Executor, Future]:
+    def _submit_process(self, job: _ImageJob | VideoJob) -> tuple[Executor, Future]:
         with self._lock:
             if self._closed:
                 raise UnavailableError("decoder pool is shut down")
             executor = self._executor
         try:
-            return executor, self._submit_task(executor, data)
+            return executor, self._submit_task(executor, job)
         except BrokenProcessPool:  # broken by another image's crash before this one ever ran: not a suspect
             self._replace(executor)
-            return self._submit_process(data)
+            return self._submit_process(job)
 
-    def _submit_task(self, executor: Executor, data: bytes) -> Future:
-        task, request_id = self._task or self._prepare, REQUEST_ID.get()
-        future = executor.submit(
-            run_task, task, self.config.budget, self._transfer(), request_id, data, self.limits, self.preprocess
-        )
+    def _submit_task(self, executor: Executor, job: _ImageJob | VideoJob) -> Future:
+        request_id = REQUEST_ID.get()
+        if isinstance(job, VideoJob):
+            future = executor.submit(decode_video_worker.run_video_task, request_id, self._transfer(), *job.args[:4])
+        else:
+            task = self._task or self._prepare
+            future = executor.submit(
+                run_task, task, self.config.budget, self._transfer(), request_id, job.data, self.limits, self.preprocess
+            )
         future.add_done_callback(_materialize)  # before anyone waits: maps and unlinks even if nobody does
         return future
 
@@ -379,7 +398,7 @@ class DecodePool:
                 self.retired += 1
         (worn if swap else fresh).shutdown(wait=False)
 
-    def _run_alone(self, data: bytes) -> Shipped:
+    def _run_alone(self, job: _ImageJob | VideoJob) -> Shipped:
         """Quarantine (one image at a time, on the single quarantine thread): a crash here is this image's."""
         if self._closed:
             raise UnavailableError("decoder pool is shut down")
@@ -387,7 +406,7 @@ class DecodePool:
             self._quarantine = self._new_process_executor(1)
         executor = self._quarantine
         try:
-            return self._submit_task(executor, data).result()  # bounded: the worker's alarm ends it
+            return self._submit_task(executor, job).result()  # bounded: the worker's alarm ends it
         except InvalidMediaError as exc:
             if exc.reason == Reason.DECODE_TIME:  # a worn quarantine worker is not reused either
                 self._quarantine = None
@@ -411,8 +430,32 @@ class DecodePool:
         )
 
 
-def _unship(shipped: Shipped) -> Prepared:
-    return Prepared(shipped.to_image(), *shipped.timings)
+@dataclass(frozen=True)
+class _ImageJob:
+    data: bytes
+
+    @staticmethod
+    def unship(result: Shipped | Prepared) -> Prepared:
+        return result if isinstance(result, Prepared) else Prepared(result.to_image(), *result.timings)
+
+
+@dataclass(frozen=True)
+class VideoJob:
+    """One video to decode: its bytes, limits, rules and sampling (all frozen, picklable)."""
+
+    data: bytes
+    limits: VideoLimits
+    rules: VideoRules
+    sampling: VideoSampling
+
+    @property
+    def args(self) -> tuple:
+        return (self.data, self.limits, self.rules, self.sampling)
+
+    @staticmethod
+    def unship(result: ShippedVideo) -> ShippedVideo:
+        result.materialize()  # the patches mapped (a no-op for a result that came in-band)
+        return result
 
 
 async def _first_error_in_order(tasks: list[asyncio.Future]) -> list[Prepared]:

@@ -76,7 +76,8 @@ class Shipped:
         self.materialize()
         assert self.patches is not None
         lut = None if self.lut is None else torch.from_numpy(self.lut)
-        return PreprocessedImage(torch.from_numpy(self.patches), self.grid_hw, self.num_tokens, self.image_size, lut)
+        patches = torch.from_numpy(self.patches)
+        return PreprocessedImage(patches, self.grid_hw, self.num_tokens, self.image_size, lut=lut)
 
 
 def ship(

@@ -115,6 +115,7 @@ class Engine:
         self.ready = False
         self.draining = False
         self.batches_run = 0
+        self.videos = None  # service.video_engine.VideoService for a model that takes video (service/app.py)
         self.metrics = metrics or Metrics()
         self.metrics.track(queue_images=lambda: self._runner.queued_images, inflight_requests=lambda: self._inflight)
         self.metrics.track_decode(lambda: self.decode_pool)

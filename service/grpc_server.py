@@ -27,6 +27,7 @@ from service.convert import (
 from service.engine import EncodedImage, Engine
 from service.errors import map_error, to_grpc_status
 from service.grpc_observe import ObserveInterceptor
+from service.grpc_video import VideoServicerMixin
 from service.session import run_session
 from service.state import ServingState
 
@@ -44,7 +45,7 @@ class ReplyTooLargeError(ResourceExhaustedError):
     """A unary reply would exceed the message cap; the client should use EncodeImagesStream."""
 
 
-class EncoderServicer(pb_grpc.EncoderServicer):
+class EncoderServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos: service/grpc_video.py
     def __init__(self, state: ServingState, *, default_deadline_s: float) -> None:
         self._state = state
         self._default_deadline_s = default_deadline_s

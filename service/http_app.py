@@ -6,6 +6,7 @@ GET /metrics   Prometheus text format (service/metrics.py)
 GET /v1/info   the same facts as gRPC GetServerInfo, as JSON
 POST /v1/encode  {"images": ["<base64 or data: URI>", ...], "return_embeddings": false, "request_id": "..."}
                (+ "keys": [...] to keep each result under its key for an engine, docs/engines.md)
+POST /v1/encode_video  videos (service/http_video.py)
                -> 200 {"request_id", "embeddings": [{"index", "num_tokens", "grid_hw", "grid_thw", "image_size",
                   "shape", "dtype", "sha256", "key"?, "data"?}]} or 4xx/5xx {"request_id", "error": {"code", "reason", "message", "index"?}}
 """
@@ -203,4 +204,7 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
             embeddings = [embedding_json(r, data, body.return_embeddings) for r, data in zip(results, payloads)]
         return "OK", JSONResponse({"request_id": request_id, "embeddings": embeddings})
 
+    from service.http_video import add_video_routes  # imports this module's helpers
+
+    add_video_routes(app, state, default_deadline_s=default_deadline_s)  # POST /v1/encode_video
     return app

@@ -20,6 +20,7 @@ from mmproc.errors import ConfigError
 
 if TYPE_CHECKING:  # imported where used: the settings alone (`mmproc health`, `mmproc config`) need no torch
     from mmproc.media import MediaLimits
+    from mmproc.media.video_limits import VideoLimits
     from mmproc.runner import RunnerConfig
     from service.decode_pool import DecodePoolConfig
 
@@ -127,6 +128,20 @@ class ServerSettings(BaseSettings):
     apply_exif_orientation: bool = Field(
         True, description="Turn images upright from their EXIF orientation (off: as stored, like SGLang's K3 path)"
     )
+
+    # Video (EncodeVideos, Kimi K2.5; docs/reliability.md): checked from the header and packet index before decoding
+    max_videos_per_request: int = Field(4, ge=1, le=256)
+    max_video_mb: int = Field(32, ge=1, le=2047, description="encoded size of one video (at most max_request_mb)")
+    max_video_duration_s: float = Field(600.0, gt=0, le=86_400)
+    max_video_fps: float = Field(240.0, gt=0, le=10_000, description="the stream's frame rate")
+    max_video_pixels: int = Field(8_294_400, ge=1, le=89_000_000, description="per frame (default 3840x2160)")
+    max_sampled_frames_per_video: int = Field(512, ge=1, le=100_000)
+    max_sampled_frames_per_request: int = Field(1024, ge=1, le=100_000)
+    max_video_sample_fps: float = Field(30.0, gt=0, le=1000, description="the highest fps a request may ask for")
+    max_video_decode_megapixels: float = Field(
+        40_000.0, gt=0, description="frames the sampler must decode x pixels, planned from the index (bomb guard)"
+    )
+    video_decode_cpu_s: float = Field(60.0, gt=0, le=3600, description="CPU time one video may spend decoding")
 
     # Concurrency and batching
     preprocess_workers: int | None = Field(
@@ -281,6 +296,20 @@ class ServerSettings(BaseSettings):
             max_chunks=self.max_chunks,
             max_rle_ratio=self.max_rle_ratio,
             apply_exif_orientation=self.apply_exif_orientation,
+        )
+
+    def video_limits(self) -> VideoLimits:
+        from mmproc.media.video_limits import VideoLimits
+
+        return VideoLimits(
+            max_video_bytes=min(self.max_video_mb, self.max_request_mb) * MiB,  # a video is one request at most
+            max_duration_s=self.max_video_duration_s,
+            max_fps=self.max_video_fps,
+            max_pixels=self.max_video_pixels,
+            max_sampled_frames=self.max_sampled_frames_per_video,
+            max_decode_megapixels=self.max_video_decode_megapixels,
+            decode_cpu_s=self.video_decode_cpu_s,
+            max_sample_fps=self.max_video_sample_fps,
         )
 
     def decode_config(self) -> DecodePoolConfig:

@@ -9,6 +9,8 @@ decompression bombs, cost bombs (scans, chunks, RLE; `tests/cost_samples.py`), e
 PDF, PSD, EPS, SVG, ICO, FITS, JPEG 2000, HEIF ...), polyglots and trailing junk. `tests/test_corpus.py`
 sends every case through a real server; `tests/fuzz/fuzz_media.py` seeds the fuzzer with it.
 
+Videos: `build_video_corpus()` (tests/video_corpus.py; needs PyAV), checked by tests/test_video_media.py.
+
 `python -m tests.corpus DIR` writes every case to DIR (one file per case) for fuzzers or manual checks.
 """
 
@@ -408,6 +410,14 @@ def polyglots() -> Iterator[Case]:
 
 FAMILIES = (valid_controls, truncations, bit_flips, broken_headers, lying_dimensions, bombs, cost_bombs,
             aspect_ratios, not_images, wrong_magic, refused_formats, polyglots)  # fmt: skip
+
+
+@cache
+def build_video_corpus() -> tuple:
+    """The hostile videos (tests/video_corpus.py), built once per process (~3 s; PyAV must be installed)."""
+    from tests.video_corpus import build_video_corpus as build
+
+    return build()
 
 
 @cache

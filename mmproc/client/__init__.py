@@ -15,6 +15,9 @@ addresses, e.g. "dns:///mmproc-pool:50051" (gRPC's round_robin policy spreads ca
 UNAVAILABLE is retried — on the next target — with exponential backoff and jitter within the call's
 timeout; INVALID_ARGUMENT never is. See `mmproc.client.retry.RetryPolicy` (`retry=NO_RETRY` turns it off).
 
+Videos (Kimi K2.5): `client.encode_videos([mp4_bytes, VideoInput(webm_bytes, fps=1.0)])` -> `VideoEmbedding`s, one
+tensor per chunk of frames with its grid and timestamp (mmproc.client.video).
+
 Tensor-parallel engines: rank 0 calls `encode_images_shared(images, readers=tp)`, broadcasts
 `shared.to_bytes()`, and every rank reads with `read_shared(shared, rank)` (see mmproc.client.shared).
 """
@@ -23,6 +26,7 @@ from mmproc.client.encoder import AsyncEncoderClient, EncoderClient
 from mmproc.client.results import ImageEmbedding
 from mmproc.client.retry import NO_RETRY, RetryPolicy
 from mmproc.client.shared import SharedEmbeddings
+from mmproc.client.video import VideoChunkEmbedding, VideoEmbedding, VideoInput
 from mmproc.client.wire import error_from_rpc
 
 __all__ = [
@@ -32,5 +36,8 @@ __all__ = [
     "ImageEmbedding",
     "RetryPolicy",
     "SharedEmbeddings",
+    "VideoChunkEmbedding",
+    "VideoEmbedding",
+    "VideoInput",
     "error_from_rpc",
 ]

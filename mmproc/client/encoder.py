@@ -17,6 +17,7 @@ from mmproc.client.results import ImageEmbedding, from_header
 from mmproc.client.retry import RetryPolicy
 from mmproc.client.shared import SharedEmbeddings, collect_reply
 from mmproc.client.targets import Targets
+from mmproc.client.video import VideoEmbedding, VideoInput, encode_over_ipc, make_video_request, read_serialized
 from mmproc.client.wire import (
     TRANSPORTS,
     Assembler,
@@ -315,6 +316,32 @@ class EncoderClient:
 
         return self._targets.call(attempt, timeout or self.timeout)
 
+    def encode_videos(
+        self,
+        videos: Sequence[bytes | VideoInput],
+        *,
+        request_id: str | None = None,
+        timeout: float | None = None,
+    ) -> list[VideoEmbedding]:
+        """One `VideoEmbedding` per video (MP4/MOV/MKV/WebM bytes, or `VideoInput` with fps / num_frames
+        overrides): per chunk its (tokens, hidden) tensor on this client's device, grid and timestamp. Over CUDA
+        IPC when this client has a session, else serialized (one unary reply: at most max_message_bytes)."""
+        request = make_video_request(videos, request_id)
+        seconds = timeout or self.timeout
+        if self._ipc is not None:
+            try:
+                got = encode_over_ipc(self._ipc, self._stub, request, self.device, seconds)
+            except grpc.RpcError as err:
+                raise error_from_rpc(err) from None
+            if got is not None:
+                return got
+            request = make_video_request(videos, request.request_id)
+
+        def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> list[VideoEmbedding]:
+            return read_serialized(stub.EncodeVideos(request, timeout=seconds), self.device)
+
+        return self._targets.call(attempt, seconds)
+
     def server_info(self, timeout: float | None = None) -> pb.ServerInfo:
         request = pb.GetServerInfoRequest()
         timeout = timeout or self.timeout
@@ -425,6 +452,21 @@ class AsyncEncoderClient:
 
         reply = await self._targets.acall(attempt, timeout or self.timeout)
         return [from_header(emb, None) for emb in reply.embeddings]
+
+    async def encode_videos(
+        self,
+        videos: Sequence[bytes | VideoInput],
+        *,
+        request_id: str | None = None,
+        timeout: float | None = None,
+    ) -> list[VideoEmbedding]:
+        """`EncoderClient.encode_videos`, serialized (one unary reply, at most max_message_bytes)."""
+        request = make_video_request(videos, request_id)
+
+        async def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> list[VideoEmbedding]:
+            return read_serialized(await stub.EncodeVideos(request, timeout=seconds), self.device)
+
+        return await self._targets.acall(attempt, timeout or self.timeout)
 
     async def server_info(self, timeout: float | None = None) -> pb.ServerInfo:
         request = pb.GetServerInfoRequest()

@@ -53,6 +53,7 @@ class VisionConfig:
     projector_ln_eps: float = 1e-5
     rope_theta: float = 10000.0
     rope_max_grid: int = 512
+    pos_emb_time: int = 0  # frames per video chunk the time embedding covers; 0: the tower takes no video
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -70,6 +71,8 @@ class VisionConfig:
             check_positive_int(field, getattr(self, field))
         if self.qkv_hidden_size is not None:
             check_positive_int("qkv_hidden_size", self.qkv_hidden_size)
+        if self.pos_emb_time:
+            check_positive_int("pos_emb_time", self.pos_emb_time)
         object.__setattr__(self, "merge_kernel_size", as_kernel("merge_kernel_size", self.merge_kernel_size))
         for field in ("projector_ln_eps", "rope_theta") + (("norm_eps",) if self.norm_eps is not None else ()):
             value = getattr(self, field)

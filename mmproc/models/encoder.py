@@ -21,6 +21,7 @@ from torch import Tensor, nn
 from mmproc.layers.attention import VarlenMeta
 from mmproc.layers.projector import PROJECTORS, merge_gather_index
 from mmproc.layers.rope import gather_rope, rope_row_index
+from mmproc.layers.temporal import frame_grids, frame_time_index, temporal_pool
 from mmproc.models.config import VisionConfig
 from mmproc.models.cuda_graphs import GraphCache
 from mmproc.models.tower import KernelOptions, MoonViT, TowerInputs
@@ -32,7 +33,8 @@ _LUTS_PER_DEVICE = 8  # normalization tables kept on the device (one per preproc
 @dataclass(frozen=True)
 class DeviceInputs:
     """One batch on the device. pixels (L, 3, P, P) model dtype; cos, sin (L, dh/2) float32; merge_index
-    (T*kk,) int64; attn: segments (CPU ints + device cu_seqlens); grid_hws: per image (h, w) Python ints."""
+    (T*kk,) int64; attn: segments (CPU ints + device cu_seqlens); grid_hws: per image (h, w) Python ints.
+    Video chunks (mmproc/layers/temporal.py): frames per item (empty: all images) and time_index (L,) int64."""
 
     pixels: Tensor
     cos: Tensor
@@ -40,6 +42,8 @@ class DeviceInputs:
     merge_index: Tensor
     attn: VarlenMeta
     grid_hws: tuple[tuple[int, int], ...]
+    frames: tuple[int, ...] = ()
+    time_index: Tensor | None = None
 
 
 class VisionEncoder(nn.Module):
@@ -96,7 +100,7 @@ class VisionEncoder(nn.Module):
                 else torch.empty(0, self.output_dim, dtype=dtype, device=device)
             )
 
-        if self.graphs is not None:
+        if self.graphs is not None and not batch.frames:  # graphs are captured for image batches only
             captured = self.graphs.lookup(self, batch)
             if captured is not None:
                 return captured.replay(self, batch, out)
@@ -107,11 +111,16 @@ class VisionEncoder(nn.Module):
         factors and the merge index, with the batch's CPU metadata."""
         device = self.device
         grids = batch.grid_hws
+        if batch.frames and max(batch.frames) > self.config.pos_emb_time:
+            raise ValueError(f"video chunks of {max(batch.frames)} frames; this tower takes {self.config.pos_emb_time}")
         cos_table, sin_table = self.tower.rope_table(
             device, max(h for h, _ in grids), max(w for _, w in grids)
         )  # (Th, Tw, dh/2) float32
         pixels, rope_rows, merge_idx, cu_dev = self._inputs_to_device(batch, cos_table.shape[1], device)
         cos, sin = gather_rope(cos_table, sin_table, rope_rows)  # (L, dh/2) each
+        time_index = None
+        if batch.frames:
+            time_index = frame_time_index(grids, batch.frames).to(device, non_blocking=True)
         return DeviceInputs(
             pixels=self.device_pixels(pixels, batch),  # (L, 3, P, P) model dtype
             cos=cos,
@@ -119,6 +128,8 @@ class VisionEncoder(nn.Module):
             merge_index=merge_idx,
             attn=VarlenMeta.from_cu_seqlens(batch.cu_seqlens, batch.max_seqlen, cu_dev),
             grid_hws=grids,
+            frames=batch.frames,
+            time_index=time_index,
         )
 
     def device_pixels(self, pixels: Tensor, batch: PackedBatch) -> Tensor:
@@ -140,14 +151,18 @@ class VisionEncoder(nn.Module):
 
     def run(self, inputs: DeviceInputs, out: Tensor | list[Tensor] | None = None) -> Tensor | None:
         """The forward proper over prepared inputs: only device work, no host reads (CUDA-graph capturable)."""
+        frames = inputs.frames
         tower_inputs = TowerInputs(
-            grid_hws=inputs.grid_hws,
+            grid_hws=frame_grids(inputs.grid_hws, frames) if frames else inputs.grid_hws,
             cos=inputs.cos,
             sin=inputs.sin,
             attn=inputs.attn,
             kernels=self.tower.kernels(self.device, self.dtype),
+            time_index=inputs.time_index,
         )
         hidden = self.tower(inputs.pixels, tower_inputs)  # (L, D)
+        if frames:
+            hidden = temporal_pool(hidden, inputs.grid_hws, frames)  # (sum h*w, D): a chunk costs one frame
         return self.projector(hidden, inputs.merge_index, out)
 
     def _inputs_to_device(self, batch: PackedBatch, table_w: int, device: torch.device) -> tuple[Tensor, ...]:
@@ -156,7 +171,8 @@ class VisionEncoder(nn.Module):
 
         On CUDA both copies run on a side stream, which the compute stream then waits for (an event): under load
         the copy engine uploads this batch while the GPU still computes the previous one."""
-        rows = rope_row_index(batch.grid_hws, table_w)
+        # RoPE: every frame of a chunk is an (h, w) image; the merge gather runs after the temporal pool.
+        rows = rope_row_index(frame_grids(batch.grid_hws, batch.frames) if batch.frames else batch.grid_hws, table_w)
         merge = merge_gather_index(batch.grid_hws, self.config.merge_kernel_size)
         if device.type == "cpu":
             return batch.pixel_values, rows, merge, batch.cu_seqlens

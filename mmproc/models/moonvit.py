@@ -81,7 +81,8 @@ def parse_kimi_k25(config: Mapping[str, Any], name: str) -> VisionConfig:
     vision = _section(config, "vision_config")
     where = "vision_config"
     sizes = {field: get_int(vision, first_key(vision, keys, where), where) for field, keys in _K25_KEYS.items()}
-    # Images only: t == 1 adds no time embedding (divided_fixed) and the temporal pool of sd2_tpool is a no-op.
+    # divided_fixed: a fixed sinusoidal time embedding per frame of a video chunk (none for t == 1); sd2_tpool:
+    # the frames of a chunk averaged after the 2x2 merge (mmproc/layers/temporal.py).
     for key, supported in (("pos_emb_type", "divided_fixed"), ("merge_type", "sd2_tpool")):
         require(vision.get(key, supported), supported, f"vision_config.{key}")
     for where_key, mm_hidden in (
@@ -99,7 +100,12 @@ def parse_kimi_k25(config: Mapping[str, Any], name: str) -> VisionConfig:
         merge_kernel_size=as_kernel(f"{where}.merge_kernel_size", vision.get("merge_kernel_size", (2, 2))),
         text_hidden_size=text_hidden_size(config, vision),
         projector_ln_eps=eps,
+        pos_emb_time=get_int(vision, _time_key(vision), where, default=4),  # transformers' default
     )
+
+
+def _time_key(vision: Mapping[str, Any]) -> str:
+    return "pos_emb_time" if "pos_emb_time" in vision else "init_pos_emb_time"  # transformers / the release
 
 
 def text_hidden_size(config: Mapping[str, Any], vision: Mapping[str, Any]) -> int:
@@ -154,6 +160,21 @@ KIMI_K25 = ModelFamily(
     parse=parse_kimi_k25,
     layouts=(K25_LAYOUT, K25_TRANSFORMERS_LAYOUT),
     presets=MappingProxyType(
-        {"kimi-k2.5": VisionConfig(family="kimi_k25", **_MOONVIT, text_hidden_size=7168, name="kimi-k2.5")}
+        {
+            # The tiny preset's shapes with K2.5's rules (video included): CPU tests and `bench serve` videos.
+            "tiny-k2.5": VisionConfig(
+                family="kimi_k25",
+                hidden_size=144,
+                num_layers=2,
+                num_heads=2,
+                intermediate_size=288,
+                text_hidden_size=256,
+                pos_emb_time=4,
+                name="tiny-k2.5",
+            ),
+            "kimi-k2.5": VisionConfig(
+                family="kimi_k25", **_MOONVIT, text_hidden_size=7168, pos_emb_time=4, name="kimi-k2.5"
+            ),
+        }
     ),
 )

@@ -28,6 +28,7 @@ from mmproc.layers.attention import VarlenMeta
 from mmproc.layers.kernels import KernelOptions, Kernels, LinearGeluFn, linear_gelu_tanh, select_kernels
 from mmproc.layers.pos_emb import Learnable2DInterpPosEmb
 from mmproc.layers.rope import build_rope_table
+from mmproc.layers.temporal import time_embedding_table
 from mmproc.models.config import VisionConfig
 
 logger = logging.getLogger(__name__)
@@ -41,8 +42,9 @@ __all__ = ["KernelOptions", "MoonViT", "TowerInputs"]
 class TowerInputs:
     """Per-batch inputs of the tower, all on the compute device except the Python-int metadata.
 
-    cos, sin: (L, dh/2) float32 RoPE factors per patch. attn: segment metadata. kernels: the functions chosen
-    for this device and dtype.
+    grid_hws: per frame (h, w) (an image is one frame). cos, sin: (L, dh/2) float32 RoPE factors per patch.
+    attn: segment metadata (a video chunk is one segment). kernels: the functions chosen for this device and
+    dtype. time_index: (L,) int64 row of the time table per patch, None when every item is one frame.
     """
 
     grid_hws: tuple[tuple[int, int], ...]
@@ -50,6 +52,7 @@ class TowerInputs:
     sin: Tensor
     attn: VarlenMeta
     kernels: Kernels
+    time_index: Tensor | None = None
 
 
 class PatchEmbed(nn.Module):
@@ -139,6 +142,18 @@ class MoonViT(nn.Module):
         self.encoder = Encoder(config)
         self._rope: tuple[torch.device, Tensor, Tensor] | None = None  # (device, cos, sin)
         self._kernels: tuple[tuple[torch.device, torch.dtype], Kernels] | None = None
+        self._time: Tensor | None = None  # (pos_emb_time + 1, D) in the model's device and dtype
+
+    def time_table(self, device: torch.device, dtype: torch.dtype) -> Tensor:
+        """The fixed time embedding (pos_emb_time + 1, D), made on first use (not a buffer: the model is built on
+        `meta` and its tensors assigned from the checkpoint, which has none for it)."""
+        if self.config.pos_emb_time < 1:
+            raise ValueError(f"{self.config.name}: this tower takes no video")
+        if self._time is None or self._time.device != device or self._time.dtype != dtype:
+            with torch.inference_mode(False), torch.no_grad():
+                table = time_embedding_table(self.config.pos_emb_time, self.config.hidden_size)
+                self._time = table.to(device=device, dtype=dtype)
+        return self._time
 
     def set_options(self, **changes: object) -> KernelOptions:
         """Switch fast paths (benchmarks, tests); the kernels are selected again on the next forward."""
@@ -188,6 +203,8 @@ class MoonViT(nn.Module):
     def forward(self, pixels: Tensor, inputs: TowerInputs) -> Tensor:
         # pixels (L, 3, P, P) in model dtype on the model device -> hidden states (L, D)
         x = self.patch_embed(pixels, inputs.grid_hws)
+        if inputs.time_index is not None:
+            x.add_(self.time_table(x.device, x.dtype)[inputs.time_index])  # (L, D) gather: video frames only
         return self.encoder(x, inputs)
 
 

@@ -209,6 +209,104 @@ class EncodeImagesChunk(_message.Message):
     data: bytes
     def __init__(self, request_id: _Optional[str] = ..., header: _Optional[_Union[Embedding, _Mapping]] = ..., index: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
+class Video(_message.Message):
+    __slots__ = ("data", "fps", "num_frames")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    FPS_FIELD_NUMBER: _ClassVar[int]
+    NUM_FRAMES_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    fps: float
+    num_frames: int
+    def __init__(self, data: _Optional[bytes] = ..., fps: _Optional[float] = ..., num_frames: _Optional[int] = ...) -> None: ...
+
+class EncodeVideosRequest(_message.Message):
+    __slots__ = ("videos", "request_id", "transport", "consumer", "readers")
+    VIDEOS_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    CONSUMER_FIELD_NUMBER: _ClassVar[int]
+    READERS_FIELD_NUMBER: _ClassVar[int]
+    videos: _containers.RepeatedCompositeFieldContainer[Video]
+    request_id: str
+    transport: Transport
+    consumer: ConsumerInfo
+    readers: int
+    def __init__(self, videos: _Optional[_Iterable[_Union[Video, _Mapping]]] = ..., request_id: _Optional[str] = ..., transport: _Optional[_Union[Transport, str]] = ..., consumer: _Optional[_Union[ConsumerInfo, _Mapping]] = ..., readers: _Optional[int] = ...) -> None: ...
+
+class VideoChunk(_message.Message):
+    __slots__ = ("embedding", "timestamp_s")
+    EMBEDDING_FIELD_NUMBER: _ClassVar[int]
+    TIMESTAMP_S_FIELD_NUMBER: _ClassVar[int]
+    embedding: Embedding
+    timestamp_s: float
+    def __init__(self, embedding: _Optional[_Union[Embedding, _Mapping]] = ..., timestamp_s: _Optional[float] = ...) -> None: ...
+
+class EncodedVideo(_message.Message):
+    __slots__ = ("index", "chunks", "num_tokens", "frame_indices", "fps", "width", "height")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    FRAME_INDICES_FIELD_NUMBER: _ClassVar[int]
+    FPS_FIELD_NUMBER: _ClassVar[int]
+    WIDTH_FIELD_NUMBER: _ClassVar[int]
+    HEIGHT_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    chunks: _containers.RepeatedCompositeFieldContainer[VideoChunk]
+    num_tokens: int
+    frame_indices: _containers.RepeatedScalarFieldContainer[int]
+    fps: float
+    width: int
+    height: int
+    def __init__(self, index: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[VideoChunk, _Mapping]]] = ..., num_tokens: _Optional[int] = ..., frame_indices: _Optional[_Iterable[int]] = ..., fps: _Optional[float] = ..., width: _Optional[int] = ..., height: _Optional[int] = ...) -> None: ...
+
+class EncodeVideosResponse(_message.Message):
+    __slots__ = ("request_id", "videos", "transport")
+    REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    VIDEOS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    request_id: str
+    videos: _containers.RepeatedCompositeFieldContainer[EncodedVideo]
+    transport: Transport
+    def __init__(self, request_id: _Optional[str] = ..., videos: _Optional[_Iterable[_Union[EncodedVideo, _Mapping]]] = ..., transport: _Optional[_Union[Transport, str]] = ...) -> None: ...
+
+class VideoInfo(_message.Message):
+    __slots__ = ("supported", "fps", "temporal_patch_size", "max_patches_per_frame", "max_videos_per_request", "max_video_bytes", "max_duration_s", "max_fps", "max_pixels", "max_sampled_frames_per_video", "max_sampled_frames_per_request", "max_sample_fps", "containers", "codecs", "chunk_header", "placeholder", "chunk_footer")
+    SUPPORTED_FIELD_NUMBER: _ClassVar[int]
+    FPS_FIELD_NUMBER: _ClassVar[int]
+    TEMPORAL_PATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    MAX_PATCHES_PER_FRAME_FIELD_NUMBER: _ClassVar[int]
+    MAX_VIDEOS_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    MAX_VIDEO_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_DURATION_S_FIELD_NUMBER: _ClassVar[int]
+    MAX_FPS_FIELD_NUMBER: _ClassVar[int]
+    MAX_PIXELS_FIELD_NUMBER: _ClassVar[int]
+    MAX_SAMPLED_FRAMES_PER_VIDEO_FIELD_NUMBER: _ClassVar[int]
+    MAX_SAMPLED_FRAMES_PER_REQUEST_FIELD_NUMBER: _ClassVar[int]
+    MAX_SAMPLE_FPS_FIELD_NUMBER: _ClassVar[int]
+    CONTAINERS_FIELD_NUMBER: _ClassVar[int]
+    CODECS_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_HEADER_FIELD_NUMBER: _ClassVar[int]
+    PLACEHOLDER_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_FOOTER_FIELD_NUMBER: _ClassVar[int]
+    supported: bool
+    fps: float
+    temporal_patch_size: int
+    max_patches_per_frame: int
+    max_videos_per_request: int
+    max_video_bytes: int
+    max_duration_s: float
+    max_fps: float
+    max_pixels: int
+    max_sampled_frames_per_video: int
+    max_sampled_frames_per_request: int
+    max_sample_fps: float
+    containers: _containers.RepeatedScalarFieldContainer[str]
+    codecs: _containers.RepeatedScalarFieldContainer[str]
+    chunk_header: str
+    placeholder: str
+    chunk_footer: str
+    def __init__(self, supported: _Optional[bool] = ..., fps: _Optional[float] = ..., temporal_patch_size: _Optional[int] = ..., max_patches_per_frame: _Optional[int] = ..., max_videos_per_request: _Optional[int] = ..., max_video_bytes: _Optional[int] = ..., max_duration_s: _Optional[float] = ..., max_fps: _Optional[float] = ..., max_pixels: _Optional[int] = ..., max_sampled_frames_per_video: _Optional[int] = ..., max_sampled_frames_per_request: _Optional[int] = ..., max_sample_fps: _Optional[float] = ..., containers: _Optional[_Iterable[str]] = ..., codecs: _Optional[_Iterable[str]] = ..., chunk_header: _Optional[str] = ..., placeholder: _Optional[str] = ..., chunk_footer: _Optional[str] = ...) -> None: ...
+
 class GetServerInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -277,7 +375,7 @@ class KeyStoreInfo(_message.Message):
     def __init__(self, max_bytes: _Optional[int] = ..., ttl_s: _Optional[float] = ..., max_keys: _Optional[int] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("version", "model_name", "model_layout", "hidden_size", "vision_hidden_size", "dtype", "device", "device_uuid", "preprocess", "limits", "transports", "ipc_status", "max_message_bytes", "stream_chunk_bytes", "family", "prompt", "key_store")
+    __slots__ = ("version", "model_name", "model_layout", "hidden_size", "vision_hidden_size", "dtype", "device", "device_uuid", "preprocess", "limits", "transports", "ipc_status", "max_message_bytes", "stream_chunk_bytes", "family", "prompt", "key_store", "video")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_LAYOUT_FIELD_NUMBER: _ClassVar[int]
@@ -295,6 +393,7 @@ class ServerInfo(_message.Message):
     FAMILY_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     KEY_STORE_FIELD_NUMBER: _ClassVar[int]
+    VIDEO_FIELD_NUMBER: _ClassVar[int]
     version: str
     model_name: str
     model_layout: str
@@ -312,4 +411,5 @@ class ServerInfo(_message.Message):
     family: str
     prompt: PromptFraming
     key_store: KeyStoreInfo
-    def __init__(self, version: _Optional[str] = ..., model_name: _Optional[str] = ..., model_layout: _Optional[str] = ..., hidden_size: _Optional[int] = ..., vision_hidden_size: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., device: _Optional[str] = ..., device_uuid: _Optional[str] = ..., preprocess: _Optional[_Union[PreprocessInfo, _Mapping]] = ..., limits: _Optional[_Union[RequestLimits, _Mapping]] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., ipc_status: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., stream_chunk_bytes: _Optional[int] = ..., family: _Optional[str] = ..., prompt: _Optional[_Union[PromptFraming, _Mapping]] = ..., key_store: _Optional[_Union[KeyStoreInfo, _Mapping]] = ...) -> None: ...
+    video: VideoInfo
+    def __init__(self, version: _Optional[str] = ..., model_name: _Optional[str] = ..., model_layout: _Optional[str] = ..., hidden_size: _Optional[int] = ..., vision_hidden_size: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., device: _Optional[str] = ..., device_uuid: _Optional[str] = ..., preprocess: _Optional[_Union[PreprocessInfo, _Mapping]] = ..., limits: _Optional[_Union[RequestLimits, _Mapping]] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., ipc_status: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., stream_chunk_bytes: _Optional[int] = ..., family: _Optional[str] = ..., prompt: _Optional[_Union[PromptFraming, _Mapping]] = ..., key_store: _Optional[_Union[KeyStoreInfo, _Mapping]] = ..., video: _Optional[_Union[VideoInfo, _Mapping]] = ...) -> None: ...

@@ -44,6 +44,11 @@ class EncoderStub:
                 request_serializer=mmproc_dot_v1_dot_encoder__pb2.EncodeImagesRequest.SerializeToString,
                 response_deserializer=mmproc_dot_v1_dot_encoder__pb2.EncodeImagesChunk.FromString,
                 _registered_method=True)
+        self.EncodeVideos = channel.unary_unary(
+                '/mmproc.v1.Encoder/EncodeVideos',
+                request_serializer=mmproc_dot_v1_dot_encoder__pb2.EncodeVideosRequest.SerializeToString,
+                response_deserializer=mmproc_dot_v1_dot_encoder__pb2.EncodeVideosResponse.FromString,
+                _registered_method=True)
         self.GetServerInfo = channel.unary_unary(
                 '/mmproc.v1.Encoder/GetServerInfo',
                 request_serializer=mmproc_dot_v1_dot_encoder__pb2.GetServerInfoRequest.SerializeToString,
@@ -69,6 +74,14 @@ class EncoderServicer:
     def EncodeImagesStream(self, request, context):
         """Same as EncodeImages, but serialized payloads are streamed in chunks of at most
         ServerInfo.stream_chunk_bytes, so replies larger than the message cap get through.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def EncodeVideos(self, request, context):
+        """Encode videos (Kimi K2.5): frames sampled, chunked, time-embedded and pooled as the model was trained.
+        The whole request fails if any video is invalid (BadRequest field `images[i]` names the video).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -102,6 +115,11 @@ def add_EncoderServicer_to_server(servicer, server):
                     servicer.EncodeImagesStream,
                     request_deserializer=mmproc_dot_v1_dot_encoder__pb2.EncodeImagesRequest.FromString,
                     response_serializer=mmproc_dot_v1_dot_encoder__pb2.EncodeImagesChunk.SerializeToString,
+            ),
+            'EncodeVideos': grpc.unary_unary_rpc_method_handler(
+                    servicer.EncodeVideos,
+                    request_deserializer=mmproc_dot_v1_dot_encoder__pb2.EncodeVideosRequest.FromString,
+                    response_serializer=mmproc_dot_v1_dot_encoder__pb2.EncodeVideosResponse.SerializeToString,
             ),
             'GetServerInfo': grpc.unary_unary_rpc_method_handler(
                     servicer.GetServerInfo,
@@ -168,6 +186,33 @@ class Encoder:
             '/mmproc.v1.Encoder/EncodeImagesStream',
             mmproc_dot_v1_dot_encoder__pb2.EncodeImagesRequest.SerializeToString,
             mmproc_dot_v1_dot_encoder__pb2.EncodeImagesChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def EncodeVideos(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/mmproc.v1.Encoder/EncodeVideos',
+            mmproc_dot_v1_dot_encoder__pb2.EncodeVideosRequest.SerializeToString,
+            mmproc_dot_v1_dot_encoder__pb2.EncodeVideosResponse.FromString,
             options,
             channel_credentials,
             insecure,

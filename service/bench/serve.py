@@ -20,6 +20,8 @@ succeeded (drops in rate mode are not failures), 1 otherwise, 2 for bad flags or
 
     mmproc bench serve --target 127.0.0.1:50051 --device cuda:0 --transport ipc --compare handle-cache \
         --requests 512 --concurrency 8 --images-per-request 4 --resolutions 448x448,1024x768 --json out.json
+
+`--workload video` sends videos instead (service/bench/serve_video.py, its own flags).
 """
 
 from __future__ import annotations
@@ -475,6 +477,10 @@ def _payloads(args: argparse.Namespace) -> tuple[list[Payload], list[Payload], f
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from service.bench import serve_video  # `--workload video`: its own flags (service/bench/serve_video.py)
+
+    if serve_video.wants_video(sys.argv[1:] if argv is None else list(argv)):
+        return serve_video.main(sys.argv[1:] if argv is None else list(argv))
     args = _parse(argv)
     if args.transport_microbench:
         return _microbench_main(args, argv)

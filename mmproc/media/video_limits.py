@@ -1,0 +1,69 @@
+"""Limits every video must meet before a frame of it is decoded (see `mmproc/media/video.py` for the order).
+
+Frozen and built once at the edge, like `MediaLimits`; the per-request totals (sampled frames, bytes) are the
+service's to sum, the fields here are per video.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from mmproc.errors import ConfigError
+
+MiB = 1024 * 1024
+
+# Containers by magic bytes (`video.sniff_container`) and the FFmpeg demuxer each one is opened with, so that
+# FFmpeg never probes the other few hundred formats it could parse.
+CONTAINERS = {"mp4": "mov", "matroska": "matroska"}  # mp4 = ISO BMFF (MP4, MOV); matroska = MKV, WebM
+CODECS = frozenset({"h264", "hevc", "vp8", "vp9", "av1"})
+
+
+def _positive(name: str, value: object, kind: type = int) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    if not ok or (kind is int and not isinstance(value, int)):
+        raise ConfigError(f"VideoLimits.{name} must be a positive {kind.__name__}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class VideoLimits:
+    """Per-video limits, all checked from the container's header and packet index (no frame decoded).
+
+    max_video_bytes: encoded size; default 256 MiB.
+    allowed_containers / allowed_codecs: subsets of CONTAINERS / CODECS; default all.
+    max_duration_s: the larger of the header's and the packets' duration; default 600 s.
+    max_fps: the stream's average frame rate; default 240.
+    max_pixels: width * height of a frame; default 8_294_400 (3840 x 2160).
+    max_stream_frames: video packets in the stream; default 144_000 (600 s at 240 fps).
+    max_sampled_frames: frames one video may contribute after sampling; default 512 (256 s at 2 fps).
+    max_decode_megapixels: frames the sampler must decode (from a keyframe to each sampled frame, as planned
+        from the index) x pixels per frame, in megapixels; default 40_000 (10 min of 1080p at 30 fps decoded
+        whole). A decoder bomb (a tiny file of many large, cheap-to-code frames) is refused by it up front.
+    decode_cpu_s: CPU seconds one video may spend decoding; default 60 (DECODE_TIME past it).
+    max_sample_fps: the largest sampling rate a request may ask for; default 30.
+    decode_threads: FFmpeg threads per video decoder; default 1 (the decode workers give the parallelism).
+    """
+
+    max_video_bytes: int = 256 * MiB
+    allowed_containers: frozenset[str] = frozenset(CONTAINERS)
+    allowed_codecs: frozenset[str] = CODECS
+    max_duration_s: float = 600.0
+    max_fps: float = 240.0
+    max_pixels: int = 3840 * 2160
+    max_stream_frames: int = 144_000
+    max_sampled_frames: int = 512
+    max_decode_megapixels: float = 40_000.0
+    decode_cpu_s: float = 60.0
+    max_sample_fps: float = 30.0
+    decode_threads: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("max_video_bytes", "max_pixels", "max_stream_frames", "max_sampled_frames", "decode_threads"):
+            _positive(name, getattr(self, name))
+        for name in ("max_duration_s", "max_fps", "max_decode_megapixels", "decode_cpu_s", "max_sample_fps"):
+            _positive(name, getattr(self, name), float)
+        for name, known in (("allowed_containers", CONTAINERS), ("allowed_codecs", CODECS)):
+            names = frozenset(str(n).lower() for n in getattr(self, name))
+            if not names or not names <= set(known):
+                raise ConfigError(f"VideoLimits.{name} must be a non-empty subset of {sorted(known)}, got {names}")
+            object.__setattr__(self, name, names)
