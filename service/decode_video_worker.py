@@ -10,22 +10,19 @@ as a crash (the video alone in quarantine, then UNDECODABLE).
 
 from __future__ import annotations
 
-import os
-import signal
 import time
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from mmproc.errors import InvalidMediaError, Reason
 from mmproc.media.video import VideoSampling, decode_video
 from mmproc.media.video_limits import VideoLimits
 from mmproc.preprocess.video import preprocess_video
 from mmproc.preprocess.video_config import VideoRules
 from mmproc.types import PreprocessedImage, PreprocessedVideo
 from service.decode_transfer import Shipped, ship
-from service.decode_worker import MEMORY_EXIT_CODE, _OverBudget
+from service.decode_worker import cpu_budget
 from service.logs import request_context
 
 
@@ -91,23 +88,5 @@ def run_video_task(
 ) -> ShippedVideo:
     """The worker's entry point for one video, within its CPU budget and wall-clock cap."""
     seconds = limits.decode_cpu_s
-    timers = (
-        (signal.ITIMER_REAL, 2 * seconds + 10.0),
-        (signal.ITIMER_PROF, 2 * seconds + 1.0),
-        (signal.ITIMER_VIRTUAL, seconds),
-    )
-    try:
-        with request_context(request_id):
-            try:
-                for timer, after in timers:
-                    signal.setitimer(timer, after)
-                return prepare_video(data, limits, rules, sampling, out_dir)
-            finally:
-                for timer, _ in reversed(timers):
-                    signal.setitimer(timer, 0)
-    except _OverBudget:
-        raise InvalidMediaError(
-            f"decoding used more than this video's budget of {seconds:.2f} s of CPU time", reason=Reason.DECODE_TIME
-        ) from None
-    except MemoryError:
-        os._exit(MEMORY_EXIT_CODE)  # as for images: the pool retries it alone, then refuses it
+    with request_context(request_id), cpu_budget(seconds, 2 * seconds + 1.0, 2 * seconds + 10.0, "video"):
+        return prepare_video(data, limits, rules, sampling, out_dir)

@@ -8,11 +8,12 @@ worker costs no imports.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -133,32 +134,36 @@ def run_task(
     stuck without using CPU): the parent sees a dead worker, exactly as for a crash or running out of memory.
     """
     seconds = budget.for_image(data)
-    timers = (
-        (signal.ITIMER_REAL, budget.cap_s),
-        (signal.ITIMER_PROF, seconds + max(1.0, seconds)),
-        (signal.ITIMER_VIRTUAL, seconds),
-    )
-    try:
-        with request_context(request_id):
-            try:
-                for timer, after in timers:
-                    signal.setitimer(timer, after)
-                prepared = task(data, limits, config)
-            finally:
-                for timer, _ in reversed(timers):
-                    signal.setitimer(timer, 0)
-    except _OverBudget:
-        raise InvalidMediaError(
-            f"decoding used more than this image's budget of {seconds:.2f} s of CPU time", reason=Reason.DECODE_TIME
-        ) from None
-    except MemoryError:
-        # Out of the RLIMIT_AS budget. Die rather than report it: the parent then treats it like a crash and
-        # retries the image alone in a fresh worker, so that only an image that needs too much memory by
-        # itself is refused (not an innocent one that met a worker worn by earlier work).
-        os._exit(MEMORY_EXIT_CODE)
+    with request_context(request_id), cpu_budget(seconds, seconds + max(1.0, seconds), budget.cap_s, "image"):
+        prepared = task(data, limits, config)
     image = prepared.image
     lut = None if image.lut is None else image.lut.numpy()
     return ship(image.patches.numpy(), image.grid_hw, image.num_tokens, out_dir, prepared[1:], image.image_size, lut)
+
+
+@contextlib.contextmanager
+def cpu_budget(seconds: float, kill_cpu_s: float, cap_s: float, what: str) -> Iterator[None]:
+    """Run the body under the three timers of `run_task`: `seconds` of user CPU time (then DECODE_TIME, at the
+    next bytecode), `kill_cpu_s` of CPU time or `cap_s` of wall-clock time (then the kernel ends the worker).
+    Out of the address-space budget the worker exits (MEMORY_EXIT_CODE): the pool retries the item alone."""
+    timers = ((signal.ITIMER_REAL, cap_s), (signal.ITIMER_PROF, kill_cpu_s), (signal.ITIMER_VIRTUAL, seconds))
+    try:
+        try:
+            for timer, after in timers:
+                signal.setitimer(timer, after)
+            yield
+        finally:
+            for timer, _ in reversed(timers):
+                signal.setitimer(timer, 0)
+    except _OverBudget:
+        raise InvalidMediaError(
+            f"decoding used more than this {what}'s budget of {seconds:.2f} s of CPU time", reason=Reason.DECODE_TIME
+        ) from None
+    except MemoryError:
+        # Die rather than report it: the parent then treats it like a crash and retries the item alone in a
+        # fresh worker, so that only an item that needs too much memory by itself is refused (not an innocent
+        # one that met a worker worn by earlier work).
+        os._exit(MEMORY_EXIT_CODE)
 
 
 def warm_up() -> int:
