@@ -97,4 +97,12 @@ def _reply_fields(response: object) -> dict:
     if embeddings is None:
         return {}
     transport = response.DESCRIPTOR.fields_by_name["transport"].enum_type.values_by_number[response.transport].name
-    return {"tokens": sum(e.num_tokens for e in embeddings), "transport": transport.removeprefix("TRANSPORT_").lower()}
+    fields = {
+        "tokens": sum(e.num_tokens for e in embeddings),
+        "transport": transport.removeprefix("TRANSPORT_").lower(),
+    }
+    statuses = [e.cache for e in embeddings if e.cache]
+    if statuses:  # the embedding cache's answer per image, e.g. "hit,hit,miss"
+        names = embeddings[0].DESCRIPTOR.fields_by_name["cache"].enum_type.values_by_number
+        fields["cache"] = ",".join(names[s].name.removeprefix("CACHE_").lower() for s in statuses)
+    return fields

@@ -79,7 +79,10 @@ class EncoderServicer(pb_grpc.EncoderServicer):
             )
         if request.keys:  # encode and keep (no lease: kept results are plain tensors)
             return request_id, await engine.encode_keyed(list(request.images), list(request.keys), request_id, deadline)
-        results = await engine.encode(list(request.images), request_id, deadline, ipc_session=session, readers=readers)
+        results = await engine.encode(
+            list(request.images), request_id, deadline, ipc_session=session, readers=readers,
+            cache=not request.cache_bypass, mm_hashes=list(request.mm_hashes), lookup_only=request.headers_only,
+        )  # fmt: skip
         return request_id, results
 
     async def EncodeImages(

@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # imported where used: the settings alone (`mmproc health`, `
     from mmproc.media import MediaLimits
     from mmproc.runner import RunnerConfig
     from service.decode_pool import DecodePoolConfig
+    from service.embedding_cache import CacheConfig
 
 MiB = 1 << 20
 
@@ -63,6 +64,26 @@ class ServerSettings(BaseSettings):
     )
     key_store_ttl_s: float = Field(120.0, gt=0, le=86_400, description="how long a result stays kept under its key")
     key_store_max_keys: int = Field(4096, ge=1, le=1 << 20)
+    cache_mb: int = Field(
+        1024,
+        ge=0,
+        le=1 << 20,
+        description="embedding cache for serialized replies, host memory (docs/cache.md); 0: no cache",
+    )
+    cache_ipc_mb: int | None = Field(
+        None,
+        ge=0,
+        le=1 << 20,
+        description="embedding cache for IPC replies, inside the IPC pool; default: half the pool",
+    )
+    cache_policy: Literal["s3fifo", "lru"] = Field("s3fifo", description="eviction policy of the embedding cache")
+    cache_hash: Literal["xxh3", "blake3"] = Field(
+        "xxh3",
+        description="hash of the raw bytes; blake3 (cryptographic) when tenants that do not trust each other share a server",
+    )
+    cache_invalid_ttl_s: float = Field(
+        30.0, ge=0, le=3600, description="an invalid image's error is replayed this long without decoding it again"
+    )
     max_message_mb: int = Field(64, ge=1, le=2047, description="gRPC message cap, both directions")
     stream_chunk_mb: int = Field(4, ge=1, le=64)
     host_malloc_reuse_mb: int = Field(
@@ -198,6 +219,8 @@ class ServerSettings(BaseSettings):
             raise ValueError("max_inflight_patches must be at least max_patches_per_request (one request must fit)")
         if self.drain_delay_s > self.grace_period_s:
             raise ValueError("drain_delay_s must not exceed grace_period_s (the delay is part of the drain)")
+        if self.cache_ipc_mb is not None and self.cache_ipc_mb >= self.ipc_pool_mb:
+            raise ValueError("cache_ipc_mb must be below ipc_pool_mb (requests need pool space of their own)")
         if self.stream_chunk_mb + 1 > self.max_message_mb:
             raise ValueError("max_message_mb must exceed stream_chunk_mb by at least 1 (each chunk carries a header)")
         return self
@@ -245,6 +268,20 @@ class ServerSettings(BaseSettings):
             budget_per_mp_s=self.decode_budget_per_mp_s,
             log_level=self.log_level,
             log_json=self.log_json,
+        )
+
+    def cache_config(self) -> CacheConfig:
+        from service.embedding_cache import CacheConfig
+
+        if self.cache_mb == 0:  # --cache-mb 0: no cache at all
+            return CacheConfig(host_bytes=0, pool_bytes=0)
+        pool_mb = self.ipc_pool_mb // 2 if self.cache_ipc_mb is None else self.cache_ipc_mb
+        return CacheConfig(
+            host_bytes=self.cache_mb * MiB,
+            pool_bytes=pool_mb * MiB,
+            policy=self.cache_policy,
+            hash=self.cache_hash,
+            invalid_ttl_s=self.cache_invalid_ttl_s,
         )
 
     def runner_config(self) -> RunnerConfig:
