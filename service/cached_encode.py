@@ -168,10 +168,16 @@ class CachedEncoder:
             misses = asyncio.ensure_future(
                 self._encode_misses(images, leaders, mine, store, request_id, deadline, session, readers, leases)
             )
-        followed = await asyncio.gather(
-            *(self._follow(i, f, session, readers, deadline, leases) for i, f in waits.items()), return_exceptions=True
-        )
-        encoded = (await asyncio.gather(misses, return_exceptions=True))[0] if misses is not None else {}
+        try:
+            followed = await asyncio.gather(
+                *(self._follow(i, f, session, readers, deadline, leases) for i, f in waits.items()),
+                return_exceptions=True,
+            )
+            encoded = (await asyncio.gather(misses, return_exceptions=True))[0] if misses is not None else {}
+        except BaseException:  # cancelled: so is the encode (it gives its own lease back; followers retry)
+            if misses is not None:
+                misses.cancel()
+            raise
         failures = [r for r in followed if isinstance(r, BaseException)]
         if isinstance(encoded, BaseException):
             failures.insert(0, encoded)
@@ -310,7 +316,10 @@ class CachedEncoder:
         assert pool is not None
 
         def copy_out() -> list[EncodedImage]:
-            copied = [replace(r, embedding=r.embedding.clone(), descriptor=None, lease=None) for r in results]
+            copied = [
+                replace(r, embedding=r.embedding.clone(), descriptor=None, lease=None) if r.descriptor else r
+                for r in results
+            ]
             torch.cuda.current_stream(pool.device).synchronize()  # copied before the leases may be reused
             return copied
 
