@@ -122,6 +122,7 @@ class Engine:
                 preprocess=preprocess, exif=media_limits.apply_exif_orientation,
             )  # fmt: skip
         self.cache = CachedEncoder(self, cache, CacheKeys(cache.hash, cache_context)) if cache.enabled else None
+        self._cached_requests = 0  # requests in the cache's path (a pure hit never enters `_inflight`)
         self.pool: IpcPool | None = None
         self.ipc_fallbacks = 0
         self.ipc_status = "IPC not set up: serialized only"
@@ -155,13 +156,13 @@ class Engine:
 
     @property
     def inflight(self) -> int:
-        return self._inflight
+        return self._inflight + self._cached_requests
 
     async def wait_idle(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        while self._inflight and time.monotonic() < deadline:
+        while self.inflight and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        return self._inflight == 0
+        return self.inflight == 0
 
     def close(self) -> None:
         self._runner.stop()
@@ -214,10 +215,14 @@ class Engine:
             raise UnavailableError("server is draining" if self.draining else "server is not ready")
         check_readers(readers)
         if self.cache is not None and cache:
-            return await self.cache.encode(
-                images, request_id, deadline, ipc_session=ipc_session, readers=readers, mm_hashes=mm_hashes,
-                lookup_only=lookup_only,
-            )  # fmt: skip
+            self._cached_requests += 1
+            try:
+                return await self.cache.encode(
+                    images, request_id, deadline, ipc_session=ipc_session, readers=readers, mm_hashes=mm_hashes,
+                    lookup_only=lookup_only,
+                )  # fmt: skip
+            finally:
+                self._cached_requests -= 1
         if any(not data for data in images) and any(mm_hashes):
             raise InvalidMediaError("lookup by mm_hash needs the cache (bypassed or off)", reason=Reason.BAD_REQUEST)
         results = await self._encode_uncached(images, request_id, deadline, ipc_session=ipc_session, readers=readers)

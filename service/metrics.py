@@ -101,6 +101,7 @@ class Metrics:
             "(its own handle-cache counters are in EncoderClient.ipc_stats).",
             registry=r,
         )
+        self._cache_collector: _CacheCollector | None = None  # registered with the first engine's cache
 
     # -- helpers for the engine and the front ends ---------------------------------------------------
 
@@ -140,8 +141,13 @@ class Metrics:
         self.ipc_leases.set_function(lambda: stats().leases_active)
 
     def track_cache(self, snapshot: Callable[[], CacheSnapshot]) -> None:
-        """Embedding cache families, read from the cache at scrape time (it keeps its own counts)."""
-        self.registry.register(_CacheCollector(snapshot))
+        """Embedding cache families, read from the cache at scrape time (it keeps its own counts); a later engine
+        on the same Metrics replaces the earlier one's source."""
+        collector = self._cache_collector
+        if collector is None:
+            collector = self._cache_collector = _CacheCollector(snapshot)
+            self.registry.register(collector)
+        collector.snapshot = snapshot
 
     def render(self) -> tuple[bytes, str]:
         """(body, content type) of the text exposition format."""
@@ -150,13 +156,13 @@ class Metrics:
 
 class _CacheCollector:
     def __init__(self, snapshot: Callable[[], CacheSnapshot]) -> None:
-        self._snapshot = snapshot
+        self.snapshot = snapshot
 
     def describe(self) -> list:
         return []  # collected lazily: nothing to read before the engine exists
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
-        tiers, invalid, bypassed = self._snapshot()
+        tiers, invalid, bypassed = self.snapshot()
         for i, name in enumerate(_CACHE_COUNTERS):
             family = CounterMetricFamily(f"mmproc_cache_{name}", f"Embedding cache {name} by tier.", labels=["tier"])
             for tier, values in tiers.items():
