@@ -137,32 +137,38 @@ class CachedEncoder:
     ) -> None:
         waits: dict[int, asyncio.Future[Outcome]] = {}
         leaders: dict[str, list[int]] = {}  # key -> this request's images of it (encoded once)
-        for i in todo:
-            key = keys[i]
-            self.invalid.check(key, i)
-            entry = store.get(key)
-            if entry is not None:
-                served = await self._serve(entry, i, session, readers, deadline, leases)
-                if served is not None:
-                    store.stats.hits += 1
-                    out[i] = replace(served, cache="hit")
-                    continue
-            if not images[i]:  # asked by mm_hash alone, and not here
-                store.stats.misses += 1
-                if not lookup_only:
-                    raise UnknownKeyError("no cached embedding for this mm_hash: send the image bytes", index=i)
-                out[i] = self._absent(i)
-                continue
-            future = self._inflight.get((store.tier, key))
-            if future is not None and round_ == 0 and key not in leaders:
-                waits[i] = future
-            else:
-                leaders.setdefault(key, []).append(i)
+        mine: dict[str, asyncio.Future[Outcome]] = {}  # the in-flight futures this request resolves
         loop = asyncio.get_running_loop()
-        mine = {}
-        for key in leaders:
-            if (store.tier, key) not in self._inflight:
-                mine[key] = self._inflight[(store.tier, key)] = loop.create_future()
+        try:
+            for i in sorted(todo, key=lambda i: not images[i]):  # bytes first: a bare mm_hash may join them
+                key = keys[i]
+                self.invalid.check(key, i)
+                if key in leaders:  # the same image twice in this request
+                    leaders[key].append(i)
+                    continue
+                entry = store.get(key)
+                if entry is not None:
+                    served = await self._serve(entry, i, session, readers, deadline, leases)
+                    if served is not None:
+                        store.stats.hits += 1
+                        out[i] = replace(served, cache="hit")
+                        continue
+                future = self._inflight.get((store.tier, key))
+                if future is not None and round_ == 0:
+                    waits[i] = future
+                    continue
+                if not images[i]:  # asked by mm_hash alone, and not here
+                    store.stats.misses += 1
+                    if not lookup_only:
+                        raise UnknownKeyError("no cached embedding for this mm_hash: send the image bytes", index=i)
+                    out[i] = self._absent(i)
+                    continue
+                leaders[key] = [i]
+                if future is None:  # registered at once: a request arriving during our awaits follows us
+                    mine[key] = self._inflight[(store.tier, key)] = loop.create_future()
+        except BaseException:
+            self._settle(store, mine, {})
+            raise
         misses = None
         if leaders:
             misses = asyncio.ensure_future(
@@ -229,8 +235,15 @@ class CachedEncoder:
                 raise exc.at_index(first[exc.index]) from None
             raise
         finally:
-            for key, future in mine.items():
-                del self._inflight[(store.tier, key)]
+            self._settle(store, mine, outcomes)
+
+    def _settle(
+        self, store: CacheStore, mine: dict[str, asyncio.Future[Outcome]], outcomes: dict[str, Outcome]
+    ) -> None:
+        """Hand each follower its leader's outcome (None: encode it yourself) and end the in-flight entries."""
+        for key, future in mine.items():
+            del self._inflight[(store.tier, key)]
+            if not future.done():
                 future.set_result(outcomes.get(key))
 
     async def _follow(

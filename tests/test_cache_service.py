@@ -115,6 +115,9 @@ def test_asking_by_mm_hash_without_the_bytes(engine: Engine) -> None:
     assert missing.value.index == 1
     probe = run(engine.encode([b"", b""], "probe", mm_hashes=[first.mm_hash, unknown], lookup_only=True))
     assert [p.cache for p in probe] == ["hit", "miss"] and probe[1].num_tokens == 0
+    fresh = make_image_bytes(96, 64, fmt="PNG", seed=6)  # never sent: its bytes and its bare hash in one request
+    both = run(engine.encode([b"", fresh], "bare-first", mm_hashes=[engine.cache.keys.mm_hash(fresh), ""]))
+    assert [r.cache for r in both] == ["coalesced", "miss"] and torch.equal(both[0].embedding, both[1].embedding)
     with pytest.raises(InvalidMediaError, match="does not match"):
         run(engine.encode([image], "lying", mm_hashes=[unknown]))
     with pytest.raises(InvalidMediaError, match="needs the cache"):
