@@ -2,7 +2,7 @@
 # The embedding cache on the GPU host (issue 23, docs/cache.md). Run from the repo root with the wheels in .whl/
 # (see docs/benchmarks/README.md; add xxhash's cp312 wheel, and blake3's for the blake3 test); output in $OUT:
 #   cache_tests.log     the cache's CPU tests, its pool-tier CUDA tests (tests/test_ipc_cache_gpu.py) and the IPC
-#                       transport tests they extend (tests/test_ipc_gpu.py)
+#                       transport tests whose read path it changed (tests/test_ipc_gpu.py, tests/test_fanout.py)
 #   cache_bench.log/.json/.md  a kimi-k2.5-shaped server (random weights, bf16, IPC, 2 GiB pool, cache on), then
 #                       `mmproc bench serve --repeat-ratio 0,0.5,0.9 --transport ipc` (cache on/off in ABBA order,
 #                       then a hit-only pass)
@@ -30,7 +30,8 @@ LOG="$OUT/cache_tests.log"
 python3 -c "import xxhash" 2>/dev/null || { echo "xxhash is missing: put its cp312 wheel in .whl/" | tee -a "$LOG"; exit 1; }
 
 python3 -m pytest -q -rs -p no:cacheprovider tests/test_leases_shared.py tests/test_embedding_cache.py \
-  tests/test_cache_service.py tests/test_ipc_cache_gpu.py tests/test_ipc_gpu.py 2>&1 | tee -a "$LOG"
+  tests/test_cache_service.py tests/test_client_ipc_leases.py tests/test_ipc_cache_gpu.py tests/test_ipc_gpu.py \
+  tests/test_fanout.py 2>&1 | tee -a "$LOG"
 tests_rc=${PIPESTATUS[0]}
 
 PORT=${PORT:-50161}
