@@ -156,13 +156,13 @@ class Engine:
 
     @property
     def inflight(self) -> int:
-        return self._inflight + self._cached_requests
+        return self._inflight
 
     async def wait_idle(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        while self.inflight and time.monotonic() < deadline:
+        while (self._inflight or self._cached_requests) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        return self.inflight == 0
+        return self._inflight == 0 and self._cached_requests == 0
 
     def close(self) -> None:
         self._runner.stop()

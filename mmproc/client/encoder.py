@@ -50,6 +50,8 @@ def ipc_wanted(transport: str, device: torch.device) -> bool:
 class EncoderClient:
     """Blocking client. Thread-safe (one channel, shared)."""
 
+    _cache_bypass = False  # set per client by `cache=False`
+
     def __init__(
         self,
         target: str | Sequence[str],
