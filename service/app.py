@@ -26,6 +26,7 @@ from mmproc.preprocess import PreprocessConfig, load_preprocess_config
 from mmproc.prompt import FRAMINGS, framing, placeholder_token_id
 from mmproc.v1 import encoder_pb2 as pb
 from service.auth import BearerToken, require_bearer_token
+from service.cache_key import model_context
 from service.convert import DTYPE_TO_PB
 from service.engine import Engine, RequestLimits
 from service.grpc_server import create_server, set_serving
@@ -76,6 +77,15 @@ def build_engine(settings: ServerSettings, metrics: Metrics | None = None) -> En
             ttl_s=settings.key_store_ttl_s,
             max_keys=settings.key_store_max_keys,
         ),
+        cache=settings.cache_config(),
+        cache_context=model_context(
+            model=settings.model,
+            model_path=settings.model_path,
+            dtype=settings.torch_dtype_name,
+            device_type=encoder.device.type,
+            preprocess=preprocess,
+            exif=settings.apply_exif_orientation,
+        ),
     )
     engine.ipc_status = setup_ipc(settings, engine)
     engine.videos = build_video_service(settings, engine)
@@ -120,6 +130,21 @@ def build_server_info(settings: ServerSettings, engine: Engine) -> pb.ServerInfo
             max_bytes=engine.keys.config.max_bytes, ttl_s=engine.keys.config.ttl_s, max_keys=engine.keys.config.max_keys
         ),
         video=video_info(engine.videos),
+        cache=cache_info(engine),
+    )
+
+
+def cache_info(engine: Engine) -> pb.CacheInfo:
+    cache = engine.cache
+    if cache is None:
+        return pb.CacheInfo()
+    config = cache.config
+    return pb.CacheInfo(
+        host_max_bytes=cache.host.max_bytes,
+        pool_max_bytes=cache.pool_store.max_bytes if cache.pool_store is not None else 0,
+        policy=config.policy,
+        hash=config.hash,
+        invalid_ttl_s=config.invalid_ttl_s,
     )
 
 

@@ -127,7 +127,18 @@ def cmd_health(args: argparse.Namespace) -> int:
     return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
-BENCHMARKS = ("encoder", "serve", "decode", "cpu_preprocess", "rope", "d2h", "fanout", "ipc_steps", "gpu_preprocess")
+BENCHMARKS = (
+    "encoder",
+    "serve",
+    "decode",
+    "cpu_preprocess",
+    "rope",
+    "d2h",
+    "fanout",
+    "ipc_steps",
+    "gpu_preprocess",
+    "cache",
+)
 
 
 def cmd_bench(args: argparse.Namespace) -> int:

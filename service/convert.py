@@ -10,6 +10,13 @@ from mmproc.v1 import encoder_pb2 as pb
 from service.engine import EncodedImage
 
 DTYPE_TO_PB = {"float32": pb.DTYPE_FLOAT32, "bfloat16": pb.DTYPE_BFLOAT16, "float16": pb.DTYPE_FLOAT16}
+CACHE_TO_PB = {
+    "": pb.CACHE_STATUS_UNSPECIFIED,
+    "miss": pb.CACHE_MISS,
+    "hit": pb.CACHE_HIT,
+    "coalesced": pb.CACHE_COALESCED,
+    "bypass": pb.CACHE_BYPASS,
+}
 
 
 def embedding_header(result: EncodedImage) -> pb.Embedding:
@@ -23,6 +30,8 @@ def embedding_header(result: EncodedImage) -> pb.Embedding:
         image_width=result.image_size[0],
         image_height=result.image_size[1],
         key=result.key,
+        cache=CACHE_TO_PB[result.cache],
+        mm_hash=result.mm_hash,
         dtype=DTYPE_TO_PB[DTYPE_NAMES[emb.dtype]],
         shape=list(emb.shape),
     )

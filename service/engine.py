@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
@@ -32,7 +33,10 @@ from mmproc.transport.ipc_pool import IpcPool, SliceDescriptor
 from mmproc.transport.leases import MAX_READERS, Lease, UnknownSessionError
 from mmproc.types import PreprocessedImage
 from service.admission import check_patch_budget
+from service.cache_key import CacheKeys, model_context
+from service.cached_encode import CachedEncoder
 from service.decode_pool import DecodePool, DecodePoolConfig
+from service.embedding_cache import CacheConfig
 from service.key_store import KeyStore, KeyStoreConfig, check_keys
 from service.metrics import Metrics
 
@@ -58,6 +62,9 @@ class EncodedImage:
     descriptor: SliceDescriptor | None = None
     image_size: tuple[int, int] = (0, 0)  # (width, height) as decoded, after EXIF orientation
     key: str = ""  # the request's key for this image (EncodeImagesRequest.keys), if any
+    cache: str = ""  # hit | miss | coalesced | bypass, or "" without a cache (service/cached_encode.py)
+    mm_hash: str = ""  # the raw bytes' hash (service/cache_key.py): sent back, a client may ask by it later
+    lease: Lease | None = None  # the pool lease `descriptor` lies in (IPC)
 
 
 def check_readers(readers: int) -> None:
@@ -81,6 +88,8 @@ class Engine:
         metrics: Metrics | None = None,
         decode: DecodePoolConfig | None = None,
         key_store: KeyStoreConfig | None = None,
+        cache: CacheConfig | None = None,
+        cache_context: str | None = None,
     ) -> None:
         self.encoder = encoder
         self.preprocess = preprocess
@@ -109,6 +118,14 @@ class Engine:
         self._decoding_images = 0  # admitted, not yet queued: counted against the runner queue's limit
         self._arriving = 0  # requests admitted and not yet handed to the runner (a batch waits only for these)
         self.keys = KeyStore(key_store or KeyStoreConfig())
+        cache = cache or CacheConfig()
+        if cache_context is None:  # built without the settings (tests): what this object knows of its model
+            cache_context = model_context(
+                model=encoder.config.name, model_path=None, dtype=str(encoder.dtype), device_type=encoder.device.type,
+                preprocess=preprocess, exif=media_limits.apply_exif_orientation,
+            )  # fmt: skip
+        self.cache = CachedEncoder(self, cache, CacheKeys(cache.hash, cache_context)) if cache.enabled else None
+        self._cached_requests = 0  # requests in the cache's path (a pure hit never enters `_inflight`)
         self.pool: IpcPool | None = None
         self.ipc_fallbacks = 0
         self.ipc_status = "IPC not set up: serialized only"
@@ -119,6 +136,8 @@ class Engine:
         self.metrics = metrics or Metrics()
         self.metrics.track(queue_images=lambda: self._runner.queued_images, inflight_requests=lambda: self._inflight)
         self.metrics.track_decode(lambda: self.decode_pool)
+        if self.cache is not None:
+            self.metrics.track_cache(self.cache.snapshot)
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -147,9 +166,9 @@ class Engine:
 
     async def wait_idle(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        while self._inflight and time.monotonic() < deadline:
+        while (self._inflight or self._cached_requests) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
-        return self._inflight == 0
+        return self._inflight == 0 and self._cached_requests == 0
 
     def close(self) -> None:
         self._runner.stop()
@@ -188,8 +207,46 @@ class Engine:
         *,
         ipc_session: str | None = None,
         readers: int = 1,
+        cache: bool = True,
+        mm_hashes: Sequence[str] = (),
+        lookup_only: bool = False,
     ) -> list[EncodedImage]:
         """Encode all images of one request, or raise a typed mmproc error. `deadline` is time.monotonic().
+
+        Through the embedding cache unless `cache` is False (the request's bypass) or the server has none: an
+        image may then be sent as empty bytes with its `mm_hashes` entry to be looked up (UnknownKeyError when not
+        cached; with `lookup_only`, a header-only "miss" result instead).
+        """
+        if not self.ready or self.draining:
+            raise UnavailableError("server is draining" if self.draining else "server is not ready")
+        check_readers(readers)
+        if self.cache is not None and cache:
+            self._cached_requests += 1
+            try:
+                return await self.cache.encode(
+                    images, request_id, deadline, ipc_session=ipc_session, readers=readers, mm_hashes=mm_hashes,
+                    lookup_only=lookup_only,
+                )  # fmt: skip
+            finally:
+                self._cached_requests -= 1
+        if any(not data for data in images) and any(mm_hashes):
+            raise InvalidMediaError("lookup by mm_hash needs the cache (bypassed or off)", reason=Reason.BAD_REQUEST)
+        results = await self._encode_uncached(images, request_id, deadline, ipc_session=ipc_session, readers=readers)
+        if self.cache is None:
+            return results
+        self.cache.bypassed += len(results)
+        return [replace(r, cache="bypass") for r in results]
+
+    async def _encode_uncached(
+        self,
+        images: list[bytes],
+        request_id: str,
+        deadline: float | None,
+        *,
+        ipc_session: str | None,
+        readers: int,
+    ) -> list[EncodedImage]:
+        """The pipeline itself (decode, lease, run), without the cache.
 
         With `ipc_session` (and a pool attached) the embeddings are written into a pool lease owned by that
         consumer session and carry descriptors; without a lease they come back as plain device tensors.
@@ -232,7 +289,7 @@ class Engine:
                 raise
             descriptors = self._descriptors(prepared, lease) if lease is not None else [None] * len(prepared)
             return [
-                EncodedImage(i, p.grid_hw, p.num_tokens, e, d, p.image_size)
+                EncodedImage(i, p.grid_hw, p.num_tokens, e, d, p.image_size, lease=lease)
                 for i, (p, e, d) in enumerate(zip(prepared, embeddings, descriptors))
             ]
         finally:
@@ -278,7 +335,7 @@ class Engine:
 
         def copy_in() -> None:  # the current stream is the runner's, so the kept rows are written before this
             destination = pool.destination(lease, sum(rows), hidden, dtype)
-            torch.cat([r.embedding for r in results], out=destination)
+            torch.cat([r.embedding.to(destination.device) for r in results], out=destination)  # host cache hits: H2D
             pool.mark_ready(lease)
             torch.cuda.current_stream(self.encoder.device).synchronize()
 
@@ -330,6 +387,8 @@ class Engine:
         self.pool = pool
         self._ipc_fallback = fallback
         self.metrics.track_ipc(pool.stats, pool.config.pool_bytes)
+        if self.cache is not None:
+            self.cache.attach_pool(pool)
         self._lease_waiters = ThreadPoolExecutor(max_workers=8, thread_name_prefix="mmproc-lease")
 
     async def _lease(

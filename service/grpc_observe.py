@@ -9,11 +9,14 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from contextvars import ContextVar
 
 import grpc
 
 from service.logs import REQUEST_ID_HEADER, client_request_id, log_access, request_context
 from service.metrics import Metrics
+
+_OUTCOME: ContextVar[dict | None] = ContextVar("mmproc_access_outcome", default=None)
 
 
 def _final_code(context: grpc.aio.ServicerContext, failed: bool) -> str:
@@ -71,6 +74,7 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):
         outcome: dict = {"request_id": request_id}
         started = time.perf_counter()
         failed = False
+        _OUTCOME.set(outcome)  # set at every RPC's start (no reset: a stream's end may run in another context)
         with request_context(request_id):
             try:
                 yield outcome
@@ -98,3 +102,11 @@ def _reply_fields(response: object) -> dict:
         return {}
     transport = response.DESCRIPTOR.fields_by_name["transport"].enum_type.values_by_number[response.transport].name
     return {"tokens": sum(e.num_tokens for e in embeddings), "transport": transport.removeprefix("TRANSPORT_").lower()}
+
+
+def note_access(**fields: object) -> None:
+    """Add fields to the current RPC's access line from inside its handler (a streamed reply is bytes already when
+    the interceptor sees it)."""
+    outcome = _OUTCOME.get()
+    if outcome is not None:
+        outcome.update(fields)

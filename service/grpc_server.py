@@ -26,7 +26,7 @@ from service.convert import (
 )
 from service.engine import EncodedImage, Engine
 from service.errors import map_error, to_grpc_status
-from service.grpc_observe import ObserveInterceptor
+from service.grpc_observe import ObserveInterceptor, note_access
 from service.grpc_video import VideoServicerMixin
 from service.session import run_session
 from service.state import ServingState
@@ -80,7 +80,12 @@ class EncoderServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVid
             )
         if request.keys:  # encode and keep (no lease: kept results are plain tensors)
             return request_id, await engine.encode_keyed(list(request.images), list(request.keys), request_id, deadline)
-        results = await engine.encode(list(request.images), request_id, deadline, ipc_session=session, readers=readers)
+        results = await engine.encode(
+            list(request.images), request_id, deadline, ipc_session=session, readers=readers,
+            cache=not request.cache_bypass, mm_hashes=list(request.mm_hashes), lookup_only=request.headers_only,
+        )  # fmt: skip
+        if results and results[0].cache:  # the embedding cache's answer per image, e.g. "hit,hit,miss"
+            note_access(cache=",".join(r.cache for r in results))
         return request_id, results
 
     async def EncodeImages(

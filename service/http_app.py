@@ -46,6 +46,7 @@ class EncodeBody(BaseModel):
     return_embeddings: bool = False
     request_id: str | None = None
     keys: list[str] | None = Field(None, description="one per image: keep each result under it (docs/engines.md)")
+    cache_bypass: bool = Field(False, description="neither look up nor keep in the embedding cache (docs/cache.md)")
 
 
 def decode_image_field(value: str, index: int) -> bytes:
@@ -107,6 +108,9 @@ def embedding_json(result: EncodedImage, data: bytes, with_data: bool) -> dict[s
     }
     if result.key:
         item["key"] = result.key
+    if result.cache:
+        item["cache"] = result.cache
+        item["mm_hash"] = result.mm_hash
     if with_data:
         item["data"] = base64.b64encode(data).decode("ascii")
     return item
@@ -176,14 +180,15 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
         started = mark_started(request)
         request_id = body.request_id or http_request_id(request)
         with request_context(request_id):
-            code, response = await encode_request(body, request_id)
+            code, response, cache_field = await encode_request(body, request_id)
             elapsed = time.perf_counter() - started
-            log_access("http", "/v1/encode", code, elapsed, images=len(body.images), status=response.status_code)
+            log_access("http", "/v1/encode", code, elapsed, images=len(body.images), status=response.status_code,
+                       **cache_field)  # fmt: skip
         metrics.observe_request("http:/v1/encode", code, elapsed)
         response.headers[REQUEST_ID_HEADER] = request_id
         return response
 
-    async def encode_request(body: EncodeBody, request_id: str) -> tuple[str, JSONResponse]:
+    async def encode_request(body: EncodeBody, request_id: str) -> tuple[str, JSONResponse, dict[str, str]]:
         try:
             engine = state.engine()
             engine.check_image_count(len(body.images))  # before decoding any base64
@@ -192,17 +197,18 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
             if body.keys is not None:
                 results = await engine.encode_keyed(images, body.keys, request_id, deadline)
             else:
-                results = await engine.encode(images, request_id, deadline)
+                results = await engine.encode(images, request_id, deadline, cache=not body.cache_bypass)
         except Exception as exc:
             mapped = map_error(exc, metrics=metrics)
             response = JSONResponse(
                 mapped.http_body(request_id), status_code=mapped.http_status, headers=mapped.http_headers
             )
-            return mapped.grpc_code.name, response
+            return mapped.grpc_code.name, response, {}
         with metrics.time_stage("transport"):
             payloads = await asyncio.get_running_loop().run_in_executor(None, serialized_payloads, results)
             embeddings = [embedding_json(r, data, body.return_embeddings) for r, data in zip(results, payloads)]
-        return "OK", JSONResponse({"request_id": request_id, "embeddings": embeddings})
+        cache_field = {"cache": ",".join(r.cache for r in results)} if any(r.cache for r in results) else {}
+        return "OK", JSONResponse({"request_id": request_id, "embeddings": embeddings}), cache_field
 
     from service.http_video import add_video_routes  # imports this module's helpers
 

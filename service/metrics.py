@@ -22,6 +22,9 @@ Families (all defined at start, so that every one is scrapeable with zero values
   mmproc_decode_worker_retirements_total        workers replaced after an image ran out of its CPU-time budget
   mmproc_decode_quarantined_images_total        images retried alone after a crash or a timeout
   mmproc_build_info{version,model,family,layout,dtype,device,transport}   1; the model labels once it is loaded
+  mmproc_cache_{hits,misses,coalesced,inserts,evictions}_total{tier}, mmproc_cache_bytes{tier},
+  mmproc_cache_capacity_bytes{tier}, mmproc_cache_entries{tier}, mmproc_cache_invalid_replays_total,
+  mmproc_cache_bypassed_total     (the embedding cache, docs/cache.md; read from it at scrape time)
 """
 
 from __future__ import annotations
@@ -42,12 +45,16 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 import mmproc
 from mmproc.errors import Reason
 from mmproc.runner import BatchStats
 from mmproc.v1 import encoder_pb2 as pb
+
+# tier -> (hits, misses, coalesced, inserts, evictions, bytes, capacity bytes, entries); invalid replays; bypassed
+CacheSnapshot = tuple[dict[str, tuple[int, ...]], int, int]
+_CACHE_COUNTERS = ("hits", "misses", "coalesced", "inserts", "evictions")
 
 STAGES = ("decode", "preprocess", "queue", "forward", "transport")
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -147,6 +154,7 @@ class Metrics:
             "(its own handle-cache counters are in EncoderClient.ipc_stats).",
             registry=r,
         )
+        self._cache_collector: _CacheCollector | None = None  # registered with the first engine's cache
 
     # -- helpers for the engine and the front ends ---------------------------------------------------
 
@@ -203,6 +211,44 @@ class Metrics:
         self.ipc_pool_bytes.set_function(lambda: stats().bytes_in_use)
         self.ipc_leases.set_function(lambda: stats().leases_active)
 
+    def track_cache(self, snapshot: Callable[[], CacheSnapshot]) -> None:
+        """Embedding cache families, read from the cache at scrape time (it keeps its own counts); a later engine
+        on the same Metrics replaces the earlier one's source."""
+        collector = self._cache_collector
+        if collector is None:
+            collector = self._cache_collector = _CacheCollector(snapshot)
+            self.registry.register(collector)
+        collector.snapshot = snapshot
+
     def render(self) -> tuple[bytes, str]:
         """(body, content type) of the text exposition format."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _CacheCollector:
+    def __init__(self, snapshot: Callable[[], CacheSnapshot]) -> None:
+        self.snapshot = snapshot
+
+    def describe(self) -> list:
+        return []  # collected lazily: nothing to read before the engine exists
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        tiers, invalid, bypassed = self.snapshot()
+        for i, name in enumerate(_CACHE_COUNTERS):
+            family = CounterMetricFamily(f"mmproc_cache_{name}", f"Embedding cache {name} by tier.", labels=["tier"])
+            for tier, values in tiers.items():
+                family.add_metric([tier], values[i])
+            yield family
+        for i, (name, doc) in enumerate(
+            (("bytes", "Bytes the cache holds."), ("capacity_bytes", "Bytes bound."), ("entries", "Images kept.")), 5
+        ):
+            family = GaugeMetricFamily(f"mmproc_cache_{name}", f"Embedding cache: {doc}", labels=["tier"])
+            for tier, values in tiers.items():
+                family.add_metric([tier], values[i])
+            yield family
+        yield CounterMetricFamily(
+            "mmproc_cache_invalid_replays", "Invalid images refused from memory, not decoded again.", value=invalid
+        )
+        yield CounterMetricFamily(
+            "mmproc_cache_bypassed", "Images of requests that bypassed the cache.", value=bypassed
+        )

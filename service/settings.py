@@ -23,6 +23,7 @@ if TYPE_CHECKING:  # imported where used: the settings alone (`mmproc health`, `
     from mmproc.media.video_limits import VideoLimits
     from mmproc.runner import RunnerConfig
     from service.decode_pool import DecodePoolConfig
+    from service.embedding_cache import CacheConfig
 
 MiB = 1 << 20
 
@@ -91,6 +92,26 @@ class ServerSettings(BaseSettings):
     )
     key_store_ttl_s: float = Field(120.0, gt=0, le=86_400, description="How long a result stays kept under its key")
     key_store_max_keys: int = Field(4096, ge=1, le=1 << 20, description="How many keys the key store holds at most")
+    cache_mb: int = Field(
+        1024,
+        ge=0,
+        le=1 << 20,
+        description="Embedding cache for serialized replies, in host memory (docs/cache.md); 0 turns the cache off",
+    )
+    cache_ipc_mb: int | None = Field(
+        None,
+        ge=0,
+        le=1 << 20,
+        description="Embedding cache for IPC replies, inside the IPC pool; default: half the pool",
+    )
+    cache_policy: Literal["s3fifo", "lru"] = Field("s3fifo", description="Eviction policy of the embedding cache")
+    cache_hash: Literal["xxh3", "blake3"] = Field(
+        "xxh3",
+        description="Hash of the raw bytes; blake3 (cryptographic) when tenants that do not trust each other share a server",
+    )
+    cache_invalid_ttl_s: float = Field(
+        30.0, ge=0, le=3600, description="How long an invalid image's error is replayed without decoding it again"
+    )
     max_message_mb: int = Field(64, ge=1, le=2047, description="Largest gRPC message, received or sent")
     stream_chunk_mb: int = Field(4, ge=1, le=64, description="Chunk size of streamed serialized replies")
     host_malloc_reuse_mb: int = Field(
@@ -130,18 +151,30 @@ class ServerSettings(BaseSettings):
     )
 
     # Video (EncodeVideos, Kimi K2.5; docs/reliability.md): checked from the header and packet index before decoding
-    max_videos_per_request: int = Field(4, ge=1, le=256)
-    max_video_mb: int = Field(32, ge=1, le=2047, description="encoded size of one video (at most max_request_mb)")
-    max_video_duration_s: float = Field(600.0, gt=0, le=86_400)
-    max_video_fps: float = Field(240.0, gt=0, le=10_000, description="the stream's frame rate")
-    max_video_pixels: int = Field(8_294_400, ge=1, le=89_000_000, description="per frame (default 3840x2160)")
-    max_sampled_frames_per_video: int = Field(512, ge=1, le=100_000)
-    max_sampled_frames_per_request: int = Field(1024, ge=1, le=100_000)
-    max_video_sample_fps: float = Field(30.0, gt=0, le=1000, description="the highest fps a request may ask for")
-    max_video_decode_megapixels: float = Field(
-        40_000.0, gt=0, description="frames the sampler must decode x pixels, planned from the index (bomb guard)"
+    max_videos_per_request: int = Field(4, ge=1, le=256, description="How many videos one request may carry")
+    max_video_mb: int = Field(32, ge=1, le=2047, description="Largest encoded video, in MiB (at most max_request_mb)")
+    max_video_duration_s: float = Field(600.0, gt=0, le=86_400, description="Longest video, in seconds of its stream")
+    max_video_fps: float = Field(240.0, gt=0, le=10_000, description="Highest frame rate a video stream may declare")
+    max_video_pixels: int = Field(
+        8_294_400, ge=1, le=89_000_000, description="Largest frame, in pixels (default 3840x2160)"
     )
-    video_decode_cpu_s: float = Field(60.0, gt=0, le=3600, description="CPU time one video may spend decoding")
+    max_sampled_frames_per_video: int = Field(
+        512, ge=1, le=100_000, description="Most frames one video may be sampled into"
+    )
+    max_sampled_frames_per_request: int = Field(
+        1024, ge=1, le=100_000, description="Most sampled frames of all the videos of one request"
+    )
+    max_video_sample_fps: float = Field(
+        30.0, gt=0, le=1000, description="Highest sampling rate a request may ask for, frames per second"
+    )
+    max_video_decode_megapixels: float = Field(
+        40_000.0,
+        gt=0,
+        description="Frames the sampler must decode times their pixels, planned from the index (bomb guard)",
+    )
+    video_decode_cpu_s: float = Field(
+        60.0, gt=0, le=3600, description="CPU seconds one video may spend decoding, then 400"
+    )
 
     # Concurrency and batching
     preprocess_workers: int | None = Field(
@@ -266,6 +299,8 @@ class ServerSettings(BaseSettings):
             raise ValueError("max_inflight_patches must be at least max_patches_per_request (one request must fit)")
         if self.drain_delay_s > self.grace_period_s:
             raise ValueError("drain_delay_s must not exceed grace_period_s (the delay is part of the drain)")
+        if self.cache_ipc_mb is not None and self.cache_ipc_mb >= self.ipc_pool_mb:
+            raise ValueError("cache_ipc_mb must be below ipc_pool_mb (requests need pool space of their own)")
         if self.stream_chunk_mb + 1 > self.max_message_mb:
             raise ValueError("max_message_mb must exceed stream_chunk_mb by at least 1 (each chunk carries a header)")
         return self
@@ -328,6 +363,20 @@ class ServerSettings(BaseSettings):
             log_level=self.log_level,
             log_json=self.log_json,
             normalize=not (self.gpu_preprocess and self.device.startswith("cuda")),
+        )
+
+    def cache_config(self) -> CacheConfig:
+        from service.embedding_cache import CacheConfig
+
+        if self.cache_mb == 0:  # --cache-mb 0: no cache at all
+            return CacheConfig(host_bytes=0, pool_bytes=0)
+        pool_mb = self.ipc_pool_mb // 2 if self.cache_ipc_mb is None else self.cache_ipc_mb
+        return CacheConfig(
+            host_bytes=self.cache_mb * MiB,
+            pool_bytes=pool_mb * MiB,
+            policy=self.cache_policy,
+            hash=self.cache_hash,
+            invalid_ttl_s=self.cache_invalid_ttl_s,
         )
 
     def runner_config(self) -> RunnerConfig:

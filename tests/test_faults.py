@@ -46,7 +46,8 @@ def crashable_engine(settings, metrics):
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServiceThread]:
-    settings = test_settings(max_inflight_requests=3, max_queued_images=8, decode_timeout_s=5)
+    # cache_mb=0: every request runs the pipeline (these tests load and break it; repeats would be cache hits)
+    settings = test_settings(max_inflight_requests=3, max_queued_images=8, decode_timeout_s=5, cache_mb=0)
     server = ServiceThread(settings, engine_factory=crashable_engine).start()
     yield server
     server.stop()
@@ -187,7 +188,7 @@ def test_patches_in_flight_are_bounded_and_returned() -> None:
     # Two heavy images are ~11k patches: with a 16k budget, a second heavy request is refused at once while the
     # first is in flight (RESOURCE_EXHAUSTED, retryable, before any decoding); a small one still fits; once the
     # first is done, the budget is whole again.
-    settings = test_settings(max_inflight_patches=16_000, max_patches_per_request=16_000)
+    settings = test_settings(max_inflight_patches=16_000, max_patches_per_request=16_000, cache_mb=0)
     server = ServiceThread(settings).start()
     engine = server.service.engine
     try:

@@ -157,7 +157,10 @@ def test_peek_evasion_is_sized_or_counted_once_decoded(monkeypatch: pytest.Monke
     per-request budget a 400, past the in-flight budget a 429 — never a free pass."""
     assert peek_size(JPEG, PEEK_EVASION) == (4000, 3000)
     # A generous per-MP budget: the held BMP must finish however loaded the machine is.
-    settings = test_settings(max_patches_per_request=5000, max_inflight_patches=5000, decode_budget_per_mp_s=1.0)
+    # cache_mb=0: the same image twice in one request must count twice here (the cache would encode it once)
+    settings = test_settings(
+        max_patches_per_request=5000, max_inflight_patches=5000, decode_budget_per_mp_s=1.0, cache_mb=0
+    )
     server = ServiceThread(settings).start()
     engine = server.service.engine
     try:

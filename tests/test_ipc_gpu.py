@@ -21,7 +21,8 @@ pytestmark = pytest.mark.cuda
 
 
 def start(**overrides: object) -> ServiceThread:
-    settings = dict(device="cuda:0", dtype="bfloat16", transport="ipc", http_address="", ipc_pool_mb=8)
+    # cache_ipc_mb=0: these tests watch the pool empty out after every read (tests/test_ipc_cache_gpu.py: the cache)
+    settings = dict(device="cuda:0", dtype="bfloat16", transport="ipc", http_address="", ipc_pool_mb=8, cache_ipc_mb=0)
     settings.update(overrides)
     return ServiceThread(test_settings(**settings)).start()
 

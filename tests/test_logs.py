@@ -59,7 +59,7 @@ def captured(monkeypatch) -> Iterator[Capture]:
 
 def test_one_request_id_on_every_line_including_worker_threads(tiny_server, captured) -> None:
     good = make_image_bytes(40, 40, fmt="PNG")
-    with EncoderClient(tiny_server.grpc_target) as client:
+    with EncoderClient(tiny_server.grpc_target, cache=False) as client:  # every request decodes (no cache hits)
         client.encode_images([good, good], request_id="req-good-1")
         with pytest.raises(InvalidMediaError):
             client.encode_images([good, b"GIF89a-garbage"], request_id="req-bad-2")
@@ -75,7 +75,7 @@ def test_one_request_id_on_every_line_including_worker_threads(tiny_server, capt
 
 
 def test_a_request_without_an_id_gets_one(tiny_server, captured) -> None:
-    with EncoderClient(tiny_server.grpc_target) as client:
+    with EncoderClient(tiny_server.grpc_target, cache=False) as client:
         client.encode_images([make_image_bytes(40, 40, fmt="PNG")])
     (line,) = [r for r in captured.records if r.name == "test.worker"]
     assert line.request_id not in ("", "-")

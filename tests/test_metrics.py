@@ -55,7 +55,8 @@ def test_every_family_is_exported_before_any_traffic(tiny_server) -> None:
 def test_counters_and_histograms_move_under_load(tiny_server) -> None:
     good = [make_image_bytes(64 + 16 * i, 48, fmt="PNG", seed=i) for i in range(3)]
     before, _ = scrape(tiny_server)
-    with EncoderClient(tiny_server.grpc_target, timeout=60) as client:
+    # cache=False: every request runs the whole pipeline (the embedding cache would answer repeats)
+    with EncoderClient(tiny_server.grpc_target, timeout=60, cache=False) as client:
         with concurrent.futures.ThreadPoolExecutor(4) as pool:
             results = list(pool.map(lambda _: client.encode_images(good), range(8)))
         with pytest.raises(InvalidMediaError):

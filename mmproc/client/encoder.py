@@ -51,6 +51,8 @@ def ipc_wanted(transport: str, device: torch.device) -> bool:
 class EncoderClient:
     """Blocking client. Thread-safe (one channel, shared)."""
 
+    _cache_bypass = False  # set per client by `cache=False`
+
     def __init__(
         self,
         target: str | Sequence[str],
@@ -62,16 +64,19 @@ class EncoderClient:
         handle_cache: bool = True,
         retry: RetryPolicy | None = None,
         token: str | None = None,
+        cache: bool = True,
     ) -> None:
         """transport: "auto" (CUDA IPC when this process and the server share a node, a PID namespace and
         CUDA, else serialized), "ipc" (the same, but say so loudly when it falls back) or "serialized".
         handle_cache=False opens and closes the server's pool for every request (A/B benchmarks only).
-        token: the server's `auth_token`, sent as `authorization: Bearer <token>` on every call."""
+        token: the server's `auth_token`, sent as `authorization: Bearer <token>` on every call.
+        cache=False sets `cache_bypass` on every request: the server encodes afresh (docs/cache.md)."""
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {sorted(TRANSPORTS)}, got {transport!r}")
         self.device = torch.device(device)
         self.transport = transport
         self.timeout = timeout
+        self._cache_bypass = not cache
         options = channel_options(max_message_bytes)
         channel = lambda t: bearer_channel(grpc.insecure_channel(t, options=options), token)  # noqa: E731
         self._targets = Targets(target, channel, retry)
@@ -122,13 +127,20 @@ class EncoderClient:
         """Encode and keep each image's result under its key, replying headers only (tensor None): what a front end
         calls before handing the request to an engine whose connector will `fetch` the keys (docs/engines.md)."""
         images, keys = check_images(images), check_keys(keys)
-        return self._headers_only(make_request(images, request_id, "serialized", keys=keys, headers_only=True), timeout)
+        return self._headers_only(
+            make_request(
+                images, request_id, "serialized", cache_bypass=self._cache_bypass, keys=keys, headers_only=True
+            ),
+            timeout,
+        )
 
     def lookup(
         self, keys: Sequence[str], *, request_id: str | None = None, timeout: float | None = None
     ) -> list[ImageEmbedding]:
         """Headers (token counts, grids) of results kept under `keys`; UnknownKeyError (NOT_FOUND) if one is not."""
-        request = make_request([], request_id, "serialized", keys=check_keys(keys), headers_only=True)
+        request = make_request(
+            [], request_id, "serialized", cache_bypass=self._cache_bypass, keys=check_keys(keys), headers_only=True
+        )
         return self._headers_only(request, timeout)
 
     def fetch(
@@ -158,7 +170,7 @@ class EncoderClient:
                 with self._ipc.read(reply, timeout or self.timeout) as views:
                     if views is not None:
                         return [from_header(emb, t) for emb, t in zip(reply.embeddings, clone_views(views))]
-        request = make_request(images, request_id, "serialized", keys=keys)
+        request = make_request(images, request_id, "serialized", cache_bypass=self._cache_bypass, keys=keys)
 
         def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> list[ImageEmbedding]:
             assembler = Assembler(len(images) or len(keys), self.device)
@@ -233,7 +245,7 @@ class EncoderClient:
                 except ValueError:  # e.g. a server that predates `readers` leased for one reader: unusable
                     self._ipc.give_back(reply)
                     raise
-        request = make_request(images, request_id, "serialized")
+        request = make_request(images, request_id, "serialized", cache_bypass=self._cache_bypass)
         request.readers = readers
 
         def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> pb.EncodeImagesResponse:
@@ -279,7 +291,10 @@ class EncoderClient:
         assert self._ipc is not None
         for attempt in (1, 2):
             try:
-                return self._ipc.request(images, request_id, timeout or self.timeout, readers=readers, keys=keys)
+                return self._ipc.request(
+                    images, request_id, timeout or self.timeout, readers=readers, keys=keys,
+                    cache_bypass=self._cache_bypass,
+                )  # fmt: skip
             except grpc.RpcError as err:
                 error = error_from_rpc(err)
                 if not isinstance(error, StaleSessionError) or attempt == 2:
@@ -306,7 +321,7 @@ class EncoderClient:
     def _encode_serialized(
         self, images: list[bytes], request_id: str | None, timeout: float | None
     ) -> list[torch.Tensor]:
-        request = make_request(images, request_id, "serialized")
+        request = make_request(images, request_id, "serialized", cache_bypass=self._cache_bypass)
 
         def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> list[torch.Tensor]:
             assembler = Assembler(len(images), self.device)
@@ -381,12 +396,14 @@ class AsyncEncoderClient:
         handle_cache: bool = True,
         retry: RetryPolicy | None = None,
         token: str | None = None,
+        cache: bool = True,
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {sorted(TRANSPORTS)}, got {transport!r}")
         self.device = torch.device(device)
         self.transport = transport
         self.timeout = timeout
+        self._cache_bypass = not cache
         options = channel_options(max_message_bytes)
         interceptors = aio_bearer(token)
         channel = lambda t: grpc.aio.insecure_channel(t, options=options, interceptors=interceptors)  # noqa: E731
@@ -395,7 +412,7 @@ class AsyncEncoderClient:
         if ipc_wanted(transport, self.device):
             self._ipc = EncoderClient(
                 target, device=self.device, transport=transport, timeout=timeout,
-                max_message_bytes=max_message_bytes, handle_cache=handle_cache, retry=retry, token=token,
+                max_message_bytes=max_message_bytes, handle_cache=handle_cache, retry=retry, token=token, cache=cache,
             )  # fmt: skip
 
     @property
@@ -417,7 +434,7 @@ class AsyncEncoderClient:
                     return ipc.encode_images(images, request_id=request_id, timeout=timeout)
 
             return await asyncio.to_thread(blocking)
-        request = make_request(images, request_id, self.transport)
+        request = make_request(images, request_id, self.transport, cache_bypass=self._cache_bypass)
 
         async def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> list[torch.Tensor]:
             assembler = Assembler(len(images), self.device)
@@ -436,14 +453,23 @@ class AsyncEncoderClient:
         timeout: float | None = None,
     ) -> list[ImageEmbedding]:
         """`EncoderClient.keep` for asyncio front ends: encode, keep each result under its key, headers only."""
-        request = make_request(check_images(images), request_id, "serialized", keys=check_keys(keys), headers_only=True)
+        request = make_request(
+            check_images(images),
+            request_id,
+            "serialized",
+            cache_bypass=self._cache_bypass,
+            keys=check_keys(keys),
+            headers_only=True,
+        )
         return await self._headers_only(request, timeout)
 
     async def lookup(
         self, keys: Sequence[str], *, request_id: str | None = None, timeout: float | None = None
     ) -> list[ImageEmbedding]:
         """`EncoderClient.lookup`: headers of results kept under `keys`; UnknownKeyError if one is not."""
-        request = make_request([], request_id, "serialized", keys=check_keys(keys), headers_only=True)
+        request = make_request(
+            [], request_id, "serialized", cache_bypass=self._cache_bypass, keys=check_keys(keys), headers_only=True
+        )
         return await self._headers_only(request, timeout)
 
     async def _headers_only(self, request: pb.EncodeImagesRequest, timeout: float | None) -> list[ImageEmbedding]:

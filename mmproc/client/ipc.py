@@ -39,10 +39,26 @@ _MAX_OWNED = 4096  # shared leases this client requested and has not read yet (r
 _TORCH_DTYPES = {code: getattr(torch, name) for code, name in PB_DTYPES.items()}
 
 
-def request_lease(embeddings: Sequence[pb.Embedding]) -> tuple[SliceDescriptor, list[int]]:
-    """The lease every image of a request lies in (its ready word, generation and ack words: the server leases
-    one slice per request) and the lease ids to release."""
-    return descriptor_from_pb(embeddings[0].ipc), sorted({emb.ipc.lease_id for emb in embeddings})
+def request_leases(embeddings: Sequence[pb.Embedding]) -> tuple[list[SliceDescriptor], list[int]]:
+    """One descriptor per distinct lease of a reply (its ready word, generation and ack words) and the lease ids to
+    release. The images the server encoded for the request lie in one lease; each embedding-cache hit lies in a
+    lease of its own on a cached slice (docs/cache.md). Every lease is waited on and acked: each has its own words.
+    """
+    leases: dict[int, SliceDescriptor] = {}
+    for emb in embeddings:
+        if emb.ipc.lease_id not in leases:
+            leases[emb.ipc.lease_id] = descriptor_from_pb(emb.ipc)
+    return list(leases.values()), sorted(leases)
+
+
+def wait_all(pool: OpenedPool, leases: Sequence[SliceDescriptor], stream: torch.cuda.Stream, timeout: float) -> None:
+    for lease in leases:
+        pool.wait_ready(lease, stream, timeout)
+
+
+def ack_all(pool: OpenedPool, leases: Sequence[SliceDescriptor], stream: torch.cuda.Stream, reader: int = 0) -> None:
+    for lease in leases:
+        pool.ack(lease, stream, reader=reader)
 
 
 def pool_views(pool: OpenedPool, embeddings: Sequence[pb.Embedding]) -> list[torch.Tensor]:
@@ -154,6 +170,7 @@ class IpcClient:
         *,
         readers: int | None = None,
         keys: Sequence[str] = (),
+        cache_bypass: bool = False,
     ) -> pb.EncodeImagesResponse | None:
         """One EncodeImages call over IPC; None without a session. `readers` (shared requests only): the lease
         is read by that many ranks, and this client, as rank 0, keeps it to release after `read_shared`."""
@@ -166,6 +183,7 @@ class IpcClient:
             transport=pb.TRANSPORT_IPC,
             consumer=pb.ConsumerInfo(session_id=session, device_uuid=self._uuid),
             keys=list(keys),
+            cache_bypass=cache_bypass,
         )
         if readers is not None:
             request.readers = readers
@@ -185,7 +203,7 @@ class IpcClient:
         """Views of the reply's slices, ordered after the producer's writes; ack + release on exit.
         None when the pool cannot be opened (the lease is given back unread)."""
         assert self.identity is not None
-        lease, lease_ids = request_lease(reply.embeddings)
+        leases, lease_ids = request_leases(reply.embeddings)
         if any(emb.ipc.pool_id != self.identity.pool_id for emb in reply.embeddings):
             raise InternalError("reply names a pool other than this session's")
         try:
@@ -198,10 +216,10 @@ class IpcClient:
             return
         stream = torch.cuda.current_stream(self._device)
         try:
-            pool.wait_ready(lease, stream, timeout)
+            wait_all(pool, leases, stream, timeout)
             yield pool_views(pool, reply.embeddings)
         finally:
-            pool.ack(lease, stream)
+            ack_all(pool, leases, stream)
             self._send(pb.LeaseRelease(lease_ids=lease_ids))
             self._cache.release(pool)
 
@@ -225,7 +243,7 @@ class IpcClient:
                 f"shared embeddings point into pool {pool_named.pool_id} but the server now serves pool "
                 f"{identity.pool_id} (it restarted after rank 0 encoded): encode again"
             )
-        lease, lease_ids = request_lease(shared.reply.embeddings)
+        leases, lease_ids = request_leases(shared.reply.embeddings)
         owner = rank == 0
         if owner:
             with self._lock:
@@ -244,10 +262,10 @@ class IpcClient:
             raise UnavailableError(f"cannot open the server's IPC pool on {self._device}: {exc}") from exc
         stream = torch.cuda.current_stream(self._device)
         try:
-            pool.wait_ready(lease, stream, timeout)
+            wait_all(pool, leases, stream, timeout)
             yield pool_views(pool, shared.reply.embeddings)
         finally:
-            pool.ack(lease, stream, reader=rank)
+            ack_all(pool, leases, stream, reader=rank)
             if owner:
                 self._send(pb.LeaseRelease(lease_ids=lease_ids))
             self._cache.release(pool)

@@ -20,6 +20,8 @@ class ImageEmbedding:
     grid_thw: tuple[int, int, int]
     image_size: tuple[int, int]
     key: str = ""
+    cache: str = ""  # the server's embedding cache: "hit" | "miss" | "coalesced" | "bypass" ("" without one)
+    mm_hash: str = ""  # the raw bytes' hash: send it (EncodeImagesRequest.mm_hashes) to ask without the bytes
 
 
 def from_header(header: pb.Embedding, tensor: torch.Tensor | None) -> ImageEmbedding:
@@ -29,4 +31,6 @@ def from_header(header: pb.Embedding, tensor: torch.Tensor | None) -> ImageEmbed
         grid_thw=(header.grid_t or 1, header.grid_h, header.grid_w),
         image_size=(header.image_width, header.image_height),
         key=header.key,
+        cache=pb.CacheStatus.Name(header.cache).removeprefix("CACHE_").lower() if header.cache else "",
+        mm_hash=header.mm_hash,
     )

@@ -184,6 +184,7 @@ def make_request(
     *,
     keys: Sequence[str] = (),
     headers_only: bool = False,
+    cache_bypass: bool = False,
 ) -> pb.EncodeImagesRequest:
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {sorted(TRANSPORTS)}, got {transport!r}")
@@ -193,6 +194,7 @@ def make_request(
         transport=TRANSPORTS[transport],
         keys=list(keys),
         headers_only=headers_only,
+        cache_bypass=cache_bypass,
     )
 
 

@@ -60,6 +60,15 @@ may read data overwritten by a later image. That is why the TTL is long (60 s by
 request) and only a backstop behind sessions and acks. The reclaimer calls `confirm_acks` and `expire`
 periodically; this table starts no thread of its own.
 
+Shared slices (the embedding cache, service/embedding_cache.py): a slice is reference-counted. Every live lease
+on it is one reference, and so is every `Hold` (a reference that outlives the lease it was taken from, owned by
+the cache). `share(session, hold)` lends a slice already held to another session as a new lease: new word
+slots and generation, no bytes allocated or copied; the producer writes its ready word at once (the data is in
+place). A slice goes back to the allocator only when its last lease is freed (ack, session end, TTL, abandon)
+and its last hold is dropped, so evicting a cache entry never frees a slice a consumer still reads. Before an
+`acquire` waits for space it asks the pressure relief (`set_pressure_relief`, the cache) to drop holds nobody
+leases; the cache never allocates, so it never grows the pool.
+
 Waiting: `acquire` waits on a condition until a slice and enough word slots are free or its deadline passes,
 then returns None and the caller chooses (serialized fallback or `ResourceExhaustedError`). It never waits
 without a deadline; no deadline means "try once".
@@ -86,6 +95,7 @@ from mmproc.transport.allocator import Slice, SliceAllocator
 __all__ = [
     "GENERATION_MAX",
     "MAX_READERS",
+    "Hold",
     "Lease",
     "LeaseNotOwnedError",
     "LeaseState",
@@ -170,6 +180,15 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class Hold:
+    """A reference on a leased slice that outlives the lease (an embedding cache entry's): the slice stays
+    allocated until every hold on it is dropped and every lease on it is freed."""
+
+    hold_id: int
+    slice: Slice
+
+
+@dataclass(frozen=True)
 class LeaseStats:
     """A consistent snapshot for metrics. `leases_active` counts LEASED leases, `leases_awaiting_ack` the
     RELEASED ones; `reclaimed_total` counts leases freed by `close_session`, `expired_total` by the TTL,
@@ -236,6 +255,12 @@ class LeaseTable:
         self._free_slots: deque[int] = deque(range(num_word_slots))
         self._generations = [0] * num_word_slots  # last generation handed out per slot; 0 = never used
         self._next_lease_id = 1
+        # Shared slices: offset -> references (live leases + holds) and -> holds alone; a slice is freed at 0.
+        self._slice_refs: dict[int, int] = {}
+        self._slice_holds: dict[int, int] = {}
+        self._holds: dict[int, Hold] = {}
+        self._next_hold_id = 1
+        self._relieve: Callable[[int], bool] | None = None
         self._reclaimed_total = 0
         self._expired_total = 0
         self._waits_timed_out_total = 0
@@ -303,17 +328,57 @@ class LeaseTable:
             raise ValueError(f"deadline must be finite (waiting is always bounded), got {deadline}")
         if isinstance(readers, bool) or not isinstance(readers, int) or not 1 <= readers <= MAX_READERS:
             raise ValueError(f"readers must be in 1..{MAX_READERS}, got {readers!r}")
+        return self._acquire(
+            session_id, deadline, readers, size, lambda s: self._try_acquire_locked(session_id, s, nbytes, readers)
+        )
+
+    def share(self, session_id: str, hold: Hold, *, deadline: float | None, readers: int = 1) -> Lease | None:
+        """Lend the slice `hold` keeps to `session_id` as a new lease (its own word slots and generation, the same
+        bytes: no allocation, no copy), waiting until `deadline` for word slots. None when the hold was dropped
+        meanwhile (the caller encodes again) or no slots came free in time. The producer must still write the
+        new lease's ready word (the data is already in place)."""
+        if isinstance(readers, bool) or not isinstance(readers, int) or not 1 <= readers <= MAX_READERS:
+            raise ValueError(f"readers must be in 1..{MAX_READERS}, got {readers!r}")
+
+        def attempt(session: _Session) -> Lease | None:
+            if self._holds.get(hold.hold_id) != hold:
+                return None
+            return self._try_acquire_locked(session_id, session, hold.slice.nbytes, readers, shared=hold.slice)
+
+        return self._acquire(session_id, deadline, readers, 0, attempt, relieve=False)
+
+    def _acquire(
+        self,
+        session_id: str,
+        deadline: float | None,
+        readers: int,
+        size: int,
+        attempt: Callable[[_Session], Lease | None],
+        *,
+        relieve: bool = True,
+    ) -> Lease | None:
+        relieved = not relieve or self._relieve is None
         with self._cond:
             while True:
                 session = self._session(session_id)
-                lease = self._try_acquire_locked(session_id, session, nbytes, readers)
+                lease = attempt(session)
                 if lease is not None:
                     return lease
+                if not relieved and size and len(self._free_slots) >= readers:
+                    relieved = True  # once per wake-up: the cache drops unleased holds before this request waits
+                    self._cond.release()
+                    try:
+                        freed = self._relieve(size)
+                    finally:
+                        self._cond.acquire()
+                    if freed:
+                        continue
                 remaining = 0.0 if deadline is None else deadline - self._clock()
                 if remaining <= 0 or size > self._allocator.capacity or readers > self._num_word_slots:
                     self._waits_timed_out_total += 1
                     return None
                 self._cond.wait(remaining)
+                relieved = not relieve or self._relieve is None
 
     def abandon(self, lease: Lease) -> bool:
         """The producer gives back a lease whose descriptor never reached a consumer (the request failed or
@@ -330,6 +395,51 @@ class LeaseTable:
             self._free_locked(entry)
         logger.debug("ipc lease %d of session %s abandoned by the producer", lease.lease_id, lease.session_id)
         return True
+
+    # -- shared slices (the embedding cache) ---------------------------------------------------------------
+
+    def set_pressure_relief(self, relieve: Callable[[int], bool] | None) -> None:
+        """`relieve(nbytes)` is called (without this table's lock) before an `acquire` of `nbytes` waits: it may
+        drop holds (`drop_hold`) and returns True if it dropped any."""
+        self._relieve = relieve
+
+    def hold(self, lease: Lease) -> Hold | None:
+        """A reference on `lease`'s slice that outlives the lease; None if the lease is no longer live."""
+        with self._cond:
+            entry = self._leases.get(lease.lease_id)
+            if entry is None or entry.lease != lease:
+                return None
+            hold = Hold(self._next_hold_id, lease.slice)
+            self._next_hold_id += 1
+            self._holds[hold.hold_id] = hold
+            self._slice_refs[lease.offset] += 1
+            self._slice_holds[lease.offset] = self._slice_holds.get(lease.offset, 0) + 1
+            return hold
+
+    def drop_hold(self, hold: Hold) -> bool:
+        """Drop a hold; the slice is freed when nothing else references it. True if the hold was live."""
+        with self._cond:
+            if self._holds.pop(hold.hold_id, None) is None:
+                return False
+            offset = hold.slice.offset
+            self._slice_holds[offset] -= 1
+            if not self._slice_holds[offset]:
+                del self._slice_holds[offset]
+            self._unref_locked(hold.slice)
+            return True
+
+    def leased(self, hold: Hold) -> bool:
+        """Whether a live lease still references the held slice (dropping the hold would then free nothing)."""
+        with self._cond:
+            offset = hold.slice.offset
+            return self._slice_refs.get(offset, 0) > self._slice_holds.get(offset, 0)
+
+    def fits(self, nbytes: int) -> bool:
+        """Whether an `acquire` of `nbytes` would find a slice now (word slots aside)."""
+        size = self._allocator.aligned_size(nbytes)
+        with self._cond:
+            allocator = self._allocator
+            return allocator.largest_free >= size and allocator.num_slices < allocator.max_slices
 
     # -- consumer side -------------------------------------------------------------------------------------
 
@@ -443,14 +553,21 @@ class LeaseTable:
             raise UnknownSessionError(f"unknown or closed ipc session {session_id!r}")
         return session
 
-    def _try_acquire_locked(self, session_id: str, session: _Session, nbytes: int, readers: int) -> Lease | None:
+    def _try_acquire_locked(
+        self, session_id: str, session: _Session, nbytes: int, readers: int, shared: Slice | None = None
+    ) -> Lease | None:
         if self._max_leases_per_session is not None and len(session.lease_ids) >= self._max_leases_per_session:
             return None
         if len(self._free_slots) < readers:
             return None
-        s = self._allocator.allocate(nbytes)
-        if s is None:
-            return None
+        if shared is not None:
+            s = shared
+            self._slice_refs[s.offset] += 1
+        else:
+            s = self._allocator.allocate(nbytes)
+            if s is None:
+                return None
+            self._slice_refs[s.offset] = 1
         slots = tuple(self._free_slots.popleft() for _ in range(readers))
         # One generation for all the lease's slots, above each one's history: per slot it still only grows.
         generation = next_generation(max(self._generations[slot] for slot in slots))
@@ -473,7 +590,7 @@ class LeaseTable:
 
     def _free_locked(self, entry: _Entry) -> Lease:
         lease = entry.lease
-        self._allocator.free(lease.slice)
+        self._unref_locked(lease.slice)
         del self._leases[lease.lease_id]
         for slot in lease.slots:
             del self._slot_lease[slot]
@@ -483,3 +600,10 @@ class LeaseTable:
             session.lease_ids.discard(lease.lease_id)
         self._cond.notify_all()
         return lease
+
+    def _unref_locked(self, s: Slice) -> None:
+        self._slice_refs[s.offset] -= 1
+        if not self._slice_refs[s.offset]:
+            del self._slice_refs[s.offset]
+            self._allocator.free(s)
+            self._cond.notify_all()

@@ -19,6 +19,14 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     DTYPE_FLOAT32: _ClassVar[DType]
     DTYPE_BFLOAT16: _ClassVar[DType]
     DTYPE_FLOAT16: _ClassVar[DType]
+
+class CacheStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    CACHE_STATUS_UNSPECIFIED: _ClassVar[CacheStatus]
+    CACHE_MISS: _ClassVar[CacheStatus]
+    CACHE_HIT: _ClassVar[CacheStatus]
+    CACHE_COALESCED: _ClassVar[CacheStatus]
+    CACHE_BYPASS: _ClassVar[CacheStatus]
 TRANSPORT_AUTO: Transport
 TRANSPORT_SERIALIZED: Transport
 TRANSPORT_IPC: Transport
@@ -26,6 +34,11 @@ DTYPE_UNSPECIFIED: DType
 DTYPE_FLOAT32: DType
 DTYPE_BFLOAT16: DType
 DTYPE_FLOAT16: DType
+CACHE_STATUS_UNSPECIFIED: CacheStatus
+CACHE_MISS: CacheStatus
+CACHE_HIT: CacheStatus
+CACHE_COALESCED: CacheStatus
+CACHE_BYPASS: CacheStatus
 
 class ConsumerInfo(_message.Message):
     __slots__ = ("session_id", "device_uuid")
@@ -104,7 +117,7 @@ class SessionEvent(_message.Message):
     def __init__(self, opened: _Optional[_Union[SessionOpened, _Mapping]] = ..., refused: _Optional[_Union[SessionRefused, _Mapping]] = ...) -> None: ...
 
 class EncodeImagesRequest(_message.Message):
-    __slots__ = ("images", "request_id", "transport", "consumer", "readers", "keys", "headers_only")
+    __slots__ = ("images", "request_id", "transport", "consumer", "readers", "keys", "headers_only", "mm_hashes", "cache_bypass")
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +125,8 @@ class EncodeImagesRequest(_message.Message):
     READERS_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
     HEADERS_ONLY_FIELD_NUMBER: _ClassVar[int]
+    MM_HASHES_FIELD_NUMBER: _ClassVar[int]
+    CACHE_BYPASS_FIELD_NUMBER: _ClassVar[int]
     images: _containers.RepeatedScalarFieldContainer[bytes]
     request_id: str
     transport: Transport
@@ -119,7 +134,9 @@ class EncodeImagesRequest(_message.Message):
     readers: int
     keys: _containers.RepeatedScalarFieldContainer[str]
     headers_only: bool
-    def __init__(self, images: _Optional[_Iterable[bytes]] = ..., request_id: _Optional[str] = ..., transport: _Optional[_Union[Transport, str]] = ..., consumer: _Optional[_Union[ConsumerInfo, _Mapping]] = ..., readers: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., headers_only: _Optional[bool] = ...) -> None: ...
+    mm_hashes: _containers.RepeatedScalarFieldContainer[str]
+    cache_bypass: bool
+    def __init__(self, images: _Optional[_Iterable[bytes]] = ..., request_id: _Optional[str] = ..., transport: _Optional[_Union[Transport, str]] = ..., consumer: _Optional[_Union[ConsumerInfo, _Mapping]] = ..., readers: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., headers_only: _Optional[bool] = ..., mm_hashes: _Optional[_Iterable[str]] = ..., cache_bypass: _Optional[bool] = ...) -> None: ...
 
 class IpcDescriptor(_message.Message):
     __slots__ = ("pool_id", "epoch", "device_uuid", "offset_bytes", "nbytes", "lease_id", "generation", "ready_offset_bytes", "ack_offset_bytes", "readers", "reader_ack_offset_bytes")
@@ -148,7 +165,7 @@ class IpcDescriptor(_message.Message):
     def __init__(self, pool_id: _Optional[str] = ..., epoch: _Optional[int] = ..., device_uuid: _Optional[str] = ..., offset_bytes: _Optional[int] = ..., nbytes: _Optional[int] = ..., lease_id: _Optional[int] = ..., generation: _Optional[int] = ..., ready_offset_bytes: _Optional[int] = ..., ack_offset_bytes: _Optional[int] = ..., readers: _Optional[int] = ..., reader_ack_offset_bytes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Embedding(_message.Message):
-    __slots__ = ("index", "num_tokens", "grid_h", "grid_w", "dtype", "shape", "data", "ipc", "grid_t", "image_width", "image_height", "key")
+    __slots__ = ("index", "num_tokens", "grid_h", "grid_w", "dtype", "shape", "data", "ipc", "grid_t", "image_width", "image_height", "key", "cache", "mm_hash")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GRID_H_FIELD_NUMBER: _ClassVar[int]
@@ -161,6 +178,8 @@ class Embedding(_message.Message):
     IMAGE_WIDTH_FIELD_NUMBER: _ClassVar[int]
     IMAGE_HEIGHT_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
+    MM_HASH_FIELD_NUMBER: _ClassVar[int]
     index: int
     num_tokens: int
     grid_h: int
@@ -173,7 +192,9 @@ class Embedding(_message.Message):
     image_width: int
     image_height: int
     key: str
-    def __init__(self, index: _Optional[int] = ..., num_tokens: _Optional[int] = ..., grid_h: _Optional[int] = ..., grid_w: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., ipc: _Optional[_Union[IpcDescriptor, _Mapping]] = ..., grid_t: _Optional[int] = ..., image_width: _Optional[int] = ..., image_height: _Optional[int] = ..., key: _Optional[str] = ...) -> None: ...
+    cache: CacheStatus
+    mm_hash: str
+    def __init__(self, index: _Optional[int] = ..., num_tokens: _Optional[int] = ..., grid_h: _Optional[int] = ..., grid_w: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., ipc: _Optional[_Union[IpcDescriptor, _Mapping]] = ..., grid_t: _Optional[int] = ..., image_width: _Optional[int] = ..., image_height: _Optional[int] = ..., key: _Optional[str] = ..., cache: _Optional[_Union[CacheStatus, str]] = ..., mm_hash: _Optional[str] = ...) -> None: ...
 
 class EncodeImagesResponse(_message.Message):
     __slots__ = ("request_id", "embeddings", "transport")
@@ -364,6 +385,20 @@ class PromptFraming(_message.Message):
     placeholder_token_id: int
     def __init__(self, image_header: _Optional[str] = ..., placeholder: _Optional[str] = ..., image_footer: _Optional[str] = ..., placeholder_token_id: _Optional[int] = ...) -> None: ...
 
+class CacheInfo(_message.Message):
+    __slots__ = ("host_max_bytes", "pool_max_bytes", "policy", "hash", "invalid_ttl_s")
+    HOST_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    POOL_MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    HASH_FIELD_NUMBER: _ClassVar[int]
+    INVALID_TTL_S_FIELD_NUMBER: _ClassVar[int]
+    host_max_bytes: int
+    pool_max_bytes: int
+    policy: str
+    hash: str
+    invalid_ttl_s: float
+    def __init__(self, host_max_bytes: _Optional[int] = ..., pool_max_bytes: _Optional[int] = ..., policy: _Optional[str] = ..., hash: _Optional[str] = ..., invalid_ttl_s: _Optional[float] = ...) -> None: ...
+
 class KeyStoreInfo(_message.Message):
     __slots__ = ("max_bytes", "ttl_s", "max_keys")
     MAX_BYTES_FIELD_NUMBER: _ClassVar[int]
@@ -375,7 +410,7 @@ class KeyStoreInfo(_message.Message):
     def __init__(self, max_bytes: _Optional[int] = ..., ttl_s: _Optional[float] = ..., max_keys: _Optional[int] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("version", "model_name", "model_layout", "hidden_size", "vision_hidden_size", "dtype", "device", "device_uuid", "preprocess", "limits", "transports", "ipc_status", "max_message_bytes", "stream_chunk_bytes", "family", "prompt", "key_store", "video")
+    __slots__ = ("version", "model_name", "model_layout", "hidden_size", "vision_hidden_size", "dtype", "device", "device_uuid", "preprocess", "limits", "transports", "ipc_status", "max_message_bytes", "stream_chunk_bytes", "family", "prompt", "key_store", "cache", "video")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_LAYOUT_FIELD_NUMBER: _ClassVar[int]
@@ -393,6 +428,7 @@ class ServerInfo(_message.Message):
     FAMILY_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     KEY_STORE_FIELD_NUMBER: _ClassVar[int]
+    CACHE_FIELD_NUMBER: _ClassVar[int]
     VIDEO_FIELD_NUMBER: _ClassVar[int]
     version: str
     model_name: str
@@ -411,5 +447,6 @@ class ServerInfo(_message.Message):
     family: str
     prompt: PromptFraming
     key_store: KeyStoreInfo
+    cache: CacheInfo
     video: VideoInfo
-    def __init__(self, version: _Optional[str] = ..., model_name: _Optional[str] = ..., model_layout: _Optional[str] = ..., hidden_size: _Optional[int] = ..., vision_hidden_size: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., device: _Optional[str] = ..., device_uuid: _Optional[str] = ..., preprocess: _Optional[_Union[PreprocessInfo, _Mapping]] = ..., limits: _Optional[_Union[RequestLimits, _Mapping]] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., ipc_status: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., stream_chunk_bytes: _Optional[int] = ..., family: _Optional[str] = ..., prompt: _Optional[_Union[PromptFraming, _Mapping]] = ..., key_store: _Optional[_Union[KeyStoreInfo, _Mapping]] = ..., video: _Optional[_Union[VideoInfo, _Mapping]] = ...) -> None: ...
+    def __init__(self, version: _Optional[str] = ..., model_name: _Optional[str] = ..., model_layout: _Optional[str] = ..., hidden_size: _Optional[int] = ..., vision_hidden_size: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., device: _Optional[str] = ..., device_uuid: _Optional[str] = ..., preprocess: _Optional[_Union[PreprocessInfo, _Mapping]] = ..., limits: _Optional[_Union[RequestLimits, _Mapping]] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., ipc_status: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., stream_chunk_bytes: _Optional[int] = ..., family: _Optional[str] = ..., prompt: _Optional[_Union[PromptFraming, _Mapping]] = ..., key_store: _Optional[_Union[KeyStoreInfo, _Mapping]] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., video: _Optional[_Union[VideoInfo, _Mapping]] = ...) -> None: ...

@@ -135,7 +135,7 @@ def _loopback(results: list[EncodedImage], chunk_bytes: int) -> Iterator[str]:
     class FixedEngine:  # what the servicer uses of service.engine.Engine
         pool = None
 
-        async def encode(self, images, request_id, deadline, *, ipc_session=None, readers=1):
+        async def encode(self, images, request_id, deadline, *, ipc_session=None, readers=1, **cache_options):
             return results
 
     state = ServingState(Metrics())

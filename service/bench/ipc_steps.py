@@ -21,7 +21,7 @@ import uuid
 import torch
 
 from mmproc.client import EncoderClient
-from mmproc.client.ipc import clone_views, pool_views, request_lease
+from mmproc.client.ipc import ack_all, clone_views, pool_views, request_leases, wait_all
 from mmproc.v1 import encoder_pb2 as pb
 from service.bench.images import ImageSpec, request_images
 from service.bench.provenance import git_commit
@@ -85,11 +85,11 @@ def read_steps(client: EncoderClient, images: list[bytes], timeout: float) -> tu
     hot = []
     for timed in [laps] + [Laps() for _ in range(HOT_REPEATS)]:
         timed.lap("start")
-        lease, lease_ids = request_lease(reply.embeddings)
+        leases, lease_ids = request_leases(reply.embeddings)
         timed.lap("descriptors")
         pool = ipc._cache.acquire(ipc.identity, device)
         timed.lap("acquire")
-        pool.wait_ready(lease, stream, timeout)
+        wait_all(pool, leases, stream, timeout)
         timed.lap("wait_ready")
         views = pool_views(pool, reply.embeddings)
         timed.lap("views")
@@ -99,7 +99,7 @@ def read_steps(client: EncoderClient, images: list[bytes], timeout: float) -> tu
         timed.lap("synchronize")
         if timed is not laps:
             hot.append(timed)
-    pool.ack(lease, stream)
+    ack_all(pool, leases, stream)
     ipc._send(pb.LeaseRelease(lease_ids=lease_ids))
     ipc._cache.release(pool)
     del outs

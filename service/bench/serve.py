@@ -46,6 +46,7 @@ from service.bench.d2h import transport_microbench
 from service.bench.images import FORMATS, ORDERS, ImageSpec, generate_requests, parse_resolutions
 from service.bench.report import save_plot
 from service.bench.serve_plot import plot_serve
+from service.bench.serve_repeat import parse_ratios, run_repeat
 from service.bench.serve_stats import (
     Sample,
     compare,
@@ -73,6 +74,7 @@ class ClientConfig:
     device: str
     timeout: float
     consume: str  # "copy": clone the embeddings (what encode_images does) | "view": read them in place
+    cache: bool = True  # False: every request sets cache_bypass (the server's embedding cache is not used)
 
 
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -101,6 +103,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--warmup", type=int, default=4, help="requests sent first and left out of the stats")
     add("--max-seconds", type=float, default=600.0, help="stop the measured phase after this long")
     add("--compare", choices=sorted(COMPARES), default=None, help="run both sides (A, B) and report A/B ratios")
+    add("--repeat-ratio", type=parse_ratios, default=None,
+        help="R[,R...]: share of images that repeat an earlier one (seeded); runs each with the server's embedding "
+        "cache on and off (bypass) and a hit-only pass (service/bench/serve_repeat.py)")  # fmt: skip
     add("--rounds", type=int, default=None, help="passes per side, pooled (default 2 with --compare: A B B A; else 1)")
     add("--transport-microbench", action="store_true", help="CUDA only: D2H copy bandwidth, then exit")
     add("--microbench-mb", type=int, default=20)
@@ -112,7 +117,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--quiet", action="store_true", help="no progress bar or notes on stderr")
     args = p.parse_args(argv)
     if args.rounds is None:
-        args.rounds = 2 if args.compare else 1
+        args.rounds = 2 if args.compare or args.repeat_ratio else 1
     return args
 
 
@@ -206,8 +211,9 @@ class _Worker:
         from mmproc.client import EncoderClient
 
         client = EncoderClient(
-            cfg.target, device=cfg.device, transport=cfg.transport, timeout=cfg.timeout, handle_cache=cfg.handle_cache
-        )
+            cfg.target, device=cfg.device, transport=cfg.transport, timeout=cfg.timeout, handle_cache=cfg.handle_cache,
+            cache=cfg.cache,
+        )  # fmt: skip
         return cls(cfg, client, _ReplyClock.install(client))
 
     def request(self, payload: Payload, scheduled: float | None = None) -> Sample:
@@ -493,6 +499,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # any failure here means there is nothing to benchmark
         print(f"mmproc bench serve: cannot reach {args.target}: {exc}", file=sys.stderr)
         return 1
+    if args.repeat_ratio is not None:
+        base = ClientConfig(args.target, args.transport, args.handle_cache == "on", args.device, args.timeout,
+                            args.consume)  # fmt: skip
+        try:
+            text, record = run_repeat(args, argv, info, measure, base)
+        except ValueError as err:  # payloads over --max-payload-mb
+            print(f"mmproc bench serve: {err}", file=sys.stderr)
+            return 2
+        _emit(text, record, args)
+        rows = [*record["rows"], record["hit_only"]]
+        return 0 if all(r["failed"] == 0 and r["completed"] > 0 for r in rows) else 1
     try:
         measured, warmup, mean_kib = _payloads(args)
     except ValueError as err:
