@@ -249,7 +249,7 @@ class DecodePool:
         (time.monotonic()) ends the wait with DeadlineExceededError; cancelling the caller cancels the rest.
         """
         key = next(self._request_keys)  # this request's turn in the fair share
-        tasks = [asyncio.ensure_future(self._prepare_one(data, key)) for data in images]
+        tasks = [asyncio.ensure_future(self._prepare_one(data, key, deadline)) for data in images]
         try:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
             return await asyncio.wait_for(_first_error_in_order(tasks), timeout)
@@ -259,10 +259,12 @@ class DecodePool:
             for task in tasks:
                 task.cancel()
 
-    async def _prepare_one(self, data: bytes, key: object) -> Prepared:
+    async def _prepare_one(self, data: bytes, key: object, deadline: float | None = None) -> Prepared:
         await self._share.acquire(key)
         future: Future | None = None
         try:
+            if deadline is not None and time.monotonic() >= deadline:  # before its decode: nobody would wait
+                raise DeadlineExceededError("deadline passed before the image was decoded")
             if self.config.isolation == "thread":
                 future = self._submit_thread(data)
                 return await asyncio.wrap_future(future)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -112,7 +113,13 @@ def test_every_grpc_request_leaves_one_access_line(tiny_server, captured) -> Non
         client.encode_images([good, good])
         with pytest.raises(InvalidMediaError):
             client.encode_images([b"not an image"])
-    ok, refused = [r.fields for r in access_lines(captured) if r.fields["method"].startswith("EncodeImages")]
+    lines = lambda: [r.fields for r in access_lines(captured) if r.fields["method"].startswith("EncodeImages")]  # noqa: E731
+    deadline = (
+        time.monotonic() + 5
+    )  # the server writes the line as its handler unwinds, after the client has the status
+    while len(lines()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    ok, refused = lines()
     assert ok["code"] == "OK" and ok["images"] == 2 and ok["ms"] > 0 and ok["front_end"] == "grpc"
     assert refused["code"] == "INVALID_ARGUMENT" and refused["images"] == 1
 
