@@ -134,6 +134,7 @@ class EncoderRunner:
         observer: Callable[[BatchStats], None] | None = None,
         company_expected: Callable[[], bool] | None = None,
         on_dropped: Callable[[str, int], None] | None = None,
+        batch_patches: Callable[[], int] | None = None,
     ) -> None:
         """pin_memory, pixel_dtype: how batches are packed; for a CUDA encoder pin and pack in
         `mmproc.batching.pixel_transfer_dtype(device, dtype)` so that the H2D copy carries the model dtype.
@@ -141,7 +142,9 @@ class EncoderRunner:
         it says no, a batch starts at once instead of waiting `max_wait_ms` for company that cannot come.
         Called on the worker thread; None: always wait.
         on_dropped(stage, images): images of a cancelled or expired request left out unrun ("queue"), or run for a
-        caller that gave up during the forward ("late"); any thread."""
+        caller that gave up during the forward ("late"); any thread.
+        batch_patches: the patch budget of the next batch, at most `max_batch_patches` (the service bounds a batch's
+        duration with it, so that a request's wait is not one huge batch on a slow device); None: that maximum."""
         if max_patches_per_image > config.max_batch_patches:
             raise ConfigError(
                 f"runner: max_batch_patches={config.max_batch_patches} is smaller than one image can be "
@@ -155,6 +158,8 @@ class EncoderRunner:
         self._observer = observer
         self._company_expected = company_expected or (lambda: True)
         self._on_dropped = on_dropped or (lambda stage, images: None)
+        self._max_patches_per_image = max_patches_per_image
+        self._batch_patches = batch_patches
         self._queue: deque[_Item] = deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -265,11 +270,17 @@ class EncoderRunner:
                 self._cond.wait(left)
             return self._take_prefix()
 
+    def _patch_budget(self) -> int:
+        ceiling = self._config.max_batch_patches
+        if self._batch_patches is None:
+            return ceiling
+        return max(self._max_patches_per_image, min(ceiling, self._batch_patches()))
+
     def _budget_full(self) -> bool:
         patches = 0
         for n, item in enumerate(self._queue):
             patches += item.image.num_patches
-            if patches >= self._config.max_batch_patches or n + 1 >= self._config.max_batch_images:
+            if patches >= self._patch_budget() or n + 1 >= self._config.max_batch_images:
                 return True
         return False
 
@@ -286,6 +297,7 @@ class EncoderRunner:
             self._on_dropped("queue", len(self._queue) - len(live))
             self._queue = live
         cfg = self._config
+        budget = self._patch_budget()
         newest_first = (
             cfg.queue_discipline == "adaptive_lifo"
             and bool(live)
@@ -293,7 +305,7 @@ class EncoderRunner:
         )
         return take_batch(
             self._queue,
-            lambda images, patches: patches <= cfg.max_batch_patches and images < cfg.max_batch_images,
+            lambda images, patches: patches <= budget and images < cfg.max_batch_images,
             newest_first,
         )
 

@@ -105,6 +105,7 @@ class Engine:
             observer=self._observe_batch,
             company_expected=lambda: self._arriving > 0,
             on_dropped=self._count_dropped,
+            batch_patches=lambda: self.overload.batch_patches(),
         )
         patch_bytes = 3 * preprocess.patch_size**2 * 4  # float32 patches, as decode workers ship them
         self.overload = OverloadGuard(

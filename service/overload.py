@@ -18,6 +18,7 @@ from mmproc.errors import ConfigError, ResourceExhaustedError
 
 MiB = 1 << 20
 MIN_RETRY_AFTER_S = 0.05
+BATCH_SHARE = 0.25  # of max_queue_delay_s that one forward may take
 
 
 @dataclass(frozen=True)
@@ -55,41 +56,26 @@ class Ewma:
 
 
 class BatchCost:
-    """A forward's time as `fixed + per_patch * patches`, fitted over the recent batches (exponentially weighted
-    least squares): a per-patch average alone would charge a small batch's fixed cost to every patch, and refuse
-    a burst of small requests on an idle server. Updated on the runner thread; read anywhere."""
+    """Seconds a forward takes per patch, as the ratio of the recent batches' weighted mean time to their mean
+    patches: big batches weigh in by their size, so a stream of small ones (whose fixed cost is most of their
+    time) inflates the rate less than a mean of per-batch ratios would. Conservative on purpose: an estimate
+    that is high refuses a little early, one that is low lets work in that then expires in the queue (measured:
+    docs/benchmarks/overload.md). Updated on the runner thread; read anywhere."""
 
-    def __init__(self, alpha: float = 0.1) -> None:
-        self.alpha = alpha
-        self._moments: tuple[float, float, float, float] | None = None  # E[x], E[y], E[xx], E[xy]
-        self.fixed_s = 0.0
+    def __init__(self, alpha: float = 0.2) -> None:
+        self._seconds = Ewma(alpha)
+        self._patches = Ewma(alpha)
         self.per_patch_s = 0.0
-
-    @property
-    def measured(self) -> bool:
-        return self._moments is not None
 
     def observe(self, seconds: float, patches: int) -> None:
         if patches <= 0 or seconds < 0:
             return
-        x, y = float(patches), seconds
-        sample = (x, y, x * x, x * y)
-        if self._moments is None:
-            moments = sample
-        else:
-            moments = tuple(m + self.alpha * (v - m) for m, v in zip(self._moments, sample))
-        self._moments = moments  # type: ignore[assignment]
-        mx, my, mxx, mxy = moments
-        var = mxx - mx * mx
-        slope = (mxy - mx * my) / var if var > 1e-9 * mxx else 0.0
-        if slope <= 0:  # batches all of one size (or noise): no split, charge it all per patch
-            self.fixed_s, self.per_patch_s = 0.0, my / mx
-        else:
-            fixed = my - slope * mx
-            self.fixed_s, self.per_patch_s = (fixed, slope) if fixed >= 0 else (0.0, my / mx)
+        self._seconds.observe(seconds, 1)
+        self._patches.observe(float(patches), 1)
+        self.per_patch_s = (self._seconds.value or 0.0) / (self._patches.value or 1.0)
 
-    def seconds(self, patches: int, batches: int) -> float:
-        return batches * self.fixed_s + patches * self.per_patch_s
+    def seconds(self, patches: int) -> float:
+        return patches * self.per_patch_s
 
 
 @dataclass
@@ -112,24 +98,34 @@ class OverloadGuard:
         self._patches = 0  # of admitted requests, not yet finished (decoding, queued or in a forward)
         self._decoding = 0  # images of admitted requests not yet decoded
         self._pending_bytes = 0
-        self._above_since: float | None = None  # when the work ahead last went above max_queue_delay_s
+        self._above_since: float | None = None  # when the work ahead went above max_queue_delay_s
+        self._below_since: float | None = None  # ... and back below it
 
     @property
     def pending_bytes(self) -> int:
         return self._pending_bytes
 
-    def ahead_s(self, images: int) -> float:
-        """Seconds a request of `images` admitted now would wait before its own forward: the encoder's work
-        already admitted (about one batch running, one more queued) or the decodes ahead of and including its
-        own, whichever is longer (they overlap). 0 before any measurement."""
+    def ahead_s(self) -> float:
+        """Seconds of work admitted before a request arriving now: the encoder's, or the decodes', whichever is
+        longer (they overlap). 0 when idle or before any measurement."""
         per_image = self.decode_s_per_image.value or 0.0
-        decode = (self._decoding + images) * per_image / self.config.decode_workers
-        encoder = self.forward.seconds(self._patches, 2) if self._patches else 0.0
-        return max(decode, encoder)
+        decode = self._decoding * per_image / self.config.decode_workers
+        return max(decode, self.forward.seconds(self._patches))
+
+    def batch_patches(self) -> int:
+        """The next batch's patch budget: a `BATCH_SHARE` of the target delay at the measured rate (a request
+        waits for the batch running and then its own; batches far longer than the target would break the bound
+        on a slow device). Large where the device is fast; the runner clamps it to its own limits."""
+        per_patch = self.forward.per_patch_s
+        if not self.config.max_queue_delay_s or per_patch <= 0:
+            return 1 << 30
+        return int(BATCH_SHARE * self.config.max_queue_delay_s / per_patch)
 
     def estimate_s(self, patches: int, images: int) -> float:
-        """Seconds until a request of `patches` / `images` admitted now would be done."""
-        return self.ahead_s(images) + self.forward.seconds(patches, 1)
+        """Seconds until a request of `patches` / `images` admitted now would be done: the work ahead, its own
+        decode (spread over the workers), its own forward."""
+        own_decode = (self.decode_s_per_image.value or 0.0) * -(-images // self.config.decode_workers)
+        return self.ahead_s() + own_decode + self.forward.seconds(patches)
 
     def admit(self, patches: int, images: int, deadline: float | None, now: float | None = None) -> Ticket:
         """A ticket, or ResourceExhaustedError (cause "deadline", "queue_delay" or "pending_bytes")."""
@@ -138,15 +134,15 @@ class OverloadGuard:
         nbytes = patches * cfg.bytes_per_patch
         with self._lock:
             if self._pending_bytes and self._pending_bytes + nbytes > cfg.max_pending_bytes:
-                drain = self.forward.seconds(self._pending_bytes // cfg.bytes_per_patch, 1)
+                drain = self.forward.seconds(self._pending_bytes // cfg.bytes_per_patch)
                 raise ResourceExhaustedError(
                     f"decoded images waiting for the encoder are at their bound ({self._pending_bytes} + {nbytes} "
                     f"bytes, limit {cfg.max_pending_bytes})",
                     retry_after_s=max(MIN_RETRY_AFTER_S, drain),
                     cause="pending_bytes",
                 )
-            ahead = self.ahead_s(images)
-            estimate = ahead + self.forward.seconds(patches, 1)
+            ahead = self.ahead_s()
+            estimate = self.estimate_s(patches, images)
             left = None if deadline is None else deadline - now
             # An idle server tries even a request too heavy for its deadline: the deadline checks then end it.
             if left is not None and estimate > left and self._patches:
@@ -156,12 +152,21 @@ class OverloadGuard:
                     retry_after_s=max(MIN_RETRY_AFTER_S, estimate - left),
                     cause="deadline",
                 )
-            # CoDel at the door: a standing queue above the target delay (for `interval_s`) is refused, a burst is not.
+            # CoDel at the door: a standing queue above the target delay (for `interval_s`) is refused, a burst is
+            # not; the queue must stay below the target for `interval_s` to count as drained (no overshoot each
+            # time a finished batch dips it under).
             if not cfg.max_queue_delay_s or ahead <= cfg.max_queue_delay_s:
-                self._above_since = None
-            elif self._above_since is None:
-                self._above_since = now
-            elif now - self._above_since >= cfg.interval_s:
+                self._below_since = now if self._below_since is None else self._below_since
+                if now - self._below_since >= cfg.interval_s:
+                    self._above_since = None
+            else:
+                self._below_since = None
+                self._above_since = now if self._above_since is None else self._above_since
+            if (
+                self._above_since is not None
+                and now - self._above_since >= cfg.interval_s
+                and ahead > cfg.max_queue_delay_s
+            ):
                 raise ResourceExhaustedError(
                     f"overloaded: about {ahead * 1e3:.0f} ms of work ahead, bound {cfg.max_queue_delay_s * 1e3:.0f} ms",
                     retry_after_s=max(MIN_RETRY_AFTER_S, ahead - cfg.max_queue_delay_s),

@@ -57,12 +57,13 @@ def test_guard_refuses_by_time_to_finish_and_by_bytes_and_returns_both_on_releas
     guard.admit(900, 1, deadline=now + 60, now=now)
 
 
-def test_batch_cost_separates_the_fixed_cost_of_a_forward_from_its_patches() -> None:
-    cost = BatchCost()
-    for patches in (100, 400, 1600, 100, 800) * 4:
-        cost.observe(0.010 + 0.0001 * patches, patches)  # 10 ms a forward + 0.1 ms a patch
-    assert cost.fixed_s == pytest.approx(0.010, rel=1e-3) and cost.per_patch_s == pytest.approx(1e-4, rel=1e-3)
-    assert cost.seconds(1000, 2) == pytest.approx(0.120, rel=1e-3)
+def test_batch_cost_weighs_batches_by_their_size() -> None:
+    cost = BatchCost(alpha=0.5)
+    cost.observe(0.010, 10)  # a small batch: mostly fixed cost, 1 ms a patch
+    cost.observe(0.100, 1000)  # a big one: 0.1 ms a patch
+    # ratio of the weighted means (0.055 s / 505 patches), not the mean of the two ratios (0.55 ms)
+    assert cost.per_patch_s == pytest.approx(0.055 / 505)
+    assert cost.seconds(1000) == pytest.approx(1000 * 0.055 / 505)
 
 
 def test_a_refusal_carries_its_retry_after_for_http_and_grpc() -> None:
@@ -172,4 +173,5 @@ def test_overload_is_refused_early_and_the_service_recovers(server: ServiceThrea
     assert encoded <= server_codes["OK"] + late + 4, (encoded, server_codes, late)
     assert all(o.code == "OK" for o in after), Counter(o.code for o in after)  # served again at once
     assert values["mmproc_pending_bytes"] == 0 and server.service.engine.inflight == 0
+    assert server.service.engine.overload.ahead_s() == 0  # every admitted request gave its share back
     assert not errors.records, [r.getMessage() for r in errors.records]
