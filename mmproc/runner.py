@@ -181,6 +181,11 @@ class EncoderRunner:
         if self._started:
             self._thread.join(timeout)
 
+    def oldest_wait_s(self) -> float:
+        """How long the oldest queued image has waited (0 when the queue is empty): the queue's sojourn time."""
+        with self._cond:
+            return time.monotonic() - self._queue[0].job.submitted if self._queue else 0.0
+
     @property
     def queued_images(self) -> int:
         with self._cond:
@@ -277,10 +282,10 @@ class EncoderRunner:
         return max(self._max_patches_per_image, min(ceiling, self._batch_patches()))
 
     def _budget_full(self) -> bool:
-        patches = 0
+        patches, budget = 0, self._patch_budget()
         for n, item in enumerate(self._queue):
             patches += item.image.num_patches
-            if patches >= self._patch_budget() or n + 1 >= self._config.max_batch_images:
+            if patches >= budget or n + 1 >= self._config.max_batch_images:
                 return True
         return False
 

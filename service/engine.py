@@ -109,11 +109,7 @@ class Engine:
         )
         patch_bytes = 3 * preprocess.patch_size**2 * 4  # float32 patches, as decode workers ship them
         self.overload = OverloadGuard(
-            replace(
-                overload or OverloadConfig(),
-                bytes_per_patch=patch_bytes,
-                decode_workers=self.decode_pool.config.workers,
-            )
+            replace(overload or OverloadConfig(), bytes_per_patch=patch_bytes), queue_wait=self._runner.oldest_wait_s
         )
         self._max_inflight = max_inflight_requests
         self._inflight = 0
@@ -134,7 +130,7 @@ class Engine:
         self.metrics.track(queue_images=lambda: self._runner.queued_images, inflight_requests=lambda: self._inflight)
         self.metrics.track_overload(
             pending_bytes=lambda: self.overload.pending_bytes,
-            estimated_wait=lambda: self.overload.estimate_s(0, 1),
+            estimated_wait=self.overload.ahead_s,
             worker_pids=self.decode_pool.worker_pids,
         )
 
@@ -441,7 +437,6 @@ class Engine:
         for result in results:
             decode.observe(result.decode_s)
             preprocess.observe(result.preprocess_s)
-            self.overload.decode_s_per_image.observe(result.decode_s + result.preprocess_s, 1)
         return [result.image for result in results]
 
     def _observe_batch(self, stats: BatchStats) -> None:

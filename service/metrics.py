@@ -5,8 +5,10 @@ Families (all defined at start, so that every one is scrapeable with zero values
   mmproc_requests_total{method,code}            finished RPCs/HTTP calls by final gRPC code name
   mmproc_request_duration_seconds{method}       end-to-end latency as the server saw it
   mmproc_rejections_total{reason}               refused requests: an InvalidMediaError reason (each one present
-                                                from the start), or the code name (resource_exhausted,
-                                                unavailable, deadline_exceeded, internal)
+                                                from the start), an overload refusal's cause (queue_delay,
+                                                deadline, pending_bytes: service/overload.py), or the code name
+                                                (resource_exhausted, unavailable, deadline_exceeded, cancelled,
+                                                internal)
   mmproc_images_encoded_total, mmproc_tokens_encoded_total
   mmproc_stage_duration_seconds{stage}          decode (validate + decode, per image), preprocess (per image),
                                                 queue (oldest image's wait for its batch), forward (per batch),
@@ -18,7 +20,7 @@ Families (all defined at start, so that every one is scrapeable with zero values
                                                 decode, batching, queue (before the forward), delivery; late:
                                                 encoded for a caller that gave up during the forward
   mmproc_pending_bytes                          decoded pixels of admitted requests not yet encoded (bounded)
-  mmproc_estimated_wait_seconds                 what a one-image request admitted now would take (overload.py)
+  mmproc_estimated_wait_seconds                 encoder work admitted ahead of a request arriving now (overload.py)
   mmproc_decode_workers_resident_bytes          RSS of the decode worker processes (the server's own is
                                                 process_resident_memory_bytes)
   mmproc_ipc_pool_bytes_in_use, mmproc_ipc_pool_capacity_bytes, mmproc_ipc_leases,
@@ -95,7 +97,7 @@ class Metrics:
             self.dropped_images.labels(stage)
         self.pending_bytes = Gauge("mmproc_pending_bytes", "Decoded pixels waiting for the encoder.", registry=r)
         self.estimated_wait = Gauge(
-            "mmproc_estimated_wait_seconds", "Estimated time to finish a one-image request admitted now.", registry=r
+            "mmproc_estimated_wait_seconds", "Estimated encoder work ahead of a request arriving now.", registry=r
         )
         self.decode_workers_rss = Gauge(
             "mmproc_decode_workers_resident_bytes", "Resident memory of the decode worker processes.", registry=r

@@ -1,17 +1,20 @@
 """Overload control: refuse at the door, in microseconds, what could not finish in time; bound what waits.
 
 A request is admitted only when the estimated time to finish it — the work already admitted ahead of it plus
-its own, at the service rate measured over the recent batches — fits its deadline, and the work ahead of it fits
-`max_queue_delay_s` (one bound for every front end, so requests with a long deadline cannot fill the queue for
-those with a short one: a target queueing delay, as CoDel's, applied at the door). Otherwise it gets RESOURCE_EXHAUSTED / 429 with a retry-after of the time the excess takes to drain. The
-decoded pixels of admitted requests are bounded in bytes (`max_pending_bytes`). Why an admission estimate and
-FIFO, and the measurements: docs/reliability.md ("Overload") and docs/benchmarks/overload.md.
+its own, at the service rate measured over the recent batches — fits its deadline, and while the encoder queue's
+measured sojourn time stays within `max_queue_delay_s` (CoDel's target delay applied at the door: one bound for
+every front end, so requests with a long deadline cannot fill the queue for those with a short one). Otherwise it gets
+RESOURCE_EXHAUSTED / 429 with a retry-after of the time the excess takes to drain. The decoded pixels of admitted
+requests are bounded in bytes (`max_pending_bytes`): checked at the door against the headers, held (and checked
+again) once decoded. Why an admission estimate and FIFO, and the measurements: docs/reliability.md
+("Overload") and docs/benchmarks/overload.md.
 """
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from mmproc.errors import ConfigError, ResourceExhaustedError
@@ -23,26 +26,23 @@ BATCH_SHARE = 0.25  # of max_queue_delay_s that one forward may take
 
 @dataclass(frozen=True)
 class OverloadConfig:
-    """max_queue_delay_s: the longest estimated wait ahead a request is admitted with, whatever its deadline, once
-    the wait has stayed above it for `interval_s` (0: no bound besides the deadline). max_pending_bytes: decoded pixels of admitted requests not yet encoded.
-    bytes_per_patch: what one decoded patch holds (3 * P * P float32). decode_workers: parallel decodes."""
+    """max_queue_delay_s: the target sojourn time of the encoder queue: past it for `interval_s`, requests are
+    refused whatever their deadline (0: no bound besides the deadline). max_pending_bytes: decoded pixels of admitted requests not yet encoded.
+    bytes_per_patch: what one decoded patch holds (3 * P * P float32)."""
 
     max_queue_delay_s: float = 1.0
     interval_s: float = 0.1  # CoDel's interval: a burst above the bound for less than this is let in
     max_pending_bytes: int = 512 * MiB
     bytes_per_patch: int = 3 * 14 * 14 * 4
-    decode_workers: int = 1
 
     def __post_init__(self) -> None:
         if self.max_queue_delay_s < 0 or self.max_pending_bytes < 1 or self.bytes_per_patch < 1:
             raise ConfigError(f"bad overload config {self}")
-        if self.decode_workers < 1:
-            raise ConfigError(f"overload: decode_workers must be >= 1, got {self.decode_workers}")
 
 
 class Ewma:
-    """Exponentially weighted mean of seconds per unit (one image's decode). Written by one thread, read by others:
-    a float assignment is atomic under the GIL."""
+    """Exponentially weighted mean of seconds per unit. Written by one thread, read by others: a float assignment
+    is atomic under the GIL."""
 
     def __init__(self, alpha: float = 0.2) -> None:
         self.alpha = alpha
@@ -56,26 +56,36 @@ class Ewma:
 
 
 class BatchCost:
-    """Seconds a forward takes per patch, as the ratio of the recent batches' weighted mean time to their mean
-    patches: big batches weigh in by their size, so a stream of small ones (whose fixed cost is most of their
-    time) inflates the rate less than a mean of per-batch ratios would. Conservative on purpose: an estimate
-    that is high refuses a little early, one that is low lets work in that then expires in the queue (measured:
-    docs/benchmarks/overload.md). Updated on the runner thread; read anywhere."""
+    """A forward's time as `fixed + per_patch * patches`, fitted over the recent batches (exponentially weighted
+    least squares). One rate per patch would charge a small batch's fixed cost to every patch (a stream of tiny
+    images then makes one ordinary image look like seconds of work); the fit keeps the two apart. Falls back to
+    the ratio of the means while the batches are all of one size. Updated on the runner thread; read anywhere."""
 
-    def __init__(self, alpha: float = 0.2) -> None:
-        self._seconds = Ewma(alpha)
-        self._patches = Ewma(alpha)
+    def __init__(self, alpha: float = 0.1) -> None:
+        self.alpha = alpha
+        self._moments: tuple[float, float, float, float] | None = None  # E[x], E[y], E[xx], E[xy]
+        self.fixed_s = 0.0
         self.per_patch_s = 0.0
 
     def observe(self, seconds: float, patches: int) -> None:
         if patches <= 0 or seconds < 0:
             return
-        self._seconds.observe(seconds, 1)
-        self._patches.observe(float(patches), 1)
-        self.per_patch_s = (self._seconds.value or 0.0) / (self._patches.value or 1.0)
+        x, y = float(patches), seconds
+        sample = (x, y, x * x, x * y)
+        old = self._moments
+        moments = sample if old is None else tuple(m + self.alpha * (v - m) for m, v in zip(old, sample))
+        self._moments = moments  # type: ignore[assignment]
+        mx, my, mxx, mxy = moments
+        var = mxx - mx * mx
+        slope = (mxy - mx * my) / var if var > 1e-6 * mxx else 0.0
+        fixed = my - slope * mx
+        if slope <= 0 or fixed < 0:  # one size, or noise: no split
+            self.fixed_s, self.per_patch_s = 0.0, my / mx
+        else:
+            self.fixed_s, self.per_patch_s = fixed, slope
 
-    def seconds(self, patches: int) -> float:
-        return patches * self.per_patch_s
+    def seconds(self, patches: int, batches: int = 1) -> float:
+        return (batches * self.fixed_s + patches * self.per_patch_s) if patches > 0 else 0.0
 
 
 @dataclass
@@ -90,15 +100,16 @@ class Ticket:
 class OverloadGuard:
     """Admission by estimated time-to-finish and the pending-bytes budget; all counters under one lock."""
 
-    def __init__(self, config: OverloadConfig) -> None:
+    def __init__(self, config: OverloadConfig, queue_wait: Callable[[], float] = lambda: 0.0) -> None:
+        """queue_wait: the encoder queue's sojourn time now (how long its oldest image has waited)."""
         self.config = config
+        self._queue_wait = queue_wait
         self.forward = BatchCost()  # measured after warm-up, on the runner thread
-        self.decode_s_per_image = Ewma()
         self._lock = threading.Lock()
         self._patches = 0  # of admitted requests, not yet finished (decoding, queued or in a forward)
         self._decoding = 0  # images of admitted requests not yet decoded
         self._pending_bytes = 0
-        self._above_since: float | None = None  # when the work ahead went above max_queue_delay_s
+        self._above_since: float | None = None  # when the queue's sojourn went above max_queue_delay_s
         self._below_since: float | None = None  # ... and back below it
 
     @property
@@ -106,26 +117,25 @@ class OverloadGuard:
         return self._pending_bytes
 
     def ahead_s(self) -> float:
-        """Seconds of work admitted before a request arriving now: the encoder's, or the decodes', whichever is
-        longer (they overlap). 0 when idle or before any measurement."""
-        per_image = self.decode_s_per_image.value or 0.0
-        decode = self._decoding * per_image / self.config.decode_workers
-        return max(decode, self.forward.seconds(self._patches))
+        """Seconds of encoder work admitted (decoded, not finished) before a request arriving now; 0 when idle or
+        before any measurement. Decoding is left out: images differ too much in decode cost for one rate, and
+        the decode pool runs alongside the encoder (its bound is the deadline check before each decode)."""
+        patches = self._patches
+        return self.forward.seconds(patches, 1 + patches // max(1, self.batch_patches()))
 
     def batch_patches(self) -> int:
         """The next batch's patch budget: a `BATCH_SHARE` of the target delay at the measured rate (a request
         waits for the batch running and then its own; batches far longer than the target would break the bound
         on a slow device). Large where the device is fast; the runner clamps it to its own limits."""
+        budget_s = BATCH_SHARE * self.config.max_queue_delay_s - self.forward.fixed_s
         per_patch = self.forward.per_patch_s
         if not self.config.max_queue_delay_s or per_patch <= 0:
             return 1 << 30
-        return int(BATCH_SHARE * self.config.max_queue_delay_s / per_patch)
+        return max(1, int(budget_s / per_patch))
 
-    def estimate_s(self, patches: int, images: int) -> float:
-        """Seconds until a request of `patches` / `images` admitted now would be done: the work ahead, its own
-        decode (spread over the workers), its own forward."""
-        own_decode = (self.decode_s_per_image.value or 0.0) * -(-images // self.config.decode_workers)
-        return self.ahead_s() + own_decode + self.forward.seconds(patches)
+    def estimate_s(self, patches: int) -> float:
+        """Seconds until a request of `patches` admitted now would be done: the work ahead and its own forward."""
+        return self.ahead_s() + self.forward.seconds(patches)
 
     def admit(self, patches: int, images: int, deadline: float | None, now: float | None = None) -> Ticket:
         """A ticket, or ResourceExhaustedError (cause "deadline", "queue_delay" or "pending_bytes")."""
@@ -142,20 +152,22 @@ class OverloadGuard:
                     cause="pending_bytes",
                 )
             ahead = self.ahead_s()
-            estimate = self.estimate_s(patches, images)
+            estimate = self.estimate_s(patches)
             left = None if deadline is None else deadline - now
             # An idle server tries even a request too heavy for its deadline: the deadline checks then end it.
-            if left is not None and estimate > left and self._patches:
+            if left is not None and estimate > left and (self._patches or self._decoding):
                 raise ResourceExhaustedError(
                     f"cannot finish before the deadline: about {estimate * 1e3:.0f} ms of work ahead and own, "
                     f"{left * 1e3:.0f} ms left",
                     retry_after_s=max(MIN_RETRY_AFTER_S, estimate - left),
                     cause="deadline",
                 )
-            # CoDel at the door: a standing queue above the target delay (for `interval_s`) is refused, a burst is
-            # not; the queue must stay below the target for `interval_s` to count as drained (no overshoot each
-            # time a finished batch dips it under).
-            if not cfg.max_queue_delay_s or ahead <= cfg.max_queue_delay_s:
+            # CoDel at the door: a standing queue — its sojourn time, measured, above the target delay for
+            # `interval_s` — is refused, a burst is not; the queue must stay below the target for `interval_s` to
+            # count as drained (no overshoot each time a finished batch dips it under). Measured, not modelled:
+            # a model fitted on small batches can be far off for a big image.
+            waited = self._queue_wait()
+            if not cfg.max_queue_delay_s or waited <= cfg.max_queue_delay_s:
                 self._below_since = now if self._below_since is None else self._below_since
                 if now - self._below_since >= cfg.interval_s:
                     self._above_since = None
@@ -165,25 +177,35 @@ class OverloadGuard:
             if (
                 self._above_since is not None
                 and now - self._above_since >= cfg.interval_s
-                and ahead > cfg.max_queue_delay_s
+                and waited > cfg.max_queue_delay_s
             ):
                 raise ResourceExhaustedError(
-                    f"overloaded: about {ahead * 1e3:.0f} ms of work ahead, bound {cfg.max_queue_delay_s * 1e3:.0f} ms",
-                    retry_after_s=max(MIN_RETRY_AFTER_S, ahead - cfg.max_queue_delay_s),
+                    f"overloaded: the encoder queue's oldest image has waited {waited * 1e3:.0f} ms, target "
+                    f"{cfg.max_queue_delay_s * 1e3:.0f} ms",
+                    retry_after_s=max(MIN_RETRY_AFTER_S, ahead - cfg.max_queue_delay_s, waited - cfg.max_queue_delay_s),
                     cause="queue_delay",
                 )
-            self._patches += patches
+            # Until decoded, a request counts as decode work only: what its headers declare is refused often
+            # enough (bombs, liars, truncations) that counting it as encoder work would refuse honest requests.
             self._decoding += images
-            self._pending_bytes += nbytes
-        return Ticket(patches, images, nbytes)
+        return Ticket(0, images, 0)
 
     def decoded(self, ticket: Ticket, patches: int, nbytes: int) -> None:
-        """The request's images are decoded: count what they really hold (the headers gave a lower bound)."""
+        """The request's images are decoded: from now on it holds `nbytes` of pixels and `patches` of encoder
+        work. ResourceExhaustedError (cause "pending_bytes") when those bytes would pass the bound."""
+        cfg = self.config
         with self._lock:
             self._decoding -= ticket.images
             ticket.images = 0
-            self._patches += patches - ticket.patches
-            self._pending_bytes += nbytes - ticket.pending_bytes
+            if self._pending_bytes and self._pending_bytes + nbytes > cfg.max_pending_bytes:
+                raise ResourceExhaustedError(
+                    f"decoded images waiting for the encoder are at their bound ({self._pending_bytes} + {nbytes} "
+                    f"bytes, limit {cfg.max_pending_bytes})",
+                    retry_after_s=max(MIN_RETRY_AFTER_S, self.forward.seconds(self._patches)),
+                    cause="pending_bytes",
+                )
+            self._patches += patches
+            self._pending_bytes += nbytes
             ticket.patches, ticket.pending_bytes = patches, nbytes
 
     def release(self, ticket: Ticket) -> None:

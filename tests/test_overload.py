@@ -33,37 +33,44 @@ HEAVY = encode_image(random_image(64, 64, seed=3).resize((1024, 1024)), "JPEG") 
 
 def test_guard_refuses_by_time_to_finish_and_by_bytes_and_returns_both_on_release() -> None:
     config = OverloadConfig(max_queue_delay_s=1.0, interval_s=0.1, max_pending_bytes=11_500, bytes_per_patch=10)
-    guard = OverloadGuard(config)
+    waited = [0.0]  # the encoder queue's sojourn time, as the runner would report it
+    guard = OverloadGuard(config, queue_wait=lambda: waited[0])
     now = 100.0
     first = guard.admit(400, 1, deadline=None, now=now)  # idle: always admitted
+    guard.decoded(first, 400, 4000)  # decoded: 400 patches of encoder work from now on
     guard.forward.observe(1.0, 1000)  # 1 ms a patch: 0.4 s of work ahead now
     with pytest.raises(ResourceExhaustedError) as late:
         guard.admit(100, 1, deadline=now + 0.3, now=now)  # 0.5 s to finish, 0.3 s left
     assert late.value.cause == "deadline" and late.value.retry_after_s == pytest.approx(0.2)
-    second = guard.admit(700, 1, deadline=now + 60, now=now)  # 0.4 s ahead: fits the 1 s bound
-    burst = guard.admit(10, 1, deadline=now + 60, now=now)  # 1.1 s ahead: a burst is let in for the interval
+    second = guard.admit(700, 1, deadline=now + 60, now=now)
+    guard.decoded(second, 700, 7000)
+    waited[0] = 1.1  # the queue's oldest image has waited past the 1 s target
+    burst = guard.admit(10, 1, deadline=now + 60, now=now)  # a burst is let in for the interval
     with pytest.raises(ResourceExhaustedError) as slow:
-        guard.admit(10, 1, deadline=now + 60, now=now + 0.2)  # still above the bound: refused, whatever its deadline
-    assert slow.value.cause == "queue_delay" and slow.value.retry_after_s == pytest.approx(0.11)
-    guard.release(burst)
+        guard.admit(10, 1, deadline=now + 60, now=now + 0.2)  # still above the target: refused, whatever its deadline
+    assert slow.value.cause == "queue_delay" and slow.value.retry_after_s == pytest.approx(0.1)
     with pytest.raises(ResourceExhaustedError) as full:
         guard.admit(100, 1, deadline=None, now=now)  # (400 + 700 + 100) patches x 10 B > 11 500 B
     assert full.value.cause == "pending_bytes"
-    guard.decoded(first, 300, 3000)  # decoding found fewer patches than the header said
-    assert guard.pending_bytes == 3000 + 7000
-    guard.release(first)
-    guard.release(second)
-    assert guard.pending_bytes == 0 and guard.estimate_s(0, 0) == 0
+    with pytest.raises(ResourceExhaustedError) as found:
+        guard.decoded(burst, 60, 600)  # its header said less than decoding found: over the bound once decoded
+    assert found.value.cause == "pending_bytes"
+    assert guard.pending_bytes == 4000 + 7000
+    for ticket in (first, second, burst):
+        guard.release(ticket)
+    assert guard.pending_bytes == 0 and guard.ahead_s() == 0
     guard.admit(900, 1, deadline=now + 60, now=now)
 
 
-def test_batch_cost_weighs_batches_by_their_size() -> None:
-    cost = BatchCost(alpha=0.5)
-    cost.observe(0.010, 10)  # a small batch: mostly fixed cost, 1 ms a patch
-    cost.observe(0.100, 1000)  # a big one: 0.1 ms a patch
-    # ratio of the weighted means (0.055 s / 505 patches), not the mean of the two ratios (0.55 ms)
-    assert cost.per_patch_s == pytest.approx(0.055 / 505)
-    assert cost.seconds(1000) == pytest.approx(1000 * 0.055 / 505)
+def test_batch_cost_separates_the_fixed_cost_of_a_forward_from_its_patches() -> None:
+    cost = BatchCost()
+    for patches in (16, 400, 1600, 16, 800) * 4:
+        cost.observe(0.010 + 0.0001 * patches, patches)  # 10 ms a forward + 0.1 ms a patch
+    assert cost.fixed_s == pytest.approx(0.010, rel=1e-3) and cost.per_patch_s == pytest.approx(1e-4, rel=1e-3)
+    assert cost.seconds(1000, batches=2) == pytest.approx(0.120, rel=1e-3)
+    same = BatchCost()
+    same.observe(0.2, 1000)  # one size only: all of it per patch
+    assert same.fixed_s == 0 and same.per_patch_s == pytest.approx(2e-4)
 
 
 def test_a_refusal_carries_its_retry_after_for_http_and_grpc() -> None:
@@ -175,3 +182,17 @@ def test_overload_is_refused_early_and_the_service_recovers(server: ServiceThrea
     assert values["mmproc_pending_bytes"] == 0 and server.service.engine.inflight == 0
     assert server.service.engine.overload.ahead_s() == 0  # every admitted request gave its share back
     assert not errors.records, [r.getMessage() for r in errors.records]
+
+
+def test_http_takes_its_deadline_from_the_timeout_header(server: ServiceThread) -> None:
+    import base64
+
+    import httpx
+
+    body = {"images": [base64.b64encode(HEAVY).decode()]}
+    url = f"{server.http_url}/v1/encode"
+    bad = httpx.post(url, json=body, headers={"x-mmproc-timeout-ms": "soon"}, timeout=30)
+    assert bad.status_code == 400 and "x-mmproc-timeout-ms" in bad.json()["error"]["message"]
+    late = httpx.post(url, json=body, headers={"x-mmproc-timeout-ms": "30"}, timeout=30)
+    assert late.status_code == 504 and late.json()["error"]["code"] == "DEADLINE_EXCEEDED"
+    assert httpx.post(url, json=body, headers={"x-mmproc-timeout-ms": "30000"}, timeout=60).status_code == 200
