@@ -138,15 +138,16 @@ class Load:
         return _status_name(status), b"\nretry-after:" in b"\n" + headers
 
 
-async def closed_loop(load: Load, images: list[bytes], seconds: float, workers: int) -> list[Outcome]:
-    """`workers` Python clients back to back for `seconds`."""
+async def closed_loop(load: Load, base: list[bytes], first: int, seconds: float, workers: int) -> list[Outcome]:
+    """`workers` Python clients back to back for `seconds`; request k sends image `first + k` (unique)."""
     out: list[Outcome] = []
     stop = time.perf_counter() + seconds
-    counter = iter(range(10**9))
+    counter = iter(range(first, first + 10**9))
 
     async def worker() -> None:
         while time.perf_counter() < stop:
-            out.append(await load.one("client", images[next(counter) % len(images)]))
+            k = next(counter)
+            out.append(await load.one("client", unique_jpeg(base[k % len(base)], k)))
 
     await asyncio.gather(*(worker() for _ in range(workers)))
     return out
@@ -309,30 +310,31 @@ def _ms(stats: dict | None, *keys: str) -> str:
 async def run(args, argv: Sequence[str] | None) -> int:
     spec = ImageSpec(args.resolutions, "cycle", "jpeg", args.quality)
     base = [p[0] for p in generate_requests(args.seed, range(32), 1, spec, max_bytes=1 << 30)]
-    images = [unique_jpeg(base[i % len(base)], i) for i in range(20_000)]
     load = Load(args)
     scraper = Scraper(load.http)
     log_offset = args.server_log.stat().st_size if args.server_log and args.server_log.exists() else 0
     try:
-        await closed_loop(load, images[-64:], 2.0, args.concurrency)  # warm-up
+        await closed_loop(load, base, 0, 2.0, args.concurrency)  # warm-up; each phase its own indices: no cache hits
         await asyncio.sleep(0.5)
         await scraper.scrape()
         first = scraper.split[-1]
-        capacity_samples = await closed_loop(load, images[-4000:], args.capacity_seconds, args.concurrency)
+        capacity_samples = await closed_loop(load, base, 10**6, args.capacity_seconds, args.concurrency)
         ok = [s for s in capacity_samples if s.code == "OK"]
         capacity = len(ok) / args.capacity_seconds
         if capacity <= 0:
             print("mmproc bench serve --mode open: no request succeeded in the capacity phase", file=sys.stderr)
             return 1
         args.rate = args.rate or args.overload * capacity
+        arrivals = int(args.rate * args.duration * 1.2) + 100  # Poisson: room for more than the mean
+        load_images = [unique_jpeg(base[i % len(base)], 10**7 + i) for i in range(arrivals)]  # every one unique
         await asyncio.sleep(1.0)
         before = await scraper.scrape()
         rss_idle, idle = scraper.rss[-1][1], scraper.split[-1]
         scraper.start()
         t0 = time.perf_counter()
-        tasks = await open_loop(load, images, args.rate, args.duration, args.seed)
+        tasks = await open_loop(load, load_images, args.rate, args.duration, args.seed)
         t_stop = time.perf_counter()
-        recovery = await closed_loop(load, images[-2000:], args.recovery_seconds, args.concurrency)
+        recovery = await closed_loop(load, base, 2 * 10**6, args.recovery_seconds, args.concurrency)
         outcomes = list(await asyncio.gather(*tasks))
         await asyncio.sleep(0.5)
         await scraper.stop()
