@@ -331,6 +331,11 @@ class EncoderRunner:
                 _settle(item.job.future, exception=exc)
             return
         finished = time.monotonic()
+        if self._observer is not None:  # before any reply: a caller that has its result finds the batch counted
+            oldest = min(item.job.submitted for item in items)
+            self._observer(
+                BatchStats(len(items), batch.num_patches, batch.num_tokens, started - oldest, finished - started)
+            )
         for job, first, last in _runs(items):
             job.remaining -= last - first + 1
             if job.future.done():  # its caller gave up during the forward: work nobody receives
@@ -339,11 +344,6 @@ class EncoderRunner:
                 if job.on_written is not None:
                     job.on_written()
                 _settle(job.future, result=job.results())
-        if self._observer is not None:
-            oldest = min(item.job.submitted for item in items)
-            self._observer(
-                BatchStats(len(items), batch.num_patches, batch.num_tokens, started - oldest, finished - started)
-            )
 
 
 def _runs(items: list[_Item]) -> list[tuple[_Job, int, int]]:

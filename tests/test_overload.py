@@ -171,7 +171,8 @@ def test_overload_is_refused_early_and_the_service_recovers(server: ServiceThrea
     assert "UNKNOWN" not in server_codes and "INTERNAL" not in server_codes, server_codes
     seen = Counter(o.code for o in warm + outcomes + after)
     for code in ("RESOURCE_EXHAUSTED", "DEADLINE_EXCEEDED"):
-        assert abs(server_codes[code] - seen[code]) <= max(2, seen[code] // 10), (server_codes, seen)
+        # a call whose deadline passes before its handler starts is never counted by the server: a little slack
+        assert abs(server_codes[code] - seen[code]) <= max(3, seen[code] // 10), (server_codes, seen)
     # Every image encoded went to somebody, or is counted as run for a caller that left during its forward or
     # finished past its deadline: none of a request already gone before its forward.
     delta = {k: values[k] - before.get(k, 0) for k in values}
