@@ -86,10 +86,17 @@ def _rebuild_invalid_media(message: str, reason: str, index: int) -> InvalidMedi
 
 
 class ResourceExhaustedError(MmprocError):
-    """Queue or pool full past the deadline: HTTP 429 / RESOURCE_EXHAUSTED. Safe to retry later."""
+    """Queue or pool full, or the request could not finish in time (refused early): HTTP 429 /
+    RESOURCE_EXHAUSTED. Safe to retry later: `retry_after_s` is the server's estimate of when (None: no
+    estimate); `cause` names the limit that refused it (the refusal metric's label, e.g. "queue_delay")."""
 
     http_status = 429
     grpc_code = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None, cause: str = "") -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        self.cause = cause
 
 
 class UnavailableError(MmprocError):

@@ -1,9 +1,10 @@
 """The one thread that owns the device: dynamic batching of concurrent requests into packed forwards.
 
-Requests are queued image by image in arrival order (FIFO); the worker takes images from the head until
+Requests are queued image by image in arrival order; the worker takes images from the head (FIFO; or, with
+`queue_discipline="adaptive_lifo"` under overload, newest request first: mmproc/queue_discipline.py) until
 the next one would overflow the patch budget or the batch is full, waiting at most `max_wait_ms` for
-more work to arrive after the first image. Because the queue is strictly FIFO and every image fits the
-budget on its own (checked at construction), no request is ever starved.
+more work to arrive after the first image. With FIFO, as every image fits the budget on its own (checked at
+construction), no request is ever starved.
 
 Everything is bounded: the queue (`max_queued_images`, a full queue is a ResourceExhaustedError at
 submit time, never a wait), the batch (`max_batch_patches`), and the wait for more work.
@@ -24,6 +25,7 @@ import torch
 
 from mmproc.batching import pack_images
 from mmproc.errors import ConfigError, DeadlineExceededError, ResourceExhaustedError, UnavailableError
+from mmproc.queue_discipline import DISCIPLINES, take_batch
 from mmproc.types import PackedBatch, PreprocessedImage
 
 logger = logging.getLogger(__name__)
@@ -35,8 +37,12 @@ class RunnerConfig:
     max_batch_images: int = 64
     max_wait_ms: float = 2.0  # how long the first image of a batch waits for company
     max_queued_images: int = 1024
+    queue_discipline: str = "fifo"  # mmproc/queue_discipline.py
+    lifo_after_ms: float = 100.0  # adaptive_lifo: the oldest image's wait that turns the queue to newest-first
 
     def __post_init__(self) -> None:
+        if self.queue_discipline not in DISCIPLINES:
+            raise ConfigError(f"runner: queue_discipline must be one of {DISCIPLINES}, got {self.queue_discipline!r}")
         for name in ("max_batch_patches", "max_batch_images", "max_queued_images"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"runner: {name} must be >= 1, got {getattr(self, name)}")
@@ -93,6 +99,10 @@ class _Item:
     position: int
     image: PreprocessedImage
 
+    @property
+    def patches(self) -> int:
+        return self.image.num_patches
+
 
 class Encoder(Protocol):
     """What the runner needs of the model (a `VisionEncoder` is one)."""
@@ -123,12 +133,18 @@ class EncoderRunner:
         pixel_dtype: torch.dtype = torch.float32,
         observer: Callable[[BatchStats], None] | None = None,
         company_expected: Callable[[], bool] | None = None,
+        on_dropped: Callable[[str, int], None] | None = None,
+        batch_patches: Callable[[], int] | None = None,
     ) -> None:
         """pin_memory, pixel_dtype: how batches are packed; for a CUDA encoder pin and pack in
         `mmproc.batching.pixel_transfer_dtype(device, dtype)` so that the H2D copy carries the model dtype.
         company_expected: whether more requests are on their way (the service: admitted, still decoding); when
         it says no, a batch starts at once instead of waiting `max_wait_ms` for company that cannot come.
-        Called on the worker thread; None: always wait."""
+        Called on the worker thread; None: always wait.
+        on_dropped(stage, images): images of a cancelled or expired request left out unrun ("queue"), or run for a
+        caller that gave up during the forward ("late"); any thread.
+        batch_patches: the patch budget of the next batch, at most `max_batch_patches` (the service bounds a batch's
+        duration with it, so that a request's wait is not one huge batch on a slow device); None: that maximum."""
         if max_patches_per_image > config.max_batch_patches:
             raise ConfigError(
                 f"runner: max_batch_patches={config.max_batch_patches} is smaller than one image can be "
@@ -141,6 +157,9 @@ class EncoderRunner:
         self._pixel_dtype = pixel_dtype
         self._observer = observer
         self._company_expected = company_expected or (lambda: True)
+        self._on_dropped = on_dropped or (lambda stage, images: None)
+        self._max_patches_per_image = max_patches_per_image
+        self._batch_patches = batch_patches
         self._queue: deque[_Item] = deque()
         self._cond = threading.Condition()
         self._stopping = False
@@ -161,6 +180,11 @@ class EncoderRunner:
             self._cond.notify_all()
         if self._started:
             self._thread.join(timeout)
+
+    def oldest_wait_s(self) -> float:
+        """How long the oldest queued image has waited (0 when the queue is empty): the queue's sojourn time."""
+        with self._cond:
+            return time.monotonic() - self._queue[0].job.submitted if self._queue else 0.0
 
     @property
     def queued_images(self) -> int:
@@ -218,7 +242,11 @@ class EncoderRunner:
         """A cancelled request's queued images leave the queue at once, freeing their slots (and memory)."""
         if future.cancelled():
             with self._cond:
+                before = len(self._queue)
                 self._queue = deque(item for item in self._queue if item.job.future is not future)
+                dropped = before - len(self._queue)
+            if dropped:
+                self._on_dropped("queue", dropped)
 
     # -- worker -------------------------------------------------------------------------------------
 
@@ -247,34 +275,44 @@ class EncoderRunner:
                 self._cond.wait(left)
             return self._take_prefix()
 
+    def _patch_budget(self) -> int:
+        ceiling = self._config.max_batch_patches
+        if self._batch_patches is None:
+            return ceiling
+        return max(self._max_patches_per_image, min(ceiling, self._batch_patches()))
+
     def _budget_full(self) -> bool:
-        patches = 0
+        patches, budget = 0, self._patch_budget()
         for n, item in enumerate(self._queue):
             patches += item.image.num_patches
-            if patches >= self._config.max_batch_patches or n + 1 >= self._config.max_batch_images:
+            if patches >= budget or n + 1 >= self._config.max_batch_images:
                 return True
         return False
 
     def _take_prefix(self) -> list[_Item]:
+        """The batch, after the wait for company and right before packing: the last check of each request's
+        deadline and cancellation before its forward. Dead images leave the queue wherever they are."""
         now = time.monotonic()
-        taken: list[_Item] = []
-        patches = 0
-        while self._queue:
-            item = self._queue[0]
-            job = item.job
-            if job.future.done() or job.expired(now):  # cancelled, failed or too late: drop, never run
-                self._queue.popleft()
-                _settle(job.future, exception=DeadlineExceededError("deadline passed while queued"))
-                continue
-            size = item.image.num_patches
-            if taken and (
-                patches + size > self._config.max_batch_patches or len(taken) >= self._config.max_batch_images
-            ):
-                break
-            self._queue.popleft()
-            taken.append(item)
-            patches += size
-        return taken
+        live = deque(item for item in self._queue if not (item.job.future.done() or item.job.expired(now)))
+        if len(live) != len(self._queue):
+            for item in self._queue:
+                job = item.job
+                if job.future.done() or job.expired(now):  # cancelled, failed or too late: dropped, never run
+                    _settle(job.future, exception=DeadlineExceededError("deadline passed while queued"))
+            self._on_dropped("queue", len(self._queue) - len(live))
+            self._queue = live
+        cfg = self._config
+        budget = self._patch_budget()
+        newest_first = (
+            cfg.queue_discipline == "adaptive_lifo"
+            and bool(live)
+            and now - live[0].job.submitted > cfg.lifo_after_ms / 1000
+        )
+        return take_batch(
+            self._queue,
+            lambda images, patches: patches <= budget and images < cfg.max_batch_images,
+            newest_first,
+        )
 
     def _execute(self, items: list[_Item]) -> None:
         started = time.monotonic()
@@ -293,17 +331,19 @@ class EncoderRunner:
                 _settle(item.job.future, exception=exc)
             return
         finished = time.monotonic()
-        for job, first, last in _runs(items):
-            job.remaining -= last - first + 1
-            if job.remaining == 0:
-                if job.on_written is not None:
-                    job.on_written()
-                _settle(job.future, result=job.results())
-        if self._observer is not None:
+        if self._observer is not None:  # before any reply: a caller that has its result finds the batch counted
             oldest = min(item.job.submitted for item in items)
             self._observer(
                 BatchStats(len(items), batch.num_patches, batch.num_tokens, started - oldest, finished - started)
             )
+        for job, first, last in _runs(items):
+            job.remaining -= last - first + 1
+            if job.future.done():  # its caller gave up during the forward: work nobody receives
+                self._on_dropped("late", last - first + 1)
+            if job.remaining == 0:
+                if job.on_written is not None:
+                    job.on_written()
+                _settle(job.future, result=job.results())
 
 
 def _runs(items: list[_Item]) -> list[tuple[_Job, int, int]]:

@@ -266,7 +266,7 @@ class DecodePool:
 
     async def _prepare_many(self, jobs: Sequence, deadline: float | None, what: str) -> list:
         key = next(self._request_keys)  # this request's turn in the fair share
-        tasks = [asyncio.ensure_future(self._prepare_one(job, key)) for job in jobs]
+        tasks = [asyncio.ensure_future(self._prepare_one(job, key, deadline)) for job in jobs]
         try:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
             return await asyncio.wait_for(_first_error_in_order(tasks), timeout)
@@ -276,10 +276,12 @@ class DecodePool:
             for task in tasks:
                 task.cancel()
 
-    async def _prepare_one(self, job: _ImageJob | VideoJob, key: object):
+    async def _prepare_one(self, job: _ImageJob | VideoJob, key: object, deadline: float | None = None):
         await self._share.acquire(key)
         future: Future | None = None
         try:
+            if deadline is not None and time.monotonic() >= deadline:  # before its decode: nobody would wait
+                raise DeadlineExceededError("deadline passed before the item was decoded")
             if self.config.isolation == "thread":
                 future = self._submit_thread(job)
                 return job.unship(await asyncio.wrap_future(future))

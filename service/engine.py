@@ -39,6 +39,7 @@ from service.decode_pool import DecodePool, DecodePoolConfig
 from service.embedding_cache import CacheConfig
 from service.key_store import KeyStore, KeyStoreConfig, check_keys
 from service.metrics import Metrics
+from service.overload import OverloadConfig, OverloadGuard
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,12 @@ class EncodedImage:
     lease: Lease | None = None  # the pool lease `descriptor` lies in (IPC)
 
 
+def check_deadline(deadline: float | None, where: str) -> None:
+    """DEADLINE_EXCEEDED when `deadline` (time.monotonic()) has passed: work for it would be thrown away."""
+    if deadline is not None and time.monotonic() >= deadline:
+        raise DeadlineExceededError(f"deadline passed {where}")
+
+
 def check_readers(readers: int) -> None:
     """A request's reader count (1 unless it fans out to tensor-parallel ranks) must be in 1..MAX_READERS."""
     if not 1 <= readers <= MAX_READERS:
@@ -90,6 +97,7 @@ class Engine:
         key_store: KeyStoreConfig | None = None,
         cache: CacheConfig | None = None,
         cache_context: str | None = None,
+        overload: OverloadConfig | None = None,
     ) -> None:
         self.encoder = encoder
         self.preprocess = preprocess
@@ -108,6 +116,12 @@ class Engine:
             pixel_dtype=pixel_transfer_dtype(encoder.device, encoder.dtype),
             observer=self._observe_batch,
             company_expected=lambda: self._arriving > 0,
+            on_dropped=self._count_dropped,
+            batch_patches=lambda: self.overload.batch_patches(),
+        )
+        patch_bytes = 3 * preprocess.patch_size**2 * 4  # float32 patches, as decode workers ship them
+        self.overload = OverloadGuard(
+            replace(overload or OverloadConfig(), bytes_per_patch=patch_bytes), queue_wait=self._runner.oldest_wait_s
         )
         self._max_inflight = max_inflight_requests
         self._inflight = 0
@@ -138,6 +152,11 @@ class Engine:
         self.metrics.track_decode(lambda: self.decode_pool)
         if self.cache is not None:
             self.metrics.track_cache(self.cache.snapshot)
+        self.metrics.track_overload(
+            pending_bytes=lambda: self.overload.pending_bytes,
+            estimated_wait=self.overload.ahead_s,
+            worker_pids=self.decode_pool.worker_pids,
+        )
 
     # -- lifecycle ----------------------------------------------------------------------------------
 
@@ -257,13 +276,19 @@ class Engine:
             raise UnavailableError("server is draining" if self.draining else "server is not ready")
         check_readers(readers)
         patches = self.check_request(images)
+        check_deadline(deadline, "before admission")
         if self._inflight >= self._max_inflight:
             raise ResourceExhaustedError(f"too many requests in flight (limit {self._max_inflight})")
         if self._inflight_patches and self._inflight_patches + patches > self._max_inflight_patches:
             raise ResourceExhaustedError(
                 f"too many patches in flight ({self._inflight_patches} + {patches}, limit {self._max_inflight_patches})"
             )
-        self._reserve_queue(len(images))
+        ticket = self.overload.admit(patches, len(images), deadline)  # early refusal, before any work
+        try:
+            self._reserve_queue(len(images))
+        except BaseException:
+            self.overload.release(ticket)
+            raise
         self._inflight += 1
         self._inflight_patches += patches
         self._arriving += 1
@@ -278,6 +303,7 @@ class Engine:
                     )
                 unannounced = self._admit_decoded(total_patches - patches)
                 patches += unannounced
+                self.overload.decoded(ticket, total_patches, sum(p.patches.nbytes for p in prepared))
                 lease = await self._lease(ipc_session, prepared, deadline, readers) if ipc_session else None
             finally:
                 self._arriving -= 1  # _run hands it to the runner next, with no await in between
@@ -295,6 +321,7 @@ class Engine:
         finally:
             self._inflight -= 1
             self._inflight_patches -= patches
+            self.overload.release(ticket)
 
     async def encode_keyed(
         self, images: list[bytes], keys: list[str], request_id: str, deadline: float | None = None
@@ -367,6 +394,9 @@ class Engine:
                 written.append(torch.cuda.Event(blocking=True))  # its waiter sleeps, not spins (a core each)
                 written[0].record()
 
+        if deadline is not None and time.monotonic() >= deadline:  # before batching: never queued
+            self._count_dropped("batching", len(prepared))
+            raise DeadlineExceededError(f"request {request_id}: deadline passed before it reached the encoder")
         future = self._runner.submit(prepared, deadline, output=output, on_written=on_written)
         timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
         try:
@@ -375,9 +405,12 @@ class Engine:
                 # Reply once the slice is written, so the consumer's wait on the ready word never stalls its
                 # stream on our compute; the ready word stays the stream-ordered guarantee.
                 await asyncio.get_running_loop().run_in_executor(self._lease_waiters, written[0].synchronize)
-            return embeddings
         except asyncio.TimeoutError:
             raise DeadlineExceededError(f"request {request_id} did not finish before its deadline") from None
+        if deadline is not None and time.monotonic() >= deadline:  # before delivery: nobody waits for it
+            self._count_dropped("delivery", len(prepared))
+            raise DeadlineExceededError(f"request {request_id} finished after its deadline; not delivered")
+        return embeddings
 
     # -- IPC ----------------------------------------------------------------------------------------
 
@@ -460,6 +493,9 @@ class Engine:
     async def _prepare_all(self, images: list[bytes], deadline: float | None) -> list[PreprocessedImage]:
         try:
             results = await self.decode_pool.prepare_all(images, deadline)  # the first bad image, by position
+        except DeadlineExceededError:
+            self._count_dropped("decode", len(images))
+            raise
         finally:
             self._decoding_images -= len(images)
         decode, preprocess = self.metrics.stage("decode"), self.metrics.stage("preprocess")
@@ -470,5 +506,10 @@ class Engine:
 
     def _observe_batch(self, stats: BatchStats) -> None:
         self.batches_run += 1
-        if self.ready:  # the warm-up forward is not traffic
+        if self.ready:  # the warm-up forward is not traffic (nor a fair sample of the service rate)
             self.metrics.observe_batch(stats)
+            self.overload.forward.observe(stats.forward_s, stats.num_patches)
+
+    def _count_dropped(self, stage: str, images: int) -> None:
+        """Images of expired or cancelled requests dropped unencoded (or undelivered), by stage. Any thread."""
+        self.metrics.dropped_images.labels(stage).inc(images)

@@ -2,7 +2,8 @@
 
 invalid media / bad request -> INVALID_ARGUMENT (400; 413 for a request too large) with google.rpc.BadRequest +
                                ErrorInfo details
-queue or pool full          -> RESOURCE_EXHAUSTED (429, Retry-After)
+queue or pool full, or       -> RESOURCE_EXHAUSTED (429, Retry-After; gRPC: google.rpc.RetryInfo + ErrorInfo naming
+refused early (overload.py)    the cause), counted by cause (queue_delay, deadline, pending_bytes, ...)
 not ready / draining        -> UNAVAILABLE (503, Retry-After)
 deadline                    -> DEADLINE_EXCEEDED (504)
 missing/wrong bearer token  -> UNAUTHENTICATED (401), see service/auth.py
@@ -16,15 +17,16 @@ comes from the logging context (service.logs).
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import grpc
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, duration_pb2
 from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
-from mmproc.errors import HTTP_STATUS_BY_REASON, STATUS_ERRORS, InvalidMediaError
+from mmproc.errors import HTTP_STATUS_BY_REASON, STATUS_ERRORS, InvalidMediaError, ResourceExhaustedError
 
 if TYPE_CHECKING:
     from service.metrics import Metrics
@@ -41,12 +43,16 @@ class MappedError:
     grpc_code: grpc.StatusCode
     http_status: int
     message: str
-    reason: str  # machine-readable: a Reason value for 400s, else the code name in lower case
+    reason: str  # machine-readable: a Reason value for 400s, a refusal's cause, else the code name in lower case
     index: int = -1
+    retry_after_s: float | None = None  # the server's estimate for a 429 (None: RETRY_AFTER_S)
 
     @property
     def http_headers(self) -> dict[str, str]:
-        return {"Retry-After": str(RETRY_AFTER_S)} if self.http_status in (429, 503) else {}
+        if self.http_status not in (429, 503):
+            return {}
+        wait = RETRY_AFTER_S if self.retry_after_s is None else max(1, math.ceil(self.retry_after_s))  # whole seconds
+        return {"Retry-After": str(wait)}
 
     def http_body(self, request_id: str) -> dict[str, object]:
         error: dict[str, object] = {"code": self.grpc_code.name, "reason": self.reason, "message": self.message}
@@ -72,6 +78,9 @@ def _classify(exc: BaseException) -> MappedError:
     if isinstance(exc, InvalidMediaError):
         http = HTTP_STATUS_BY_REASON.get(exc.reason, exc.http_status)
         return MappedError(grpc.StatusCode.INVALID_ARGUMENT, http, exc.message, exc.reason, exc.index)
+    if isinstance(exc, ResourceExhaustedError):
+        code = grpc.StatusCode.RESOURCE_EXHAUSTED
+        return MappedError(code, exc.http_status, str(exc), exc.cause or code.name.lower(), -1, exc.retry_after_s)
     if isinstance(exc, STATUS_ERRORS):
         code = grpc.StatusCode[exc.grpc_code]
         return MappedError(code, exc.http_status, str(exc), code.name.lower())
@@ -94,6 +103,17 @@ def to_grpc_status(mapped: MappedError) -> grpc.Status:
             reason=mapped.reason, domain=ERROR_DOMAIN, metadata={"index": str(mapped.index)}
         )
         for detail in (bad_request, info):
+            packed = any_pb2.Any()
+            packed.Pack(detail)
+            status.details.append(packed)
+    elif mapped.grpc_code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        wait = RETRY_AFTER_S if mapped.retry_after_s is None else mapped.retry_after_s
+        delay = duration_pb2.Duration()
+        delay.FromMilliseconds(max(1, round(wait * 1000)))
+        for detail in (
+            error_details_pb2.RetryInfo(retry_delay=delay),
+            error_details_pb2.ErrorInfo(reason=mapped.reason, domain=ERROR_DOMAIN),
+        ):
             packed = any_pb2.Any()
             packed.Pack(detail)
             status.details.append(packed)

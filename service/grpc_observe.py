@@ -2,10 +2,16 @@
 (the request's field, else the client's `x-request-id` metadata, else a new one; written into the request and
 sent back as `x-request-id` initial metadata), is counted and timed by method and final status code in the
 Service's metrics, and leaves one access line (service.logs.log_access). Health and reflection pass untouched.
+
+A call the client ended — its deadline passed or it cancelled — is counted and logged as DEADLINE_EXCEEDED or
+CANCELLED, the code the client saw, never UNKNOWN; and it leaves as a quiet cancellation, not as the
+`ExecuteBatchError raised in core by servicer method` ERROR (with traceback) that gRPC logs when a handler
+tries to send on a call the core has already closed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -17,6 +23,24 @@ from service.logs import REQUEST_ID_HEADER, client_request_id, log_access, reque
 from service.metrics import Metrics
 
 _OUTCOME: ContextVar[dict | None] = ContextVar("mmproc_access_outcome", default=None)
+
+try:  # what sending on a call the core already ended raises (grpc.aio has no public name for it)
+    from grpc._cython.cygrpc import ExecuteBatchError as _SendFailed
+except ImportError:  # pragma: no cover - another grpc build: only the cancellation is recognised
+    _SendFailed = asyncio.CancelledError
+
+CALL_OVER = (asyncio.CancelledError, _SendFailed)
+
+
+# The server's copy of a deadline runs later than the client's by the request's transit (grpc-timeout is read on
+# arrival): a cancellation this close to it is the client's deadline firing, not the client giving up.
+DEADLINE_SLACK_S = 0.1
+
+
+def call_over_code(context: grpc.aio.ServicerContext) -> str:
+    """The code a client whose call ended under us saw: DEADLINE_EXCEEDED at (or just before) its deadline."""
+    remaining = context.time_remaining()
+    return "DEADLINE_EXCEEDED" if remaining is not None and remaining <= DEADLINE_SLACK_S else "CANCELLED"
 
 
 def _final_code(context: grpc.aio.ServicerContext, failed: bool) -> str:
@@ -74,15 +98,23 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):
         outcome: dict = {"request_id": request_id}
         started = time.perf_counter()
         failed = False
+        over: str | None = None
         _OUTCOME.set(outcome)  # set at every RPC's start (no reset: a stream's end may run in another context)
         with request_context(request_id):
             try:
                 yield outcome
+            except (*CALL_OVER, GeneratorExit) as exc:  # GeneratorExit: a stream closed under its handler
+                over = call_over_code(context)
+                if context.code() is None:  # not refused by the servicer: count what the client saw
+                    self._metrics.rejections.labels(over.lower()).inc()
+                if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+                    raise
+                raise asyncio.CancelledError from None  # gRPC logs a cancellation at DEBUG only
             except BaseException:
                 failed = True
                 raise
             finally:
-                code, elapsed = _final_code(context, failed), time.perf_counter() - started
+                code, elapsed = over or _final_code(context, failed), time.perf_counter() - started
                 self._metrics.observe_request(method, code, elapsed)
                 extra = {k: v for k, v in outcome.items() if k != "request_id"}
                 log_access("grpc", method, code, elapsed, images=images, **extra)

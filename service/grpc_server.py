@@ -144,6 +144,11 @@ class EncoderServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVid
 
     async def _abort(self, context: grpc.aio.ServicerContext, request: object, exc: BaseException) -> None:
         mapped = map_error(exc, metrics=self._state.metrics)  # counted and logged there, with the request id
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            # The client has its DEADLINE_EXCEEDED already; a status sent now races the core closing the call.
+            context.set_code(grpc.StatusCode.DEADLINE_EXCEEDED)
+            raise asyncio.CancelledError
         await context.abort_with_status(to_grpc_status(mapped))
 
 

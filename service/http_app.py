@@ -9,6 +9,8 @@ POST /v1/encode  {"images": ["<base64 or data: URI>", ...], "return_embeddings":
 POST /v1/encode_video  videos (service/http_video.py)
                -> 200 {"request_id", "embeddings": [{"index", "num_tokens", "grid_hw", "grid_thw", "image_size",
                   "shape", "dtype", "sha256", "key"?, "data"?}]} or 4xx/5xx {"request_id", "error": {"code", "reason", "message", "index"?}}
+               Deadline: header `x-mmproc-timeout-ms: N` (1..3600000), else the server's default_deadline_s; the
+               same admission rules as gRPC (429 + Retry-After when it cannot finish in time, 504 past it).
 """
 
 from __future__ import annotations
@@ -39,6 +41,22 @@ from service.state import ServingState
 
 if TYPE_CHECKING:
     from service.metrics import Metrics
+
+TIMEOUT_HEADER = "x-mmproc-timeout-ms"  # the client's deadline, as gRPC's grpc-timeout carries it
+MAX_TIMEOUT_MS = 3_600_000
+
+
+def request_budget_s(value: str | None, default_s: float) -> float:
+    """Seconds the request may take: the timeout header (whole milliseconds), else `default_s`."""
+    if value is None:
+        return default_s
+    text = value.strip()
+    if not text.isdigit() or not 1 <= int(text) <= MAX_TIMEOUT_MS:
+        raise InvalidMediaError(
+            f"{TIMEOUT_HEADER} must be whole milliseconds in 1..{MAX_TIMEOUT_MS}, got {value!r}",
+            reason=Reason.BAD_REQUEST,
+        )
+    return int(text) / 1000
 
 
 class EncodeBody(BaseModel):
@@ -180,7 +198,7 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
         started = mark_started(request)
         request_id = body.request_id or http_request_id(request)
         with request_context(request_id):
-            code, response, cache_field = await encode_request(body, request_id)
+            code, response, cache_field = await encode_request(body, request_id, request.headers.get(TIMEOUT_HEADER))
             elapsed = time.perf_counter() - started
             log_access("http", "/v1/encode", code, elapsed, images=len(body.images), status=response.status_code,
                        **cache_field)  # fmt: skip
@@ -188,12 +206,14 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
         response.headers[REQUEST_ID_HEADER] = request_id
         return response
 
-    async def encode_request(body: EncodeBody, request_id: str) -> tuple[str, JSONResponse, dict[str, str]]:
+    async def encode_request(
+        body: EncodeBody, request_id: str, timeout: str | None
+    ) -> tuple[str, JSONResponse, dict[str, str]]:
         try:
+            deadline = time.monotonic() + request_budget_s(timeout, default_deadline_s)
             engine = state.engine()
             engine.check_image_count(len(body.images))  # before decoding any base64
             images = [decode_image_field(value, i) for i, value in enumerate(body.images)]
-            deadline = time.monotonic() + default_deadline_s
             if body.keys is not None:
                 results = await engine.encode_keyed(images, body.keys, request_id, deadline)
             else:

@@ -20,7 +20,7 @@ from service.convert import serialized_payloads
 from service.convert_video import all_chunks, video_json
 from service.errors import map_error
 from service.grpc_video import video_service
-from service.http_app import decode_image_field
+from service.http_app import TIMEOUT_HEADER, decode_image_field, request_budget_s
 from service.logs import REQUEST_ID_HEADER, client_request_id, log_access, request_context
 from service.state import ServingState
 from service.video_engine import VideoItem
@@ -46,19 +46,20 @@ def add_video_routes(app: FastAPI, state: ServingState, *, default_deadline_s: f
         started = time.perf_counter()
         request_id = body.request_id or client_request_id(request.headers.get(REQUEST_ID_HEADER))
         with request_context(request_id):
-            code, response = await _encode(body, request_id)
+            code, response = await _encode(body, request_id, request.headers.get(TIMEOUT_HEADER))
             elapsed = time.perf_counter() - started
             log_access("http", "/v1/encode_video", code, elapsed, images=len(body.videos), status=response.status_code)
         metrics.observe_request("http:/v1/encode_video", code, elapsed)
         response.headers[REQUEST_ID_HEADER] = request_id
         return response
 
-    async def _encode(body: EncodeVideoBody, request_id: str) -> tuple[str, JSONResponse]:
+    async def _encode(body: EncodeVideoBody, request_id: str, timeout: str | None) -> tuple[str, JSONResponse]:
         try:
+            deadline = time.monotonic() + request_budget_s(timeout, default_deadline_s)
             service = video_service(state.engine())
             service.check_request([VideoItem(b"", v.fps, v.num_frames) for v in body.videos])  # before any base64
             items = [VideoItem(decode_image_field(v.data, i), v.fps, v.num_frames) for i, v in enumerate(body.videos)]
-            videos = await service.encode(items, request_id, time.monotonic() + default_deadline_s)
+            videos = await service.encode(items, request_id, deadline)
         except Exception as exc:
             mapped = map_error(exc, metrics=metrics)
             body_json = mapped.http_body(request_id)

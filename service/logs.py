@@ -54,7 +54,9 @@ def request_context(request_id: str) -> Iterator[str]:
     try:
         yield request_id
     finally:
-        REQUEST_ID.reset(token)
+        # ValueError: closed from another context (gRPC finalizing a cancelled stream): nothing to restore there
+        with contextlib.suppress(ValueError):
+            REQUEST_ID.reset(token)
 
 
 class RequestIdFilter(logging.Filter):

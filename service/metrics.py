@@ -5,8 +5,10 @@ Families (all defined at start, so that every one is scrapeable with zero values
   mmproc_requests_total{method,code}            finished RPCs/HTTP calls by final gRPC code name
   mmproc_request_duration_seconds{method}       end-to-end latency as the server saw it
   mmproc_rejections_total{reason}               refused requests: an InvalidMediaError reason (each one present
-                                                from the start), or the code name (resource_exhausted,
-                                                unavailable, deadline_exceeded, internal)
+                                                from the start), an overload refusal's cause (queue_delay,
+                                                deadline, pending_bytes: service/overload.py), or the code name
+                                                (resource_exhausted, unavailable, deadline_exceeded, cancelled,
+                                                internal)
   mmproc_images_encoded_total, mmproc_tokens_encoded_total
   mmproc_stage_duration_seconds{stage}          decode (validate + decode, per image), preprocess (per image),
                                                 queue (oldest image's wait for its batch), forward (per batch),
@@ -14,6 +16,13 @@ Families (all defined at start, so that every one is scrapeable with zero values
   mmproc_batch_images, mmproc_batch_patches     size of every packed forward
   mmproc_queue_images                           images waiting for the encoder (the autoscaling signal)
   mmproc_inflight_requests, mmproc_ready
+  mmproc_dropped_images_total{stage}            images of expired/cancelled requests dropped before their work:
+                                                decode, batching, queue (before the forward), delivery; late:
+                                                encoded for a caller that gave up during the forward
+  mmproc_pending_bytes                          decoded pixels of admitted requests not yet encoded (bounded)
+  mmproc_estimated_wait_seconds                 encoder work admitted ahead of a request arriving now (overload.py)
+  mmproc_decode_workers_resident_bytes          RSS of the decode worker processes (the server's own is
+                                                process_resident_memory_bytes)
   mmproc_ipc_pool_bytes_in_use, mmproc_ipc_pool_capacity_bytes, mmproc_ipc_leases,
   mmproc_ipc_fallbacks_total, mmproc_ipc_sessions_opened_total   (updated by the IPC transport)
   mmproc_decode_worker_crashes_total{pool}      decode workers that died (crash, signal, memory cap, wall-clock
@@ -30,6 +39,7 @@ Families (all defined at start, so that every one is scrapeable with zero values
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
@@ -136,6 +146,19 @@ class Metrics:
         self.queue_images = Gauge("mmproc_queue_images", "Images waiting for the encoder.", registry=r)
         self.inflight_requests = Gauge("mmproc_inflight_requests", "Requests admitted, not finished.", registry=r)
         self.ready = Gauge("mmproc_ready", "1 while the server reports SERVING.", registry=r)
+        self.dropped_images = Counter(
+            "mmproc_dropped_images", "Images of expired or cancelled requests dropped unencoded or undelivered.",
+            ["stage"], registry=r,
+        )  # fmt: skip
+        for stage in ("decode", "batching", "queue", "late", "delivery"):
+            self.dropped_images.labels(stage)
+        self.pending_bytes = Gauge("mmproc_pending_bytes", "Decoded pixels waiting for the encoder.", registry=r)
+        self.estimated_wait = Gauge(
+            "mmproc_estimated_wait_seconds", "Estimated encoder work ahead of a request arriving now.", registry=r
+        )
+        self.decode_workers_rss = Gauge(
+            "mmproc_decode_workers_resident_bytes", "Resident memory of the decode worker processes.", registry=r
+        )
 
         # IPC transport: defined here, updated by mmproc's IPC pool set-up (service/ipc_setup.py).
         self.ipc_pool_bytes = Gauge("mmproc_ipc_pool_bytes_in_use", "IPC pool bytes leased out.", registry=r)
@@ -205,6 +228,18 @@ class Metrics:
             }
         )
 
+    def track_overload(
+        self,
+        *,
+        pending_bytes: Callable[[], float],
+        estimated_wait: Callable[[], float],
+        worker_pids: Callable[[], list],
+    ) -> None:
+        """Overload gauges, read at scrape time (service/overload.py, the decode pool's workers)."""
+        self.pending_bytes.set_function(pending_bytes)
+        self.estimated_wait.set_function(estimated_wait)
+        self.decode_workers_rss.set_function(lambda: sum(_resident_bytes(pid) for pid in worker_pids()))
+
     def track_ipc(self, stats: Callable[[], object], capacity: int) -> None:
         """IPC pool gauges, read at scrape time from the pool's lease table (`stats()` -> LeaseStats)."""
         self.ipc_pool_capacity_bytes.set(capacity)
@@ -252,3 +287,12 @@ class _CacheCollector:
         yield CounterMetricFamily(
             "mmproc_cache_bypassed", "Images of requests that bypassed the cache.", value=bypassed
         )
+
+
+def _resident_bytes(pid: int) -> int:
+    """RSS of a process from /proc (0 when it is gone or /proc is absent)."""
+    try:
+        with open(f"/proc/{pid}/statm") as statm:
+            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

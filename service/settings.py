@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # imported where used: the settings alone (`mmproc health`, `
     from mmproc.runner import RunnerConfig
     from service.decode_pool import DecodePoolConfig
     from service.embedding_cache import CacheConfig
+    from service.overload import OverloadConfig
 
 MiB = 1 << 20
 
@@ -193,7 +194,25 @@ class ServerSettings(BaseSettings):
     max_batch_images: int = Field(64, ge=1, description="Most images packed into one forward")
     max_wait_ms: float = Field(2.0, ge=0, le=1000, description="How long a forward waits for more images to batch")
     max_queued_images: int = Field(2048, ge=1, description="Images that may wait for the encoder; more are refused")
-    default_deadline_s: float = Field(60.0, gt=0, description="Deadline of a request that sets none")
+    default_deadline_s: float = Field(
+        60.0, gt=0, description="Deadline of a request that sets none (gRPC deadline; HTTP header x-mmproc-timeout-ms)"
+    )
+    max_queue_delay_ms: float = Field(
+        1000.0, ge=0, le=3_600_000,
+        description="Refuse (429) a request whose estimated time to finish passes this, whatever its deadline; 0: off",
+    )  # fmt: skip
+    queue_discipline: Literal["fifo", "adaptive_lifo"] = Field(
+        "fifo", description="Encoder queue order under overload (docs/benchmarks/overload.md)"
+    )
+    lifo_after_ms: float = Field(
+        100.0, ge=0, le=60_000, description="With adaptive_lifo: newest first once the oldest image waited this long"
+    )
+    max_pending_mb: int = Field(
+        512,
+        ge=1,
+        le=1 << 20,
+        description="Decoded images waiting for the encoder, in MB; past it requests are refused (429)",
+    )
 
     # Decode isolation (docs/reliability.md): where hostile bytes are decoded
     decode_isolation: Literal["process", "thread"] = Field(
@@ -379,6 +398,13 @@ class ServerSettings(BaseSettings):
             invalid_ttl_s=self.cache_invalid_ttl_s,
         )
 
+    def overload_config(self) -> OverloadConfig:
+        from service.overload import OverloadConfig
+
+        return OverloadConfig(
+            max_queue_delay_s=self.max_queue_delay_ms / 1000, max_pending_bytes=self.max_pending_mb * MiB
+        )
+
     def runner_config(self) -> RunnerConfig:
         from mmproc.runner import RunnerConfig
 
@@ -387,6 +413,8 @@ class ServerSettings(BaseSettings):
             max_batch_images=self.max_batch_images,
             max_wait_ms=self.max_wait_ms,
             max_queued_images=self.max_queued_images,
+            queue_discipline=self.queue_discipline,
+            lifo_after_ms=self.lifo_after_ms,
         )
 
 

@@ -190,3 +190,42 @@ def test_a_batch_waits_for_company_only_while_more_requests_are_on_their_way() -
         assert [image_ids(b) for b in tower.batches] == [[1.0], [2.0, 3.0]]
     finally:
         runner.stop()
+
+
+def test_adaptive_lifo_serves_the_newest_request_first_once_the_queue_is_old() -> None:
+    gate = threading.Event()
+    tower = RecordingTower(gate)
+    runner = make_runner(tower, max_wait_ms=0, max_batch_images=2, queue_discipline="adaptive_lifo", lifo_after_ms=20)
+    first = runner.submit([image(2, 2, 0.0)])  # holds the worker at the gate
+    time.sleep(0.05)
+    old = runner.submit([image(2, 2, 1.0)])
+    middle = runner.submit([image(2, 2, 2.0)])
+    new = runner.submit([image(2, 2, 3.0), image(2, 2, 4.0)])
+    time.sleep(0.05)  # the oldest queued image has waited past lifo_after_ms
+    gate.set()
+    for future in (first, old, middle, new):
+        future.result(5)
+    runner.stop()
+    assert [image_ids(b) for b in tower.batches] == [[0.0], [3.0, 4.0], [2.0, 1.0]]
+
+
+def test_dropped_images_are_reported_by_stage() -> None:
+    gate = threading.Event()
+    dropped: list[tuple[str, int]] = []
+    runner = EncoderRunner(
+        RecordingTower(gate), RunnerConfig(max_wait_ms=0), max_patches_per_image=64,
+        on_dropped=lambda stage, n: dropped.append((stage, n)),
+    )  # fmt: skip
+    runner.start()
+    first = runner.submit([image(2, 2, 0.0)])
+    time.sleep(0.05)
+    expired = runner.submit([image(2, 2, 1.0), image(2, 2, 2.0)], deadline=time.monotonic() + 0.01)
+    cancelled = runner.submit([image(2, 2, 3.0)])
+    assert cancelled.cancel()
+    time.sleep(0.05)
+    gate.set()
+    first.result(5)
+    with pytest.raises(DeadlineExceededError):
+        expired.result(5)
+    runner.stop()
+    assert sorted(dropped) == [("queue", 1), ("queue", 2)]  # the cancelled one at once, the expired two when due

@@ -6,6 +6,8 @@ one `EncoderClient` (in a CUDA process: one IPC session and handle cache per cli
   burst  all `--requests` as fast as the workers go;
   rate   open-loop arrivals at `--rate` per second (Poisson or uniform); an arrival that finds every worker
          busy is dropped (counted), one dispatched more than `--late-ms` after its time is counted late.
+  open   overload: capacity C, then open-loop arrivals at `--rate` (or `--overload` x C) with no in-flight cap,
+         gRPC and HTTP, then recovery; goodput vs C (service/bench/overload.py).
 Latency runs from sending the request to "embeddings ready in the consumer": copied (`--consume copy`, what
 `encode_images` does) or just handed over as views (`--consume view`) and, on CUDA, the consumer's stream
 synchronized. Stages, from the client side:
@@ -82,11 +84,20 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add = p.add_argument
     add("--target", default="127.0.0.1:50051", help="HOST:PORT or unix:PATH of the server")
     add("--allow-remote", action="store_true", help="allow a non-loopback target")
-    add("--mode", choices=["burst", "rate"], default="burst")
+    add("--mode", choices=["burst", "rate", "open"], default="burst")
     add("--requests", type=int, default=64, help="measured requests (all generated up front)")
     add("--concurrency", type=int, default=4, help="worker threads, one client each (the in-flight cap)")
     add("--rate", type=float, default=None, help="rate mode: arrivals per second")
     add("--arrivals", choices=["poisson", "uniform"], default="poisson")
+    add("--overload", type=float, default=None, help="open mode: offered load as a multiple of the measured C")
+    add("--http-target", default="", help="open mode: HOST:PORT of the server's HTTP address")
+    add("--duration", type=float, default=30.0, help="open mode: seconds of open-loop load")
+    add("--deadline-s", type=float, default=2.0, help="open mode: gRPC deadline of every request")
+    add("--http-timeout-ms", type=int, default=0, help="open mode: HTTP x-mmproc-timeout-ms (0: no header)")
+    add("--http-wait-s", type=float, default=65.0, help="open mode: how long an HTTP client waits at most")
+    add("--capacity-seconds", type=float, default=10.0, help="open mode: closed-loop capacity phase")
+    add("--recovery-seconds", type=float, default=8.0, help="open mode: closed-loop probe after the load")
+    add("--server-log", type=Path, default=None, help="open mode: the server's log, for its ERROR lines")
     add("--late-ms", type=float, default=5.0, help="rate mode: dispatch later than this counts as late")
     add("--images-per-request", type=int, default=1)
     add("--resolutions", type=parse_resolutions, default=((448, 448),), help="WxH[,WxH...]")
@@ -494,6 +505,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem is not None:
         print(f"mmproc bench serve: {problem}", file=sys.stderr)
         return 2
+    if args.mode == "open":
+        from service.bench import overload
+
+        return overload.main(args, argv)
     try:
         info = _server_info(args.target, min(args.timeout, 30.0))
     except Exception as exc:  # any failure here means there is nothing to benchmark

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Overload on the GPU host (issue 24): a full-size kimi-k2.5 server (random weights, bf16, CUDA) and
+# `mmproc bench serve --mode open` in its own process: closed-loop capacity C, then 30 s of open-loop load at
+# 3 x C (gRPC with a 2 s deadline from the Python client and a raw stub, plus HTTP), then recovery.
+# Run from the repo root with the wheels in .whl/ (see docs/benchmarks/README.md); output goes to $OUT.
+#   OVERLOAD=3 DURATION=30 RES=448x448 bash scripts/gpu_overload_check.sh
+# The load generator is one Python process: if it cannot offer 3 x C, its "offered" line says what it did
+# offer; then raise RES (fewer images per second at the same load) rather than trust a lower multiple.
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+PORT=${PORT:-50171}
+HTTP_PORT=${HTTP_PORT:-8171}
+RES=${RES:-448x448}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+fi
+{ date -u; echo "commit ${MMPROC_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; } | tee "$OUT/overload_env.txt"
+python3 -m service.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto \
+  --grpc-address 127.0.0.1:$PORT --http-address 127.0.0.1:$HTTP_PORT --drain-delay-s 0 > "$OUT/overload_server.log" 2>&1 &
+server=$!
+trap 'kill -TERM $server 2>/dev/null; wait $server' EXIT
+for _ in $(seq 300); do python3 -m service.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
+python3 -m service.cli health --target 127.0.0.1:$PORT || { echo "server never became SERVING"; tail -30 "$OUT/overload_server.log"; exit 1; }
+python3 -m service.bench.serve --mode open --overload "${OVERLOAD:-3}" --duration "${DURATION:-30}" \
+  --target 127.0.0.1:$PORT --http-target 127.0.0.1:$HTTP_PORT --resolutions "$RES" --concurrency 8 \
+  --capacity-seconds 10 --recovery-seconds 8 --server-log "$OUT/overload_server.log" --quiet \
+  --json "$OUT/overload.json" 2>&1 | tee "$OUT/overload.txt"
+python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$HTTP_PORT/metrics').read().decode())" | grep -E "^mmproc_(rejections_total|dropped_images_total|requests_total)" \
+  | grep -v " 0.0$" > "$OUT/overload_metrics.txt"
+grep -cE " ERROR |Traceback" "$OUT/overload_server.log" | sed 's/^/ERROR or Traceback lines: /' | tee -a "$OUT/overload.txt"

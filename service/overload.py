@@ -1,0 +1,217 @@
+"""Overload control: refuse at the door, in microseconds, what could not finish in time; bound what waits.
+
+A request is admitted only when the estimated time to finish it — the work already admitted ahead of it plus
+its own, at the service rate measured over the recent batches — fits its deadline, and while the encoder queue's
+measured sojourn time stays within `max_queue_delay_s` (CoDel's target delay applied at the door: one bound for
+every front end, so requests with a long deadline cannot fill the queue for those with a short one). Otherwise it gets
+RESOURCE_EXHAUSTED / 429 with a retry-after of the time the excess takes to drain. The decoded pixels of admitted
+requests are bounded in bytes (`max_pending_bytes`): checked at the door against the headers, held (and checked
+again) once decoded. Why an admission estimate and FIFO, and the measurements: docs/reliability.md
+("Overload") and docs/benchmarks/overload.md.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mmproc.errors import ConfigError, ResourceExhaustedError
+
+MiB = 1 << 20
+MIN_RETRY_AFTER_S = 0.05
+BATCH_SHARE = 0.25  # of max_queue_delay_s that one forward may take
+
+
+@dataclass(frozen=True)
+class OverloadConfig:
+    """max_queue_delay_s: the target sojourn time of the encoder queue: past it for `interval_s`, requests are
+    refused whatever their deadline (0: no bound besides the deadline). max_pending_bytes: decoded pixels of admitted requests not yet encoded.
+    bytes_per_patch: what one decoded patch holds (3 * P * P float32)."""
+
+    max_queue_delay_s: float = 1.0
+    interval_s: float = 0.1  # CoDel's interval: a burst above the bound for less than this is let in
+    max_pending_bytes: int = 512 * MiB
+    bytes_per_patch: int = 3 * 14 * 14 * 4
+
+    def __post_init__(self) -> None:
+        if self.max_queue_delay_s < 0 or self.max_pending_bytes < 1 or self.bytes_per_patch < 1:
+            raise ConfigError(f"bad overload config {self}")
+
+
+class Ewma:
+    """Exponentially weighted mean of seconds per unit. Written by one thread, read by others: a float assignment
+    is atomic under the GIL."""
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        self.alpha = alpha
+        self.value: float | None = None
+
+    def observe(self, seconds: float, units: int) -> None:
+        if units <= 0 or seconds < 0:
+            return
+        sample = seconds / units
+        self.value = sample if self.value is None else self.value + self.alpha * (sample - self.value)
+
+
+class BatchCost:
+    """A forward's time as `fixed + per_patch * patches`, fitted over the recent batches (exponentially weighted
+    least squares). One rate per patch would charge a small batch's fixed cost to every patch (a stream of tiny
+    images then makes one ordinary image look like seconds of work); the fit keeps the two apart. Falls back to
+    the ratio of the means while the batches are all of one size. Updated on the runner thread; read anywhere."""
+
+    def __init__(self, alpha: float = 0.1) -> None:
+        self.alpha = alpha
+        self._moments: tuple[float, float, float, float] | None = None  # E[x], E[y], E[xx], E[xy]
+        self.fixed_s = 0.0
+        self.per_patch_s = 0.0
+
+    def observe(self, seconds: float, patches: int) -> None:
+        if patches <= 0 or seconds < 0:
+            return
+        x, y = float(patches), seconds
+        sample = (x, y, x * x, x * y)
+        old = self._moments
+        moments = sample if old is None else tuple(m + self.alpha * (v - m) for m, v in zip(old, sample))
+        self._moments = moments  # type: ignore[assignment]
+        mx, my, mxx, mxy = moments
+        var = mxx - mx * mx
+        slope = (mxy - mx * my) / var if var > 1e-6 * mxx else 0.0
+        fixed = my - slope * mx
+        if slope <= 0 or fixed < 0:  # one size, or noise: no split
+            self.fixed_s, self.per_patch_s = 0.0, my / mx
+        else:
+            self.fixed_s, self.per_patch_s = fixed, slope
+
+    def seconds(self, patches: int, batches: int = 1) -> float:
+        return (batches * self.fixed_s + patches * self.per_patch_s) if patches > 0 else 0.0
+
+
+@dataclass
+class Ticket:
+    """What one admitted request holds until `OverloadGuard.release`."""
+
+    patches: int
+    images: int
+    pending_bytes: int
+
+
+class OverloadGuard:
+    """Admission by estimated time-to-finish and the pending-bytes budget; all counters under one lock."""
+
+    def __init__(self, config: OverloadConfig, queue_wait: Callable[[], float] = lambda: 0.0) -> None:
+        """queue_wait: the encoder queue's sojourn time now (how long its oldest image has waited)."""
+        self.config = config
+        self._queue_wait = queue_wait
+        self.forward = BatchCost()  # measured after warm-up, on the runner thread
+        self._lock = threading.Lock()
+        self._patches = 0  # of admitted requests, not yet finished (decoding, queued or in a forward)
+        self._decoding = 0  # images of admitted requests not yet decoded
+        self._pending_bytes = 0
+        self._above_since: float | None = None  # when the queue's sojourn went above max_queue_delay_s
+        self._below_since: float | None = None  # ... and back below it
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending_bytes
+
+    def ahead_s(self) -> float:
+        """Seconds of encoder work admitted (decoded, not finished) before a request arriving now; 0 when idle or
+        before any measurement. Decoding is left out: images differ too much in decode cost for one rate, and
+        the decode pool runs alongside the encoder (its bound is the deadline check before each decode)."""
+        patches = self._patches
+        return self.forward.seconds(patches, 1 + patches // max(1, self.batch_patches()))
+
+    def batch_patches(self) -> int:
+        """The next batch's patch budget: a `BATCH_SHARE` of the target delay at the measured rate (a request
+        waits for the batch running and then its own; batches far longer than the target would break the bound
+        on a slow device). Large where the device is fast; the runner clamps it to its own limits."""
+        budget_s = BATCH_SHARE * self.config.max_queue_delay_s - self.forward.fixed_s
+        per_patch = self.forward.per_patch_s
+        if not self.config.max_queue_delay_s or per_patch <= 0:
+            return 1 << 30
+        return max(1, int(budget_s / per_patch))
+
+    def estimate_s(self, patches: int) -> float:
+        """Seconds until a request of `patches` admitted now would be done: the work ahead and its own forward."""
+        return self.ahead_s() + self.forward.seconds(patches)
+
+    def admit(self, patches: int, images: int, deadline: float | None, now: float | None = None) -> Ticket:
+        """A ticket, or ResourceExhaustedError (cause "deadline", "queue_delay" or "pending_bytes")."""
+        now = time.monotonic() if now is None else now
+        cfg = self.config
+        nbytes = patches * cfg.bytes_per_patch
+        with self._lock:
+            if self._pending_bytes and self._pending_bytes + nbytes > cfg.max_pending_bytes:
+                drain = self.forward.seconds(self._pending_bytes // cfg.bytes_per_patch)
+                raise ResourceExhaustedError(
+                    f"decoded images waiting for the encoder are at their bound ({self._pending_bytes} + {nbytes} "
+                    f"bytes, limit {cfg.max_pending_bytes})",
+                    retry_after_s=max(MIN_RETRY_AFTER_S, drain),
+                    cause="pending_bytes",
+                )
+            ahead = self.ahead_s()
+            estimate = self.estimate_s(patches)
+            left = None if deadline is None else deadline - now
+            # An idle server tries even a request too heavy for its deadline: the deadline checks then end it.
+            if left is not None and estimate > left and (self._patches or self._decoding):
+                raise ResourceExhaustedError(
+                    f"cannot finish before the deadline: about {estimate * 1e3:.0f} ms of work ahead and own, "
+                    f"{left * 1e3:.0f} ms left",
+                    retry_after_s=max(MIN_RETRY_AFTER_S, estimate - left),
+                    cause="deadline",
+                )
+            # CoDel at the door: a standing queue — its sojourn time, measured, above the target delay for
+            # `interval_s` — is refused, a burst is not; the queue must stay below the target for `interval_s` to
+            # count as drained (no overshoot each time a finished batch dips it under). Measured, not modelled:
+            # a model fitted on small batches can be far off for a big image.
+            waited = self._queue_wait()
+            if not cfg.max_queue_delay_s or waited <= cfg.max_queue_delay_s:
+                self._below_since = now if self._below_since is None else self._below_since
+                if now - self._below_since >= cfg.interval_s:
+                    self._above_since = None
+            else:
+                self._below_since = None
+                self._above_since = now if self._above_since is None else self._above_since
+            if (
+                self._above_since is not None
+                and now - self._above_since >= cfg.interval_s
+                and waited > cfg.max_queue_delay_s
+            ):
+                raise ResourceExhaustedError(
+                    f"overloaded: the encoder queue's oldest image has waited {waited * 1e3:.0f} ms, target "
+                    f"{cfg.max_queue_delay_s * 1e3:.0f} ms",
+                    retry_after_s=max(MIN_RETRY_AFTER_S, ahead - cfg.max_queue_delay_s, waited - cfg.max_queue_delay_s),
+                    cause="queue_delay",
+                )
+            # Until decoded, a request counts as decode work only: what its headers declare is refused often
+            # enough (bombs, liars, truncations) that counting it as encoder work would refuse honest requests.
+            self._decoding += images
+        return Ticket(0, images, 0)
+
+    def decoded(self, ticket: Ticket, patches: int, nbytes: int) -> None:
+        """The request's images are decoded: from now on it holds `nbytes` of pixels and `patches` of encoder
+        work. ResourceExhaustedError (cause "pending_bytes") when those bytes would pass the bound."""
+        cfg = self.config
+        with self._lock:
+            self._decoding -= ticket.images
+            ticket.images = 0
+            if self._pending_bytes and self._pending_bytes + nbytes > cfg.max_pending_bytes:
+                raise ResourceExhaustedError(
+                    f"decoded images waiting for the encoder are at their bound ({self._pending_bytes} + {nbytes} "
+                    f"bytes, limit {cfg.max_pending_bytes})",
+                    retry_after_s=max(MIN_RETRY_AFTER_S, self.forward.seconds(self._patches)),
+                    cause="pending_bytes",
+                )
+            self._patches += patches
+            self._pending_bytes += nbytes
+            ticket.patches, ticket.pending_bytes = patches, nbytes
+
+    def release(self, ticket: Ticket) -> None:
+        """The request is done, failed or gone: its share of the work and of the bytes is returned at once."""
+        with self._lock:
+            self._decoding -= ticket.images
+            self._patches -= ticket.patches
+            self._pending_bytes -= ticket.pending_bytes
+            ticket.images = ticket.patches = ticket.pending_bytes = 0
