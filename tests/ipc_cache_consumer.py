@@ -1,8 +1,10 @@
 """A consumer process for the IPC embedding-cache tests: `python -m tests.ipc_cache_consumer MODE TARGET [ARGS]`.
 
 Modes (one JSON line per event on stdout):
-  mixed          [A, B] then [A, C, B] over IPC (hits and a miss in one reply: several leases), each compared
-                 bit for bit with a serialized, cache-bypassing encode; the cache status and lease of each image.
+  mixed          [A, B] then [A, C, B] over IPC (hits and a miss in one reply: several leases): the hits bit for
+                 bit what the first reply gave, everything within bf16 noise of a serialized, cache-bypassing encode
+                 of [A, C, B] (bf16 results depend on the batch they were encoded in, so only the cached rows
+                 themselves can be compared exactly); the cache status and lease of each image.
   hold_cached    A twice (the second a hit on the cached slice), keep the second reply's views open, sleep (the
                  test kills it with SIGKILL).
   churn N SIZE   N requests of two distinct SIZExSIZE images (more than the pool's cache share), each compared
@@ -43,6 +45,14 @@ def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
     return all(torch.equal(x.view(torch.int16), y.to(x.device).view(torch.int16)) for x, y in zip(a, b))
 
 
+def close(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+    """Within bf16 noise (another batch means other GEMM shapes and roundings): relative error below 2e-2."""
+    return all(
+        ((x.float() - y.to(x.device).float()).norm() / y.float().norm().clamp_min(1e-12)).item() < 2e-2
+        for x, y in zip(a, b)
+    )
+
+
 def main(argv: list[str]) -> int:
     mode, target = argv[0], argv[1]
     with (
@@ -53,8 +63,9 @@ def main(argv: list[str]) -> int:
             first, first_status, _ = read_ipc(ipc, [A, B])
             second, second_status, leases = read_ipc(ipc, [A, C, B])
             want = plain.encode_images([A, C, B])
+            hits_exact = same([second[0], second[2]], [first[0], first[1]])  # the cached rows, as first given
             emit(mode=mode, first=first_status, second=second_status, leases=len(set(leases)),
-                 equal=same(second, want) and same([first[0], first[1]], [want[0], want[2]]), **ipc.ipc_stats)  # fmt: skip
+                 equal=hits_exact and close(second, want), **ipc.ipc_stats)  # fmt: skip
         elif mode == "hold_cached":
             want = digest(plain.encode_images([A]))
             ipc.encode_images([A])
