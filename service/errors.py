@@ -87,11 +87,12 @@ def _classify(exc: BaseException) -> MappedError:
     return MappedError(grpc.StatusCode.INTERNAL, 500, INTERNAL_MESSAGE, "internal")
 
 
-def to_grpc_status(mapped: MappedError) -> grpc.Status:
-    """A grpc.Status with google.rpc details, for `context.abort_with_status`."""
+def to_grpc_status(mapped: MappedError, items: str = "images") -> grpc.Status:
+    """A grpc.Status with google.rpc details, for `context.abort_with_status`; `items`: the request's repeated
+    field a bad item's index refers to ("images", "videos")."""
     status = status_pb2.Status(code=getattr(code_pb2, mapped.grpc_code.name), message=mapped.message)
     if mapped.grpc_code is grpc.StatusCode.INVALID_ARGUMENT:
-        field = f"images[{mapped.index}]" if mapped.index >= 0 else "images"
+        field = f"{items}[{mapped.index}]" if mapped.index >= 0 else items
         bad_request = error_details_pb2.BadRequest(
             field_violations=[
                 error_details_pb2.BadRequest.FieldViolation(

@@ -149,7 +149,8 @@ class EncoderServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVid
             # The client has its DEADLINE_EXCEEDED already; a status sent now races the core closing the call.
             context.set_code(grpc.StatusCode.DEADLINE_EXCEEDED)
             raise asyncio.CancelledError
-        await context.abort_with_status(to_grpc_status(mapped))
+        items = "videos" if hasattr(request, "videos") else "images"  # EncodeVideosRequest or an image request
+        await context.abort_with_status(to_grpc_status(mapped, items))
 
 
 class _HandlerRecorder:

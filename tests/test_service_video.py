@@ -152,3 +152,20 @@ def test_a_model_without_video_refuses_it(tiny_server) -> None:
         with pytest.raises(InvalidMediaError) as err:
             client.encode_videos([CLIP])
     assert err.value.reason == "bad_request"
+
+
+def test_a_bad_video_is_named_by_its_field_in_the_grpc_details(server) -> None:
+    import grpc
+    from google.rpc import error_details_pb2
+    from grpc_status import rpc_status
+
+    from mmproc.v1 import encoder_pb2 as pb
+    from mmproc.v1 import encoder_pb2_grpc as pb_grpc
+
+    request = pb.EncodeVideosRequest(videos=[pb.Video(data=CLIP), pb.Video(data=b"not a video at all")])
+    with grpc.insecure_channel(server.grpc_target) as channel, pytest.raises(grpc.RpcError) as info:
+        pb_grpc.EncoderStub(channel).EncodeVideos(request, timeout=120)
+    bad_request = error_details_pb2.BadRequest()
+    status = rpc_status.from_call(info.value)
+    assert any(d.Unpack(bad_request) for d in status.details if d.Is(bad_request.DESCRIPTOR))
+    assert bad_request.field_violations[0].field == "videos[1]"
