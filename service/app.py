@@ -24,10 +24,11 @@ from mmproc.models import PRESETS, VisionEncoder, load_encoder
 from mmproc.models.loader import read_config
 from mmproc.preprocess import PreprocessConfig, load_preprocess_config
 from mmproc.prompt import FRAMINGS, framing, placeholder_token_id
+from mmproc.units import MiB
 from mmproc.v1 import encoder_pb2 as pb
+from mmproc.wire import NAME_TO_PB
 from service.auth import BearerToken, require_bearer_token
 from service.cache_key import model_context
-from service.convert import DTYPE_TO_PB
 from service.engine import Engine, RequestLimits
 from service.grpc_server import create_server, set_serving
 from service.host_memory import reuse_freed_host_memory, set_torch_threads
@@ -35,7 +36,7 @@ from service.http_app import create_http_app
 from service.ipc_setup import setup_ipc
 from service.key_store import KeyStoreConfig
 from service.metrics import Metrics
-from service.settings import MiB, ServerSettings
+from service.settings import ServerSettings
 from service.state import ServingState
 from service.video_engine import build_video_service, video_info
 
@@ -101,7 +102,7 @@ def build_server_info(settings: ServerSettings, engine: Engine) -> pb.ServerInfo
         model_layout=cfg.family,
         hidden_size=encoder.output_dim,
         vision_hidden_size=cfg.hidden_size,
-        dtype=DTYPE_TO_PB[settings.torch_dtype_name],
+        dtype=NAME_TO_PB[settings.torch_dtype_name],
         device=str(encoder.device),
         preprocess=pb.PreprocessInfo(
             family=pre.family,

@@ -1,15 +1,15 @@
-"""Engine results <-> protobuf messages (serialized transport), and the streamed reply serialized by hand with one
-copy of the payload (by torch's threads, while the D2H of later images is still running: mmproc.transport.host_copy).
-Shared by the gRPC servicer, the HTTP app and their tests."""
+"""Engine results -> protobuf messages: serialized replies (the streamed one framed by mmproc/wire's `chunk_wire`
+with one copy of the payload, made while the D2H of later images is still running) and IPC descriptors. Shared by
+the gRPC servicer, the HTTP app and their tests."""
 
 from __future__ import annotations
 
 from mmproc.transport import DTYPE_NAMES, concat_bytes, start_staging, tensor_bytes_view
 from mmproc.transport.ipc_pool import PoolIdentity
 from mmproc.v1 import encoder_pb2 as pb
+from mmproc.wire import NAME_TO_PB, chunk_wire
 from service.engine import EncodedImage
 
-DTYPE_TO_PB = {"float32": pb.DTYPE_FLOAT32, "bfloat16": pb.DTYPE_BFLOAT16, "float16": pb.DTYPE_FLOAT16}
 CACHE_TO_PB = {
     "": pb.CACHE_STATUS_UNSPECIFIED,
     "miss": pb.CACHE_MISS,
@@ -32,7 +32,7 @@ def embedding_header(result: EncodedImage) -> pb.Embedding:
         key=result.key,
         cache=CACHE_TO_PB[result.cache],
         mm_hash=result.mm_hash,
-        dtype=DTYPE_TO_PB[DTYPE_NAMES[emb.dtype]],
+        dtype=NAME_TO_PB[DTYPE_NAMES[emb.dtype]],
         shape=list(emb.shape),
     )
 
@@ -75,44 +75,6 @@ def serialized_stream(request_id: str, results: list[EncodedImage], chunk_bytes:
             piece = data[offset : offset + chunk_bytes]
             messages.append(chunk_wire(request_id, result.index, offset, piece, header if offset == 0 else None))
     return messages
-
-
-# Protobuf wire format (https://protobuf.dev/programming-guides/encoding/): a message is a sequence of fields,
-# each a varint tag `field_number << 3 | wire_type` followed by the value; a `bytes` field has wire type 2 (LEN):
-# tag, the length as a varint, then the raw bytes. Parsers accept fields in any order, and for a singular field
-# the last one on the wire wins. So the serialization of a message without `data`, followed by a `data` field
-# written by hand, parses to exactly the message with `data` set (and is byte-identical to protobuf's own output,
-# which writes fields in number order and `data` has the highest number; tests/test_convert.py checks both).
-_DATA_FIELD = pb.EncodeImagesChunk.DESCRIPTOR.fields_by_name["data"]
-_LEN = 2  # wire type of bytes, strings and sub-messages
-assert _DATA_FIELD.type == _DATA_FIELD.TYPE_BYTES and not _DATA_FIELD.is_repeated, "EncodeImagesChunk.data changed"
-
-
-def _varint(value: int) -> bytes:
-    """Base-128 varint: 7 bits per byte, least significant group first, high bit set on all but the last byte."""
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-_DATA_TAG = _varint(_DATA_FIELD.number << 3 | _LEN)
-
-
-def chunk_wire(
-    request_id: str, index: int, offset: int, data: memoryview | bytes, header: pb.Embedding | None = None
-) -> bytes:
-    """The serialized EncodeImagesChunk with these fields, copying `data` once (into the returned bytes).
-
-    `pb.EncodeImagesChunk(..., data=bytes(data)).SerializeToString()` gives the same bytes, but copies the payload
-    three times (into a bytes object, into the message, into the serialization).
-    """
-    head = pb.EncodeImagesChunk(request_id=request_id, header=header, index=index, offset=offset).SerializeToString()
-    if not len(data):  # proto3 writes no empty bytes field
-        return head
-    return concat_bytes(b"".join((head, _DATA_TAG, _varint(len(data)))), data)
 
 
 def stream_response_serializer(message: bytes | pb.EncodeImagesChunk) -> bytes:

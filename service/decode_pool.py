@@ -57,6 +57,7 @@ from mmproc.media.video import VideoSampling
 from mmproc.media.video_limits import VideoLimits
 from mmproc.preprocess import PreprocessConfig
 from mmproc.preprocess.video_config import VideoRules
+from mmproc.units import MiB
 from service import decode_video_worker, decode_worker
 from service.decode_transfer import Shipped, make_transfer_dir, remove_transfer_dir
 from service.decode_video_worker import ShippedVideo
@@ -67,7 +68,6 @@ logger = logging.getLogger(__name__)
 
 Isolation = Literal["process", "thread"]
 Task = Callable[[bytes, MediaLimits, PreprocessConfig], Prepared]
-MiB = 1 << 20
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,9 @@ import logging
 
 from mmproc.errors import ConfigError
 from mmproc.transport.cuda_ipc import ipc_unavailable_reason
+from mmproc.units import MiB
 from service.engine import Engine
-from service.settings import MiB, ServerSettings
+from service.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
 

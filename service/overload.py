@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mmproc.errors import ConfigError, ResourceExhaustedError
+from mmproc.units import MiB
 
-MiB = 1 << 20
 MIN_RETRY_AFTER_S = 0.05
 BATCH_SHARE = 0.25  # of max_queue_delay_s that one forward may take
 

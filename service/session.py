@@ -14,11 +14,11 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from mmproc.client.shared import pool_info_pb
 from mmproc.transport.ipc_pool import IpcPool
 from mmproc.transport.leases import LeaseNotOwnedError, UnknownLeaseError
 from mmproc.transport.node import node_identity
 from mmproc.v1 import encoder_pb2 as pb
+from mmproc.wire import pool_info_pb
 
 logger = logging.getLogger(__name__)
 

@@ -17,6 +17,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mmproc.errors import ConfigError
+from mmproc.units import MiB
 
 if TYPE_CHECKING:  # imported where used: the settings alone (`mmproc health`, `mmproc config`) need no torch
     from mmproc.media import MediaLimits
@@ -25,8 +26,6 @@ if TYPE_CHECKING:  # imported where used: the settings alone (`mmproc health`, `
     from service.decode_pool import DecodePoolConfig
     from service.embedding_cache import CacheConfig
     from service.overload import OverloadConfig
-
-MiB = 1 << 20
 
 
 def _check_host_port(name: str, value: str, form: str) -> str:

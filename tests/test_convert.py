@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 
 from mmproc.transport import tensor_to_bytes
 from mmproc.v1 import encoder_pb2 as pb
-from service.convert import chunk_wire, embedding_header, serialized_stream, stream_response_serializer
+from mmproc.wire import chunk_wire
+from service.convert import embedding_header, serialized_stream, stream_response_serializer
 from service.engine import EncodedImage
 from service.grpc_server import EncoderServicer, _HandlerRecorder, add_encoder_servicer
 from service.metrics import Metrics

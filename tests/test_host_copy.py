@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from mmproc.transport.host_copy import concat_bytes, new_bytes
-
-MiB = 1 << 20
+from mmproc.units import MiB
 
 
 def pattern(n: int, seed: int = 0) -> bytes:

@@ -128,7 +128,7 @@ def test_async_front_end_keeps_and_looks_up(tiny_server) -> None:
 def test_headers_only_is_refused_on_the_stream(tiny_server) -> None:
     import grpc
 
-    from mmproc.client.wire import encoder_stub, make_request
+    from mmproc.client.rpc import encoder_stub, make_request
 
     with grpc.insecure_channel(tiny_server.grpc_target) as channel:
         request = make_request([make_image_bytes(40, 40, fmt="PNG", seed=7)], None, "serialized", headers_only=True)

@@ -7,11 +7,10 @@ import pytest
 import torch
 
 from mmproc.transport import stage_to_host, start_staging, tensor_to_bytes
+from mmproc.units import MiB
 from mmproc.v1 import encoder_pb2 as pb
 from service.convert import embedding_header, serialized_payloads, serialized_stream
 from service.engine import EncodedImage
-
-MiB = 1 << 20
 
 
 def results_of(token_counts: list[int], hidden: int = 4096) -> list[EncodedImage]:

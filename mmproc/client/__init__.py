@@ -25,9 +25,9 @@ Tensor-parallel engines: rank 0 calls `encode_images_shared(images, readers=tp)`
 from mmproc.client.encoder import AsyncEncoderClient, EncoderClient
 from mmproc.client.results import ImageEmbedding
 from mmproc.client.retry import NO_RETRY, RetryPolicy
+from mmproc.client.rpc import error_from_rpc
 from mmproc.client.shared import SharedEmbeddings
 from mmproc.client.video import VideoChunkEmbedding, VideoEmbedding, VideoInput
-from mmproc.client.wire import error_from_rpc
 
 __all__ = [
     "NO_RETRY",

@@ -15,10 +15,7 @@ from mmproc.client.auth import aio_bearer, bearer_channel
 from mmproc.client.ipc import IpcClient, clone_views
 from mmproc.client.results import ImageEmbedding, from_header
 from mmproc.client.retry import RetryPolicy
-from mmproc.client.shared import SharedEmbeddings, collect_reply
-from mmproc.client.targets import Targets
-from mmproc.client.video import VideoEmbedding, VideoInput, encode_over_ipc, make_video_request, read_serialized
-from mmproc.client.wire import (
+from mmproc.client.rpc import (
     TRANSPORTS,
     Assembler,
     channel_options,
@@ -28,6 +25,9 @@ from mmproc.client.wire import (
     error_from_rpc,
     make_request,
 )
+from mmproc.client.shared import SharedEmbeddings, collect_reply
+from mmproc.client.targets import Targets
+from mmproc.client.video import VideoEmbedding, VideoInput, encode_over_ipc, make_video_request, read_serialized
 from mmproc.errors import StaleSessionError, UnavailableError
 from mmproc.transport.cuda_ipc import ipc_unavailable_reason
 from mmproc.v1 import encoder_pb2 as pb

@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING
 import grpc
 import torch
 
-from mmproc.client.shared import SharedEmbeddings, descriptor_from_pb, identity_from_pb
-from mmproc.client.wire import PB_DTYPES
+from mmproc.client.shared import SharedEmbeddings, descriptor_from_pb
 from mmproc.errors import InternalError, StaleSessionError, UnavailableError
 from mmproc.transport.cuda_ipc import device_uuid
 from mmproc.transport.ipc_pool import PoolIdentity, SliceDescriptor
 from mmproc.transport.node import node_identity
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
+from mmproc.wire import PB_TO_DTYPE, identity_from_pb
 
 if TYPE_CHECKING:
     from mmproc.transport.ipc_consumer import OpenedPool
@@ -34,9 +34,6 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 _MAX_OWNED = 4096  # shared leases this client requested and has not read yet (rank 0 that never reads: TTL)
-
-
-_TORCH_DTYPES = {code: getattr(torch, name) for code, name in PB_DTYPES.items()}
 
 
 def request_leases(embeddings: Sequence[pb.Embedding]) -> tuple[list[SliceDescriptor], list[int]]:
@@ -64,8 +61,7 @@ def ack_all(pool: OpenedPool, leases: Sequence[SliceDescriptor], stream: torch.c
 def pool_views(pool: OpenedPool, embeddings: Sequence[pb.Embedding]) -> list[torch.Tensor]:
     """Zero-copy (tokens_i, hidden) views of a reply's embeddings in the opened pool."""
     return [
-        pool.view(emb.ipc.offset_bytes, emb.ipc.nbytes, _TORCH_DTYPES[emb.dtype], tuple(emb.shape))
-        for emb in embeddings
+        pool.view(emb.ipc.offset_bytes, emb.ipc.nbytes, PB_TO_DTYPE[emb.dtype], tuple(emb.shape)) for emb in embeddings
     ]
 
 

@@ -23,13 +23,13 @@ from collections.abc import Iterable
 import torch
 from google.protobuf.message import DecodeError
 
-from mmproc.client.wire import PB_DTYPES, StreamChunk
 from mmproc.errors import InternalError
 from mmproc.transport import bytes_to_tensor, tensor_nbytes
 from mmproc.transport.cuda_ipc import IPC_HANDLE_BYTES
 from mmproc.transport.ipc_pool import PoolIdentity, SliceDescriptor
 from mmproc.transport.leases import MAX_READERS
 from mmproc.v1 import encoder_pb2 as pb
+from mmproc.wire import PB_TO_DTYPE, PB_TO_NAME, StreamChunk, identity_from_pb, pool_info_pb
 
 __all__ = ["SharedEmbeddings", "collect_reply", "descriptor_from_pb", "identity_from_pb"]
 
@@ -97,7 +97,7 @@ class SharedEmbeddings:
     def tensors(self, device: torch.device) -> list[torch.Tensor]:
         """Serialized only: one (tokens_i, hidden) tensor per image on `device` (a fresh copy per call)."""
         return [
-            bytes_to_tensor(emb.data, PB_DTYPES[emb.dtype], tuple(emb.shape), device)
+            bytes_to_tensor(emb.data, PB_TO_NAME[emb.dtype], tuple(emb.shape), device)
             for emb in self._message.reply.embeddings
         ]
 
@@ -116,16 +116,13 @@ def _check(message: pb.SharedEmbeddings) -> None:
         problem = f"readers {message.readers} not in 1..{MAX_READERS}"
     elif not reply.embeddings:
         problem = "no embeddings"
-    elif any(emb.dtype not in PB_DTYPES or len(emb.shape) != 2 for emb in reply.embeddings):
+    elif any(emb.dtype not in PB_TO_NAME or len(emb.shape) != 2 for emb in reply.embeddings):
         problem = "an embedding has an unknown dtype or is not 2-D"
     elif reply.transport == pb.TRANSPORT_IPC:
         problem = _ipc_problem(message)
     elif any(emb.WhichOneof("payload") != "data" for emb in reply.embeddings):
         problem = "a serialized embedding carries no bytes"
-    elif any(
-        len(emb.data) != tensor_nbytes(tuple(emb.shape), getattr(torch, PB_DTYPES[emb.dtype]))
-        for emb in reply.embeddings
-    ):
+    elif any(len(emb.data) != tensor_nbytes(tuple(emb.shape), PB_TO_DTYPE[emb.dtype]) for emb in reply.embeddings):
         problem = "a serialized embedding's bytes do not match its shape and dtype"
     if problem is not None:
         raise ValueError(f"malformed SharedEmbeddings: {problem}")
@@ -159,30 +156,6 @@ def descriptor_from_pb(ipc: pb.IpcDescriptor) -> SliceDescriptor:
     )
 
 
-def pool_info_pb(identity: PoolIdentity) -> pb.PoolInfo:
-    """What a consumer needs to open the pool (the server's Session reply; a shared batch names it too)."""
-    return pb.PoolInfo(
-        pool_id=identity.pool_id,
-        epoch=identity.epoch,
-        device_uuid=identity.device_uuid,
-        ipc_handle=identity.ipc_handle,
-        pool_bytes=identity.pool_bytes,
-        num_word_slots=identity.num_word_slots,
-    )
-
-
-def identity_from_pb(info: pb.PoolInfo) -> PoolIdentity:
-    return PoolIdentity(
-        pool_id=info.pool_id,
-        epoch=info.epoch,
-        device_uuid=info.device_uuid,
-        ipc_handle=info.ipc_handle,
-        pool_bytes=info.pool_bytes,
-        num_word_slots=info.num_word_slots,
-        data_offset=0,
-    )
-
-
 def collect_reply(chunks: Iterable[StreamChunk], count: int) -> pb.EncodeImagesResponse:
     """A streamed serialized reply (headers, then data chunks) as one EncodeImagesResponse with the bytes in it."""
     headers: list[pb.Embedding | None] = [None] * count
@@ -196,7 +169,7 @@ def collect_reply(chunks: Iterable[StreamChunk], count: int) -> pb.EncodeImagesR
             raise InternalError(f"server sent a chunk for image {index} of {count}")
         if fields.HasField("header"):
             header = fields.header
-            nbytes = tensor_nbytes(tuple(header.shape), getattr(torch, PB_DTYPES[header.dtype]))
+            nbytes = tensor_nbytes(tuple(header.shape), PB_TO_DTYPE[header.dtype])
             headers[index], buffers[index] = header, bytearray(nbytes)
         buffer = buffers[index]
         if buffer is None or fields.offset + len(data) > len(buffer):

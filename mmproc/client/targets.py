@@ -8,7 +8,7 @@ from typing import TypeVar
 import grpc
 
 from mmproc.client.retry import RetryPolicy, Rotation, acall_with_retry, call_with_retry
-from mmproc.client.wire import encoder_stub, error_from_rpc
+from mmproc.client.rpc import encoder_stub, error_from_rpc
 from mmproc.errors import MmprocError, UnavailableError
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 

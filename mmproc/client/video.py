@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 
 from mmproc.client.ipc import IpcClient, clone_views
-from mmproc.client.wire import embedding_from_bytes
+from mmproc.client.rpc import embedding_from_bytes
 from mmproc.prompt import timestamp_text
 from mmproc.v1 import encoder_pb2 as pb
 

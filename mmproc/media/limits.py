@@ -12,8 +12,7 @@ from dataclasses import dataclass
 
 from mmproc.errors import ConfigError
 from mmproc.media.formats import SUPPORTED_FORMATS
-
-MiB = 1024 * 1024
+from mmproc.units import MiB
 
 # Pillow warns at 89_478_485 pixels (Image.MAX_IMAGE_PIXELS) and refuses at twice that. Our own limit must
 # stay below the warning so that our check, not a warning someone may have silenced, is what guards us.

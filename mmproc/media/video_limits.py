@@ -10,8 +10,7 @@ import math
 from dataclasses import dataclass
 
 from mmproc.errors import ConfigError
-
-MiB = 1024 * 1024
+from mmproc.units import MiB
 
 # Containers by magic bytes (`video.sniff_container`) and the FFmpeg demuxer each one is opened with, so that
 # FFmpeg never probes the other few hundred formats it could parse.

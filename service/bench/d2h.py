@@ -24,14 +24,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mmproc.client.wire import Assembler, read_chunk
+from mmproc.client.rpc import Assembler
+from mmproc.units import MiB
 from mmproc.v1 import encoder_pb2 as pb
+from mmproc.wire import read_chunk
 from service.convert import serialized_payloads, serialized_stream, stream_response_serializer
 from service.engine import EncodedImage
 from service.host_memory import reuse_freed_host_memory, set_torch_threads
 from service.settings import ServerSettings
-
-MiB = 1 << 20
 
 
 def _copy_ms(src: torch.Tensor, dst: torch.Tensor, reps: int) -> float:

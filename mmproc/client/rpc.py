@@ -1,10 +1,10 @@
-"""Wire format of the client: requests, typed errors from status details, and reassembly of streamed replies."""
+"""The client's side of the RPCs: requests, typed errors from status details, and reassembly of streamed replies
+(the framing itself is mmproc/wire, shared with the server)."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
 import grpc
 import numpy as np
@@ -16,8 +16,8 @@ from mmproc.errors import STATUS_ERRORS, InternalError, InvalidMediaError, Mmpro
 from mmproc.transport import bytes_to_tensor, tensor_nbytes
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
+from mmproc.wire import PB_TO_DTYPE, PB_TO_NAME, StreamChunk, read_chunk
 
-PB_DTYPES = {pb.DTYPE_FLOAT32: "float32", pb.DTYPE_BFLOAT16: "bfloat16", pb.DTYPE_FLOAT16: "float16"}
 TRANSPORTS = {"auto": pb.TRANSPORT_AUTO, "serialized": pb.TRANSPORT_SERIALIZED, "ipc": pb.TRANSPORT_IPC}
 ERRORS_BY_CODE: dict[grpc.StatusCode, type[MmprocError]] = {
     **{grpc.StatusCode[cls.grpc_code]: cls for cls in STATUS_ERRORS if cls is not InvalidMediaError},
@@ -48,73 +48,6 @@ def error_from_rpc(err: grpc.RpcError) -> MmprocError:
         return InvalidMediaError(message or "invalid request", reason=reason, index=index)
     cls = ERRORS_BY_CODE.get(code, InternalError)
     return cls(f"{code.name}: {message}")
-
-
-@dataclass(frozen=True, slots=True)
-class StreamChunk:
-    """One received EncodeImagesChunk: every field but `data` parsed by protobuf (`fields`, whose own `data` is
-    empty), and `data` as a read-only view of the received message bytes (no copy)."""
-
-    fields: pb.EncodeImagesChunk
-    data: memoryview
-
-
-# Protobuf wire format (https://protobuf.dev/programming-guides/encoding/): a message is a sequence of fields, each
-# a varint tag `field_number << 3 | wire_type`, then the value: wire type 0 a varint, 1 eight bytes, 5 four bytes,
-# 2 (LEN) a varint length and that many bytes. A singular field may appear more than once; the last one wins.
-_DATA_TAG = pb.EncodeImagesChunk.DESCRIPTOR.fields_by_name["data"].number << 3 | 2
-_FIXED_SIZES = {1: 8, 5: 4}
-
-
-def _varint(buf: bytes, pos: int) -> tuple[int, int]:
-    """(value, position after it) of the base-128 varint at `pos` (7 bits a byte, least significant first)."""
-    value = shift = 0
-    while True:
-        byte = buf[pos]  # IndexError past the end: a truncated message
-        value |= (byte & 0x7F) << shift
-        pos += 1
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-
-
-def read_chunk(message: bytes) -> StreamChunk:
-    """EncodeImagesStream's response deserializer (see `encoder_stub`): the payload stays in the bytes gRPC
-    received, so that the Assembler copies it once, straight into its buffer.
-
-    `pb.EncodeImagesChunk.FromString(message).data` would copy it twice (into the parsed message, into a new bytes
-    object). Here the top-level fields are walked by their wire-format framing; everything but `data` (a few
-    dozen bytes) goes through protobuf as usual. Anything unexpected (a group, a truncated or malformed message)
-    is left to protobuf, which parses it or raises DecodeError.
-    """
-    view = memoryview(message)
-    others: list[memoryview] = []  # every field but `data`, as it is on the wire
-    data = view[:0]
-    pos = 0
-    try:
-        while pos < len(message):
-            start = pos
-            tag, pos = _varint(message, pos)
-            wire_type = tag & 7
-            if wire_type == 0:
-                pos = _varint(message, pos)[1]
-            elif wire_type == 2:
-                length, pos = _varint(message, pos)
-                pos += length
-                if tag == _DATA_TAG:
-                    data = view[pos - length : pos]
-                    continue
-            elif wire_type in _FIXED_SIZES:
-                pos += _FIXED_SIZES[wire_type]
-            else:
-                raise ValueError(f"wire type {wire_type}")
-            others.append(view[start:pos])
-        if pos != len(message):
-            raise ValueError("truncated")
-    except (IndexError, ValueError):
-        parsed = pb.EncodeImagesChunk.FromString(message)
-        return StreamChunk(parsed, memoryview(parsed.data))
-    return StreamChunk(pb.EncodeImagesChunk.FromString(b"".join(others)), data)
 
 
 def encoder_stub(channel: grpc.Channel | grpc.aio.Channel) -> pb_grpc.EncoderStub:
@@ -150,7 +83,7 @@ class Assembler:
             raise InternalError(f"server sent a chunk for image {index} of {len(self._headers)}")
         if fields.HasField("header"):
             header = fields.header
-            nbytes = tensor_nbytes(tuple(header.shape), getattr(torch, PB_DTYPES[header.dtype]))
+            nbytes = tensor_nbytes(tuple(header.shape), PB_TO_DTYPE[header.dtype])
             pinned = self._device.type == "cuda"
             self._headers[index] = header
             self._buffers[index] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
@@ -171,7 +104,7 @@ class Assembler:
         for index, (header, buffer) in enumerate(zip(self._headers, self._buffers)):
             if header is None or buffer is None or self._received[index] != buffer.numel():
                 raise InternalError(f"stream ended before image {index} was complete")
-            dtype = getattr(torch, PB_DTYPES[header.dtype])
+            dtype = PB_TO_DTYPE[header.dtype]
             tensor = buffer.view(dtype).view(tuple(header.shape))
             out.append(tensor if self._device.type == "cpu" else tensor.to(self._device, non_blocking=True))
         return out
@@ -215,4 +148,4 @@ def check_images(images: Iterable[bytes]) -> list[bytes]:
 
 
 def embedding_from_bytes(emb: pb.Embedding, device: torch.device) -> torch.Tensor:
-    return bytes_to_tensor(emb.data, PB_DTYPES[emb.dtype], tuple(emb.shape), device)
+    return bytes_to_tensor(emb.data, PB_TO_NAME[emb.dtype], tuple(emb.shape), device)

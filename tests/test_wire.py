@@ -9,10 +9,11 @@ from google.protobuf.message import DecodeError
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmproc.client.wire import Assembler, StreamChunk, read_chunk
+from mmproc.client.rpc import Assembler
 from mmproc.errors import InternalError
 from mmproc.transport import tensor_to_bytes
 from mmproc.v1 import encoder_pb2 as pb
+from mmproc.wire import StreamChunk, read_chunk
 
 
 def received(message: pb.EncodeImagesChunk) -> StreamChunk:
@@ -123,7 +124,7 @@ def test_every_status_error_survives_the_trip_from_server_to_client() -> None:
     # The server's mapping (service.errors) and the client's (ERRORS_BY_CODE) come from one table in mmproc.errors.
     import grpc
 
-    from mmproc.client.wire import ERRORS_BY_CODE
+    from mmproc.client.rpc import ERRORS_BY_CODE
     from mmproc.errors import STATUS_ERRORS, InternalError, InvalidMediaError
     from service.errors import map_error
 

@@ -1,0 +1,3 @@
+"""Byte units, written once."""
+
+MiB = 1 << 20

@@ -1,0 +1,113 @@
+"""The streamed reply's framing, both ways: the server writes each EncodeImagesChunk by hand around its payload
+(one copy of the payload, into the bytes handed to gRPC) and the client reads it back leaving the payload in the
+bytes gRPC received (copied once more, into its destination).
+
+Protobuf wire format (https://protobuf.dev/programming-guides/encoding/): a message is a sequence of fields,
+each a varint tag `field_number << 3 | wire_type` followed by the value; a `bytes` field has wire type 2 (LEN):
+tag, the length as a varint, then the raw bytes. Parsers accept fields in any order, and for a singular field
+the last one on the wire wins. So the serialization of a message without `data`, followed by a `data` field
+written by hand, parses to exactly the message with `data` set (and is byte-identical to protobuf's own output,
+which writes fields in number order and `data` has the highest number; tests/test_convert.py checks both).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mmproc.transport import concat_bytes
+from mmproc.v1 import encoder_pb2 as pb
+
+_DATA_FIELD = pb.EncodeImagesChunk.DESCRIPTOR.fields_by_name["data"]
+_LEN = 2  # wire type of bytes, strings and sub-messages
+assert _DATA_FIELD.type == _DATA_FIELD.TYPE_BYTES and not _DATA_FIELD.is_repeated, "EncodeImagesChunk.data changed"
+
+
+def _encode_varint(value: int) -> bytes:
+    """Base-128 varint: 7 bits per byte, least significant group first, high bit set on all but the last byte."""
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+_DATA_TAG_BYTES = _encode_varint(_DATA_FIELD.number << 3 | _LEN)
+
+
+def chunk_wire(
+    request_id: str, index: int, offset: int, data: memoryview | bytes, header: pb.Embedding | None = None
+) -> bytes:
+    """The serialized EncodeImagesChunk with these fields, copying `data` once (into the returned bytes).
+
+    `pb.EncodeImagesChunk(..., data=bytes(data)).SerializeToString()` gives the same bytes, but copies the payload
+    three times (into a bytes object, into the message, into the serialization).
+    """
+    head = pb.EncodeImagesChunk(request_id=request_id, header=header, index=index, offset=offset).SerializeToString()
+    if not len(data):  # proto3 writes no empty bytes field
+        return head
+    return concat_bytes(b"".join((head, _DATA_TAG_BYTES, _encode_varint(len(data)))), data)
+
+
+@dataclass(frozen=True, slots=True)
+class StreamChunk:
+    """One received EncodeImagesChunk: every field but `data` parsed by protobuf (`fields`, whose own `data` is
+    empty), and `data` as a read-only view of the received message bytes (no copy)."""
+
+    fields: pb.EncodeImagesChunk
+    data: memoryview
+
+
+_DATA_TAG = _DATA_FIELD.number << 3 | _LEN
+_FIXED_SIZES = {1: 8, 5: 4}  # wire types of fixed width: 64-bit and 32-bit
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+    """(value, position after it) of the base-128 varint at `pos` (7 bits a byte, least significant first)."""
+    value = shift = 0
+    while True:
+        byte = buf[pos]  # IndexError past the end: a truncated message
+        value |= (byte & 0x7F) << shift
+        pos += 1
+        if byte < 0x80:
+            return value, pos
+        shift += 7
+
+
+def read_chunk(message: bytes) -> StreamChunk:
+    """EncodeImagesStream's response deserializer (see `encoder_stub`): the payload stays in the bytes gRPC
+    received, so that the Assembler copies it once, straight into its buffer.
+
+    `pb.EncodeImagesChunk.FromString(message).data` would copy it twice (into the parsed message, into a new bytes
+    object). Here the top-level fields are walked by their wire-format framing; everything but `data` (a few
+    dozen bytes) goes through protobuf as usual. Anything unexpected (a group, a truncated or malformed message)
+    is left to protobuf, which parses it or raises DecodeError.
+    """
+    view = memoryview(message)
+    others: list[memoryview] = []  # every field but `data`, as it is on the wire
+    data = view[:0]
+    pos = 0
+    try:
+        while pos < len(message):
+            start = pos
+            tag, pos = _read_varint(message, pos)
+            wire_type = tag & 7
+            if wire_type == 0:
+                pos = _read_varint(message, pos)[1]
+            elif wire_type == 2:
+                length, pos = _read_varint(message, pos)
+                pos += length
+                if tag == _DATA_TAG:
+                    data = view[pos - length : pos]
+                    continue
+            elif wire_type in _FIXED_SIZES:
+                pos += _FIXED_SIZES[wire_type]
+            else:
+                raise ValueError(f"wire type {wire_type}")
+            others.append(view[start:pos])
+        if pos != len(message):
+            raise ValueError("truncated")
+    except (IndexError, ValueError):
+        parsed = pb.EncodeImagesChunk.FromString(message)
+        return StreamChunk(parsed, memoryview(parsed.data))
+    return StreamChunk(pb.EncodeImagesChunk.FromString(b"".join(others)), data)
