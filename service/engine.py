@@ -183,6 +183,16 @@ class Engine:
     def inflight(self) -> int:
         return self._inflight
 
+    @property
+    def queued_images(self) -> int:
+        """Images waiting in the encoder's queue."""
+        return self._runner.queued_images
+
+    @property
+    def idle(self) -> bool:
+        """Nothing admitted, decoding, queued or counted against the in-flight patch budget."""
+        return not (self._inflight or self._inflight_patches or self._runner.queued_images)
+
     async def wait_idle(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while (self._inflight or self._cached_requests) and time.monotonic() < deadline:

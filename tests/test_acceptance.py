@@ -20,6 +20,7 @@ from tests.checkpoints import TINY_VISION, write_checkpoint
 from tests.conftest import ServiceThread, test_settings
 from tests.media_samples import make_image_bytes
 from tests.reference_moonvit import reference_model
+from tests.support import rel_err
 
 # (width, height, format, mode, EXIF orientation)
 CASES = [
@@ -36,10 +37,6 @@ CASES = [
 ]
 IMAGES = [make_image_bytes(w, h, fmt=f, mode=m, seed=i, exif_orientation=o) for i, (w, h, f, m, o) in enumerate(CASES)]
 TEXT_HIDDEN = 256
-
-
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got.double() - want.double()).norm() / want.double().norm())
 
 
 @pytest.fixture(scope="module", params=["kimi_vl", "kimi_k25"])

@@ -96,6 +96,6 @@ def test_http_answers_like_grpc(tiny_server, outcomes, case: Case) -> None:
 
 def test_server_is_idle_and_serving_after_the_corpus(tiny_server, outcomes) -> None:
     engine = tiny_server.service.engine
-    assert engine.inflight == 0 and engine._runner.queued_images == 0
+    assert engine.inflight == 0 and engine.queued_images == 0
     assert engine.decode_pool.crashes == 0  # nothing in the corpus should crash a decoder
     assert httpx.get(f"{tiny_server.http_url}/readyz").status_code == 200

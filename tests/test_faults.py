@@ -58,10 +58,10 @@ def settle(server: ServiceThread, timeout: float = 10.0) -> None:
     engine = server.service.engine
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if engine.inflight == 0 and engine._runner.queued_images == 0:
+        if engine.inflight == 0 and engine.queued_images == 0:
             return
         time.sleep(0.01)
-    raise AssertionError(f"not idle: inflight={engine.inflight}, queued={engine._runner.queued_images}")
+    raise AssertionError(f"not idle: inflight={engine.inflight}, queued={engine.queued_images}")
 
 
 def channel(server: ServiceThread) -> grpc.Channel:
@@ -201,7 +201,7 @@ def test_patches_in_flight_are_bounded_and_returned() -> None:
                 client.encode_images(HEAVY[2:])
             assert len(client.encode_images([SMALL])) == 1
             assert len(first.result(60)) == 2
-            assert engine._inflight_patches == 0
+            assert engine.idle
             assert len(client.encode_images(HEAVY[2:])) == 2
     finally:
         server.stop()

@@ -16,6 +16,7 @@ from mmproc.models import PRESETS, VisionConfig, VisionEncoder
 from mmproc.models.init import random_state_dict
 from mmproc.models.loader import build_encoder, expected_shapes
 from mmproc.types import PreprocessedImage
+from tests.support import rel_err
 
 pytestmark = [
     pytest.mark.cuda,
@@ -43,11 +44,6 @@ def make_images(grids, seed=0):
         PreprocessedImage(torch.rand(h * w, 3, 14, 14, generator=gen) * 2 - 1, (h, w), (h // 2) * (w // 2))
         for h, w in grids
     ]
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.float().cpu(), b.float().cpu()
-    return ((a - b).norm() / b.norm()).item()
 
 
 def make_encoder(config: VisionConfig, device: str, dtype: torch.dtype) -> VisionEncoder:

@@ -185,7 +185,7 @@ def test_peek_evasion_is_sized_or_counted_once_decoded(monkeypatch: pytest.Monke
             with pytest.raises(ResourceExhaustedError, match="found by decoding"):
                 client.encode_images([PEEK_EVASION])
             assert len(held.result(60)) == 1
-            assert engine._inflight_patches == 0
+            assert engine.idle
             assert len(client.encode_images([PEEK_EVASION])) == 1  # alone it fits
     finally:
         server.stop()

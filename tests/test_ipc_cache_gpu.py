@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from tests.test_ipc_gpu import next_event, pool_stats, start, wait_until
+from tests.support import wait_until
+from tests.test_ipc_gpu import next_event, pool_stats, start
 
 pytestmark = pytest.mark.cuda
 

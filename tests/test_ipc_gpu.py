@@ -16,6 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.conftest import ServiceThread, test_settings
+from tests.support import wait_until
 
 pytestmark = pytest.mark.cuda
 
@@ -55,15 +56,6 @@ def next_event(proc: subprocess.Popen, timeout: float = 120) -> dict:
         if not line and proc.poll() is not None:
             raise AssertionError(f"consumer exited {proc.returncode}: {proc.stderr.read()[-3000:]}")
     raise TimeoutError("consumer said nothing")
-
-
-def wait_until(predicate, timeout: float = 15) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return predicate()
 
 
 def pool_stats(srv: ServiceThread):

@@ -24,12 +24,9 @@ from tests.checkpoints import TINY_K3_VISION, hf_config, preprocessor_config, wr
 from tests.conftest import ServiceThread, test_settings
 from tests.media_samples import encode_image, make_image_bytes, random_image
 from tests.reference_moonvit3d import ReferenceKimiK3, navit_size, preprocess
+from tests.support import rel_err
 
 TEXT_HIDDEN = 256
-
-
-def rel_err(got: torch.Tensor, want: torch.Tensor) -> float:
-    return float((got.double() - want.double()).norm() / want.double().norm())
 
 
 def test_a_real_k3_config_parses_to_the_k3_tower() -> None:

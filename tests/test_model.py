@@ -22,6 +22,7 @@ from mmproc.models.tower import TowerInputs
 from mmproc.types import PackedBatch, PreprocessedImage
 from tests.checkpoints import TINY_VISION, make_vision_tensors
 from tests.reference_moonvit import reference_model
+from tests.support import rel_err
 
 GRIDS = [(4, 4), (6, 10), (2, 2), (64, 64), (8, 14)]
 
@@ -45,10 +46,6 @@ def config_for(layout: str) -> VisionConfig:
         text_hidden_size=256,
         family=layout,
     )
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
 @pytest.fixture(scope="module")

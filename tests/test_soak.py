@@ -165,9 +165,9 @@ async def open_loop(target: str, rate: float, seconds: float, expected, tally: T
 def wait_idle(server: ServiceThread, timeout: float = 10) -> None:
     engine = server.service.engine
     deadline = time.monotonic() + timeout
-    while (engine.inflight or engine._runner.queued_images) and time.monotonic() < deadline:
+    while (engine.inflight or engine.queued_images) and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert engine.inflight == 0 and engine._runner.queued_images == 0
+    assert engine.inflight == 0 and engine.queued_images == 0
 
 
 def load_process(target: str, expected: dict[bytes, np.ndarray], warmup: float, seconds: float, conn) -> None:
