@@ -29,6 +29,7 @@ succeeded (drops in rate mode are not failures), 1 otherwise, 2 for bad flags or
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import ipaddress
 import json
@@ -64,6 +65,7 @@ COMPARES: dict[str, tuple[tuple[str, dict[str, object]], ...]] = {
     "transport": (("ipc", {"transport": "ipc"}), ("serialized", {"transport": "serialized"})),
 }
 MAX_CONCURRENCY = 256
+MAX_CLIENT_PROCESSES = 64
 MAX_REQUESTS = 100_000
 Payload = tuple[int, tuple[bytes, ...]]  # (request index, encoded images)
 
@@ -87,6 +89,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--mode", choices=["burst", "rate", "open"], default="burst")
     add("--requests", type=int, default=64, help="measured requests (all generated up front)")
     add("--concurrency", type=int, default=4, help="worker threads, one client each (the in-flight cap)")
+    add("--clients", type=int, default=1,
+        help="client processes, each with --concurrency threads and its share of the requests (one Python process "
+             "has one GIL: what one engine worker process can drive, vs several)")  # fmt: skip
     add("--rate", type=float, default=None, help="rate mode: arrivals per second")
     add("--arrivals", choices=["poisson", "uniform"], default="poisson")
     add("--overload", type=float, default=None, help="open mode: offered load as a multiple of the measured C")
@@ -140,6 +145,10 @@ def _check_args(args: argparse.Namespace) -> str | None:
         return "--rounds must be in 1..100"
     if not 1 <= args.concurrency <= MAX_CONCURRENCY:
         return f"--concurrency must be in 1..{MAX_CONCURRENCY}"
+    if not 1 <= args.clients <= MAX_CLIENT_PROCESSES:
+        return f"--clients must be in 1..{MAX_CLIENT_PROCESSES}"
+    if args.clients > 1 and args.mode != "burst":
+        return "--clients > 1 needs --mode burst"
     if args.images_per_request < 1 or args.warmup < 0 or args.max_seconds <= 0 or args.timeout <= 0:
         return "--images-per-request >= 1, --warmup >= 0, --max-seconds > 0 and --timeout > 0 are required"
     if args.mode == "rate" and not (args.rate and args.rate > 0):
@@ -372,13 +381,21 @@ class Phase:
 
 
 def measure(
-    label: str, cfg: ClientConfig, args: argparse.Namespace, measured: list[Payload], warmup: list[Payload]
+    label: str,
+    cfg: ClientConfig,
+    args: argparse.Namespace,
+    measured: list[Payload],
+    warmup: list[Payload],
+    start: Callable[[], object] | None = None,
 ) -> Phase:
-    """Open the clients, warm up, run the measured phase, close the clients."""
+    """Open the clients, warm up, run the measured phase, close the clients. `start`: called after the warm-up,
+    returns when the measured phase may begin (the other client processes are ready too)."""
     workers = [_Worker.open(cfg) for _ in range(args.concurrency)]
     try:
         if warmup:
             run_burst(workers, warmup, time.perf_counter() + args.max_seconds, _Progress(0, "", False))
+        if start is not None:
+            start()
         progress = _Progress(len(measured), label, sys.stderr.isatty() and not args.quiet)
         t0 = time.perf_counter()
         deadline = t0 + args.max_seconds
@@ -394,6 +411,55 @@ def measure(
             w.client.close()
     samples = counts.pop("samples")
     return Phase(samples, wall, t0, counts, ipc, any(w.clock is not None for w in workers))
+
+
+def measure_processes(
+    label: str, cfg: ClientConfig, args: argparse.Namespace, measured: list[Payload], warmup: list[Payload]
+) -> Phase:
+    """`measure` in --clients processes at once (spawned: safe with CUDA), request k going to process k mod N.
+
+    Each process opens its clients and warms up, then all start together; perf_counter is the system's monotonic
+    clock, so the samples of every process share one time axis and pool into one Phase."""
+    import multiprocessing
+
+    n = args.clients
+    context = multiprocessing.get_context("spawn")
+    ready, go, results = context.Barrier(n + 1), context.Event(), context.Queue()
+    quiet = argparse.Namespace(**{**vars(args), "quiet": True, "clients": 1})
+    procs = [
+        context.Process(target=_client_process, args=(label, cfg, quiet, measured[i::n], warmup, ready, go, results))
+        for i in range(n)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        ready.wait(timeout=args.max_seconds + 120)  # every process has opened its clients and warmed up
+        go.set()
+        phases = [results.get(timeout=args.max_seconds + 120) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+    errors = [p for p in phases if isinstance(p, str)]
+    if errors:
+        raise RuntimeError(f"a client process failed: {errors[0]}")
+    t0 = min(p.t0 for p in phases)
+    end = max(p.t0 + p.wall_s for p in phases)
+    counts = sum((Counter(p.counts) for p in phases), Counter())
+    samples = [sample for p in phases for sample in p.samples]
+    return Phase(samples, end - t0, t0, dict(counts), sum_ipc([p.ipc_stats for p in phases]),
+                 all(p.stage_split for p in phases))  # fmt: skip
+
+
+def _client_process(label, cfg, args, measured, warmup, ready, go, results) -> None:  # noqa: ANN001 (spawned)
+    try:
+        phase = measure(label, cfg, args, measured, warmup, start=lambda: (ready.wait(), go.wait()))
+        results.put(phase)
+    except BaseException as exc:  # reported to the parent, which fails the run
+        with contextlib.suppress(threading.BrokenBarrierError):
+            ready.abort()
+        results.put(f"{type(exc).__name__}: {exc}")
 
 
 def result(label: str, cfg: ClientConfig, phases: Sequence[Phase], json_raw: bool) -> dict:
@@ -418,7 +484,8 @@ def run_plan(
     for r in range(args.rounds):
         for i in range(len(plan)) if r % 2 == 0 else reversed(range(len(plan))):
             label, cfg = plan[i]
-            phases[i].append(measure(label, cfg, args, measured, warmup))
+            run = measure if args.clients == 1 else measure_processes
+            phases[i].append(run(label, cfg, args, measured, warmup))
     return [result(label, cfg, side, args.json_raw) for (label, cfg), side in zip(plan, phases)]
 
 
@@ -474,8 +541,8 @@ def _plan(args: argparse.Namespace) -> list[tuple[str, ClientConfig]]:
 
 
 def _workload(args: argparse.Namespace, mean_kib: float) -> dict:
-    keys = ("mode", "requests", "images_per_request", "concurrency", "rate", "arrivals", "format", "quality", "seed",
-            "rounds")  # fmt: skip
+    keys = ("mode", "requests", "images_per_request", "clients", "concurrency", "rate", "arrivals", "format",
+            "quality", "seed", "rounds")  # fmt: skip
     return {key: getattr(args, key) for key in (*keys, "warmup", "max_seconds", "resolution_order")} | {
         "resolutions": [f"{w}x{h}" for w, h in args.resolutions],
         "mean_image_kib": mean_kib,

@@ -158,7 +158,8 @@ def markdown(record: dict) -> str:
         f"- client: torch {env['torch']}, GPU {env['gpu'] or '-'}, commit {(env['commit'] or '-')[:12]}",
         f"- workload: {work['requests']} requests x {work['images_per_request']} images "
         f"({work['format']}, {', '.join(work['resolutions'])}, mean {work['mean_image_kib']:.1f} KiB), "
-        f"mode {work['mode']}, concurrency {work['concurrency']}, warmup {work['warmup']}, seed {work['seed']}, "
+        f"mode {work['mode']}, {work.get('clients', 1)} client process(es) x concurrency {work['concurrency']}, "
+        f"warmup {work['warmup']}, seed {work['seed']}, "
         f"rounds {work['rounds']}",
         "",
         "| metric | " + " | ".join(r["label"] for r in runs) + " |",
