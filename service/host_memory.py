@@ -1,9 +1,8 @@
 """Host tuning for the serving process: glibc malloc's freed-memory reuse, and torch's CPU thread count.
 
 Every serialized reply allocates tens of MB of Python bytes (the messages handed to gRPC). glibc serves large
-allocations with fresh mmap pages and unmaps them on free, so every reply first-touches every page again: on the
-H200 host that made the server's staging of a 20 MB reply 2.4x slower (5.1 ms vs 2.4 ms; unary replies 9.4 ms vs
-2.3 ms, docs/benchmarks/transport.md). Raising the mmap and trim thresholds keeps freed memory in the heap for
+allocations with fresh mmap pages and unmaps them on free, so every reply first-touches every page again (2-4x
+slower staging, docs/benchmarks/transport.md). Raising the mmap and trim thresholds keeps freed memory in the heap for
 the next reply. The cost: the process keeps its peak heap instead of returning it (bounded by the request limits).
 """
 
@@ -47,9 +46,8 @@ def reuse_freed_host_memory(reuse_bytes: int) -> bool:
 
 def set_torch_threads(threads: int) -> int:
     """Use at most `threads` of this process's CPUs for torch's CPU ops (0: leave torch's default); returns the
-    count in effect. The serialized reply copies run on them (mmproc/transport/host_copy.py; on the 16-vCPU H200
-    host 8 and 16 threads each came out ahead once: docs/benchmarks/transport.md); more threads than CPUs only
-    oversubscribe."""
+    count in effect. The serialized reply copies run on them (mmproc/transport/host_copy.py; thread counts measured
+    in docs/benchmarks/transport.md); more threads than CPUs only oversubscribe."""
     if threads > 0:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         torch.set_num_threads(min(threads, cpus))

@@ -5,9 +5,8 @@ Backends, chosen once per (device, dtype) by `select_attention` and then called 
   - "torch_varlen": `torch.nn.attention.varlen.varlen_attn` (torch >= 2.9, CUDA, fp16/bf16);
   - "sdpa": a loop over segments with `F.scaled_dot_product_attention` (CPU, float32, and the fallback).
 A CUDA varlen backend is probed once against "sdpa" before it is trusted, and segments of LONG_SEGMENT
-patches or more are sent to per-segment SDPA instead (measured on an H200, torch 2.11, H=16, dh=72: one
-16k-patch segment takes 3.1 ms in SDPA's cuDNN kernel vs 5.3 ms in varlen FA2, while 64 x 256-patch segments
-take 0.13 ms in one varlen call vs 3 ms as 64 SDPA calls). A batch whose segments all have the same length
+patches or more are sent to per-segment SDPA instead: a long segment is faster in SDPA's cuDNN kernel, many
+short ones in one varlen call (figures in docs/benchmarks/encoder.md). A batch whose segments all have the same length
 (one image size, e.g. 64 x 448^2) is optionally viewed as (N, H, L_i, dh) and sent through ONE batched SDPA call
 (cuDNN / flash on Hopper) with no padding and no copies; `mmproc bench encoder --variants` measures that route.
 Segment bounds are Python ints from the CPU `cu_seqlens`, so no backend reads anything back from the GPU.

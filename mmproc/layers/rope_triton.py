@@ -33,10 +33,9 @@ __all__ = ["apply_rope_", "apply_rope_qkv_", "available"]
 
 _MAX_HEAD_DIM = 256
 # Tile of one program, in padded lanes per tensor. For MoonViT (H=16, dh=72 padded to 128) that is 2 tokens x
-# 16 heads of q and of k: 9.2 KB of real bf16 data read per program, ~2k programs at 4096 tokens for the 132
-# SMs of an H200, 68 registers/thread at 4 warps (sm_90 cubin, no spills) so ~7 programs (~64 KB of loads in
-# flight) per SM, comfortably above what HBM3e latency needs. `python -m service.bench.rope --sweep` times the
-# neighbouring tiles/warp counts; change these two constants if it finds a clearly faster one.
+# 16 heads of q and of k: enough programs in flight per SM to hide memory latency (the register and occupancy
+# figures are in docs/benchmarks/rope.md). `python -m service.bench.rope --sweep` times the neighbouring
+# tiles/warp counts; change these two constants if it finds a clearly faster one.
 _TILE = 4096
 _NUM_WARPS = 4
 # How the interleaved pairs are read. Reshape (default): one contiguous (rows, dh) tile per tensor, 16-byte

@@ -1,10 +1,9 @@
 """The one host copy of a serialized payload: into a `bytes` object allocated uninitialized, by torch's threads.
 
 The serialized transport copies every payload byte exactly once, from the pinned staging buffer into the
-`bytes` of the message handed to gRPC. `b"".join` does that copy on one core under the GIL (13 GB/s on the H200
-host, a quarter of the pinned D2H before it). One torch `copy_` of the same bytes releases the GIL and runs on
-torch's intra-op threads (OpenMP) with no Python per piece: 21.6-33.5 GB/s there (8 or 16 threads; the probe in
-docs/benchmarks/raw/session3/run1_probe_copy.log), and `mmproc serve`'s `torch_threads` sets how many.
+`bytes` of the message handed to gRPC. `b"".join` does that copy on one core under the GIL; one torch `copy_` of
+the same bytes releases the GIL and runs on torch's intra-op threads (OpenMP) with no Python per piece, 2-3x
+faster (docs/benchmarks/transport.md); `mmproc serve`'s `torch_threads` sets how many.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ Payload = torch.Tensor | bytes | bytearray | memoryview
 
 # Each copy already runs on all of torch's threads, and every Python thread that starts one gets its own OpenMP
 # team: concurrent replies copying at once would only oversubscribe the CPUs the decode workers need. Waiting
-# here releases the GIL; a 4 MiB message's copy takes ~0.15 ms on the H200 host.
+# here releases the GIL, and one message's copy is short (a fraction of a millisecond).
 _ONE_COPY_AT_A_TIME = threading.Lock()
 
 
