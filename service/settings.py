@@ -17,12 +17,12 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mmproc.errors import ConfigError
+from mmproc.runner_config import RunnerConfig
 from mmproc.units import MiB
 
 if TYPE_CHECKING:  # imported where used: the settings alone (`mmproc health`, `mmproc config`) need no torch
     from mmproc.media import MediaLimits
     from mmproc.media.video_limits import VideoLimits
-    from mmproc.runner import RunnerConfig
     from service.decode_pool import DecodePoolConfig
     from service.embedding_cache import CacheConfig
     from service.overload import OverloadConfig
@@ -190,10 +190,18 @@ class ServerSettings(BaseSettings):
     max_inflight_patches: int = Field(
         2_097_152, ge=1, description="Patches (from the headers) of all requests in flight; ~2.4 KB each once decoded"
     )
-    max_batch_patches: int = Field(32768, ge=1, description="Most patches packed into one forward")
-    max_batch_images: int = Field(64, ge=1, description="Most images packed into one forward")
-    max_wait_ms: float = Field(2.0, ge=0, le=1000, description="How long a forward waits for more images to batch")
-    max_queued_images: int = Field(2048, ge=1, description="Images that may wait for the encoder; more are refused")
+    max_batch_patches: int = Field(
+        RunnerConfig.max_batch_patches, ge=1, description="Most patches packed into one forward"
+    )
+    max_batch_images: int = Field(
+        RunnerConfig.max_batch_images, ge=1, description="Most images packed into one forward"
+    )
+    max_wait_ms: float = Field(
+        RunnerConfig.max_wait_ms, ge=0, le=1000, description="How long a forward waits for more images to batch"
+    )
+    max_queued_images: int = Field(
+        RunnerConfig.max_queued_images, ge=1, description="Images that may wait for the encoder; more are refused"
+    )
     default_deadline_s: float = Field(
         60.0, gt=0, description="Deadline of a request that sets none (gRPC deadline; HTTP header x-mmproc-timeout-ms)"
     )
@@ -202,10 +210,13 @@ class ServerSettings(BaseSettings):
         description="Refuse (429) a request whose estimated time to finish passes this, whatever its deadline; 0: off",
     )  # fmt: skip
     queue_discipline: Literal["fifo", "adaptive_lifo"] = Field(
-        "fifo", description="Encoder queue order under overload (docs/benchmarks/overload.md)"
+        RunnerConfig.queue_discipline, description="Encoder queue order under overload (docs/benchmarks/overload.md)"
     )
     lifo_after_ms: float = Field(
-        100.0, ge=0, le=60_000, description="With adaptive_lifo: newest first once the oldest image waited this long"
+        RunnerConfig.lifo_after_ms,
+        ge=0,
+        le=60_000,
+        description="With adaptive_lifo: newest first once the oldest image waited this long",
     )
     max_pending_mb: int = Field(
         512,
@@ -406,8 +417,6 @@ class ServerSettings(BaseSettings):
         )
 
     def runner_config(self) -> RunnerConfig:
-        from mmproc.runner import RunnerConfig
-
         return RunnerConfig(
             max_batch_patches=self.max_batch_patches,
             max_batch_images=self.max_batch_images,
