@@ -275,20 +275,19 @@ class EncoderRunner:
         """The batch, after the wait for company and right before packing: the last check of each request's
         deadline and cancellation before its forward. Dead images leave the queue wherever they are."""
         now = time.monotonic()
-        live = deque(item for item in self._queue if not (item.job.future.done() or item.job.expired(now)))
-        if len(live) != len(self._queue):
-            for item in self._queue:
-                job = item.job
-                if job.future.done() or job.expired(now):  # cancelled, failed or too late: dropped, never run
-                    _settle(job.future, exception=DeadlineExceededError("deadline passed while queued"))
+        dead = {id(item.job): item.job for item in self._queue if item.job.future.done() or item.job.expired(now)}
+        if dead:  # cancelled, failed or too late: dropped, never run (the queue is copied only then)
+            live = deque(item for item in self._queue if id(item.job) not in dead)
+            for job in dead.values():
+                _settle(job.future, exception=DeadlineExceededError("deadline passed while queued"))
             self._on_dropped("queue", len(self._queue) - len(live))
             self._queue = live
         cfg = self._config
         budget = self._patch_budget()
         newest_first = (
             cfg.queue_discipline == "adaptive_lifo"
-            and bool(live)
-            and now - live[0].job.submitted > cfg.lifo_after_ms / 1000
+            and bool(self._queue)
+            and now - self._queue[0].job.submitted > cfg.lifo_after_ms / 1000
         )
         return take_batch(
             self._queue,
