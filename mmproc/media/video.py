@@ -97,9 +97,11 @@ def sample_indices(num_frames: int, video_fps: float, target_fps: float | None, 
 def _open(data: bytes, container: str):  # -> av.container.InputContainer
     import av  # optional dependency (the `video` extra): images never need it
 
+    # Metadata that is not UTF-8 must not fail the open: PyAV < 19 needs to be told, 19 dropped the argument.
+    lenient = {"metadata_errors": "ignore"} if int(av.__version__.split(".")[0]) < 19 else {}
     try:
-        return av.open(io.BytesIO(data), mode="r", format=CONTAINERS[container], metadata_errors="ignore")
-    except av.FFmpegError as exc:
+        return av.open(io.BytesIO(data), mode="r", format=CONTAINERS[container], **lenient)
+    except (av.FFmpegError, UnicodeDecodeError) as exc:
         raise InvalidMediaError(f"not a readable {container} file: {exc}", reason=Reason.UNDECODABLE) from None
 
 
