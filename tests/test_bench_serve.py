@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from service.bench import serve, serve_stats
-from service.bench.images import ImageSpec, parse_resolutions, request_images
+from mmproc.bench import serve, serve_stats
+from mmproc.bench.images import ImageSpec, parse_resolutions, request_images
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["--resolutions", "48x40,40x48", "--format", "png", "--warmup", "1", "--quiet"]
 
 _HASH_SCRIPT = """
 import hashlib
-from service.bench.images import ImageSpec, request_images
+from mmproc.bench.images import ImageSpec, request_images
 for fmt in ("png", "jpeg", "webp"):
     spec = ImageSpec(resolutions=((64, 48), (40, 56)), order="random", fmt=fmt)
     for i in range(3):
