@@ -13,9 +13,10 @@ import torch
 from mmproc.errors import DeadlineExceededError, InvalidMediaError, UnavailableError
 from mmproc.media import MediaLimits
 from mmproc.preprocess import PreprocessConfig
-from service.pipeline.decode_pool import DecodePool, DecodePoolConfig, FairShare
+from service.pipeline.decode_pool import DecodePool, DecodePoolConfig
 from service.pipeline.decode_transfer import FILE_THRESHOLD
 from service.pipeline.decode_worker import prepare_image
+from service.pipeline.fair_share import FairShare
 from tests.decode_faults import BALLOON, BUSY, CRASH, HANG, SEGV, SLOW, SPIN, misbehaving_task
 from tests.media_samples import make_image_bytes
 

@@ -37,15 +37,13 @@ so unpickling its reply adds no privilege it did not have. No network path ever 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import itertools
 import logging
 import multiprocessing
 import threading
 import time
-from collections import OrderedDict, deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
@@ -53,15 +51,14 @@ from typing import Literal
 
 from mmproc.errors import ConfigError, DeadlineExceededError, InvalidMediaError, Reason, UnavailableError
 from mmproc.media import MediaLimits
-from mmproc.media.video import VideoSampling
-from mmproc.media.video_limits import VideoLimits
 from mmproc.preprocess import PreprocessConfig
-from mmproc.preprocess.video_config import VideoRules
 from mmproc.units import MiB
 from service.pipeline import decode_video_worker, decode_worker
+from service.pipeline.decode_jobs import VideoJob, _ImageJob
 from service.pipeline.decode_transfer import Shipped, make_transfer_dir, remove_transfer_dir
 from service.pipeline.decode_video_worker import ShippedVideo
 from service.pipeline.decode_worker import DecodeBudget, Prepared, init_worker, run_task, warm_up
+from service.pipeline.fair_share import FairShare
 from service.process.logs import REQUEST_ID
 
 logger = logging.getLogger(__name__)
@@ -101,73 +98,6 @@ class DecodePoolConfig:
     @property
     def budget(self) -> DecodeBudget:
         return DecodeBudget(self.budget_base_s, self.budget_per_mp_s, self.timeout_s)
-
-
-class FairShare:
-    """`slots` permits handed out round robin across keys (requests): when slots are short, each waiting key
-    gets one in turn, whatever the number of waiters it queued. Acquired on an event loop; `release` may be
-    called from any thread (a slot is given back when its image leaves the worker)."""
-
-    def __init__(self, slots: int) -> None:
-        self._lock = threading.Lock()
-        self._free = slots
-        self._waiting: OrderedDict[object, deque[asyncio.Future]] = OrderedDict()
-
-    @contextlib.asynccontextmanager
-    async def slot(self, key: object) -> AsyncIterator[None]:
-        await self.acquire(key)
-        try:
-            yield
-        finally:
-            self.release()
-
-    async def acquire(self, key: object) -> None:
-        with self._lock:
-            if self._free > 0 and not self._waiting:
-                self._free -= 1
-                return
-            waiter = asyncio.get_running_loop().create_future()
-            self._waiting.setdefault(key, deque()).append(waiter)
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            if waiter.done() and not waiter.cancelled():  # granted just before the cancel: pass the slot on
-                self.release()
-            else:
-                self._forget(key, waiter)  # a grant still on its way sees the cancel and passes the slot on
-            raise
-
-    def release(self) -> None:
-        with self._lock:
-            while self._waiting:
-                key, queue = next(iter(self._waiting.items()))
-                waiter = queue.popleft()
-                if queue:
-                    self._waiting.move_to_end(key)  # this key has had its turn
-                else:
-                    del self._waiting[key]
-                if waiter.done():
-                    continue
-                try:
-                    waiter.get_loop().call_soon_threadsafe(self._grant, waiter)
-                except RuntimeError:  # its event loop is closed
-                    continue
-                return
-            self._free += 1
-
-    def _grant(self, waiter: asyncio.Future) -> None:
-        if waiter.done():  # cancelled while the grant was on its way
-            self.release()
-        else:
-            waiter.set_result(None)
-
-    def _forget(self, key: object, waiter: asyncio.Future) -> None:
-        with self._lock:
-            queue = self._waiting.get(key)
-            if queue is not None and waiter in queue:
-                queue.remove(waiter)
-                if not queue:
-                    del self._waiting[key]
 
 
 class DecodePool:
@@ -430,34 +360,6 @@ class DecodePool:
             initializer=init_worker,
             initargs=(self.config.worker_memory_mb * MiB, self.config.log_level, self.config.log_json),
         )
-
-
-@dataclass(frozen=True)
-class _ImageJob:
-    data: bytes
-
-    @staticmethod
-    def unship(result: Shipped | Prepared) -> Prepared:
-        return result if isinstance(result, Prepared) else Prepared(result.to_image(), *result.timings)
-
-
-@dataclass(frozen=True)
-class VideoJob:
-    """One video to decode: its bytes, limits, rules and sampling (all frozen, picklable)."""
-
-    data: bytes
-    limits: VideoLimits
-    rules: VideoRules
-    sampling: VideoSampling
-
-    @property
-    def args(self) -> tuple:
-        return (self.data, self.limits, self.rules, self.sampling)
-
-    @staticmethod
-    def unship(result: ShippedVideo) -> ShippedVideo:
-        result.materialize()  # the patches mapped (a no-op for a result that came in-band)
-        return result
 
 
 async def _first_error_in_order(tasks: list[asyncio.Future]) -> list[Prepared]:

@@ -22,7 +22,7 @@ from mmproc.preprocess.video_config import VIDEO_FAMILIES, VideoRules, load_vide
 from mmproc.prompt import VIDEO_FRAMINGS
 from mmproc.types import PreprocessedVideo
 from mmproc.v1 import encoder_pb2 as pb
-from service.pipeline.decode_pool import VideoJob
+from service.pipeline.decode_jobs import VideoJob
 from service.pipeline.engine import EncodedImage, Engine, check_readers
 from service.process.settings import ServerSettings
 
