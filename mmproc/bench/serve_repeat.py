@@ -60,7 +60,7 @@ def pass_payloads(args: argparse.Namespace, ratio: float, salt: int) -> tuple[li
 
 def run_repeat(args: argparse.Namespace, argv: Sequence[str] | None, info: dict, measure, base) -> tuple[str, dict]:
     """Every ratio with the cache on and off (ABBA over `--rounds`), then the hit-only pass. `measure` and `base`
-    are serve.py's (one pass with fresh clients; the client config)."""
+    are serve_load.py's (one pass with fresh clients; the client config)."""
     from mmproc.bench.serve_load import result  # the pooled statistics of serve's own passes
 
     on, off = dataclasses.replace(base, cache=True), dataclasses.replace(base, cache=False)
