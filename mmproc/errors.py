@@ -1,5 +1,5 @@
 """Typed errors. Every failure a caller can see is one of these, and each class names its HTTP status and gRPC
-status code here, the one table: `service/errors.py` maps exceptions to statuses with it and `mmproc.client`
+status code here, the one table: `service/frontends/error_mapping.py` maps exceptions to statuses with it and `mmproc.client`
 maps statuses back to these classes with it.
 
 Client-side, `mmproc.client` raises the same classes, so an LLM worker catches `InvalidMediaError`

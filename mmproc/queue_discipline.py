@@ -1,6 +1,6 @@
 """Which queued images the runner's next batch takes: FIFO, or adaptive LIFO under overload.
 
-fifo           oldest first (the default): with admission bounding the queue by time (service/overload.py) no
+fifo           oldest first (the default): with admission bounding the queue by time (service/pipeline/overload.py) no
                image waits longer than that bound, and none is ever starved.
 adaptive_lifo  oldest first until the oldest live image has waited `lifo_after_s`; then newest request first
                (Facebook's Wangle / "Fail at Scale"): the fresh requests, whose clients still wait, are served,

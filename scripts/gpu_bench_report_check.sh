@@ -18,7 +18,7 @@ plot=()
 if python3 -c "import matplotlib" 2>/dev/null; then plot=(--plot "$OUT/encoder.png"); else say "(no matplotlib: no plot)"; fi
 
 say "## bench encoder (defaults: bf16, the device's peak)"
-python3 -m service.bench.encoder --workloads 448x16 mixed8 --reps 5 --warmup 2 --json "$OUT/encoder.json" "${plot[@]}" \
+python3 -m mmproc.bench.forward --workloads 448x16 mixed8 --reps 5 --warmup 2 --json "$OUT/encoder.json" "${plot[@]}" \
   2>&1 | tee -a "$LOG"
 enc_rc=${PIPESTATUS[0]}
 python3 - "$OUT/encoder.json" <<'PY' 2>&1 | tee -a "$LOG"
@@ -36,7 +36,7 @@ print("encoder record OK:", [(r["workload"], round(r["images_per_s"], 1), r["mfu
 PY
 check_rc=${PIPESTATUS[0]}
 say "## bench rope --quiet (tokens 1024 4096)"
-python3 -m service.bench.rope --tokens 1024 4096 --quiet 2>&1 | tail -12 | tee -a "$LOG"
+python3 -m benchmarks.rope_kernels --tokens 1024 4096 --quiet 2>&1 | tail -12 | tee -a "$LOG"
 rope_rc=${PIPESTATUS[0]}
 say "# encoder rc=$enc_rc record check rc=$check_rc rope rc=$rope_rc"
 [ "$enc_rc" -eq 0 ] && [ "$check_rc" -eq 0 ] && [ "$rope_rc" -eq 0 ]

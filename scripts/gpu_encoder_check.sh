@@ -28,8 +28,8 @@ python3 -m pytest -q -rs --noconftest -p no:cacheprovider -m cuda tests/test_gpu
   | tee -a "$LOG"
 tests_rc=$?
 
-say "## python3 -m service.bench.encoder --json $OUT/encoder.json $*"
-python3 -m service.bench.encoder --json "$OUT/encoder.json" "$@" 2>&1 | tee -a "$LOG"
+say "## python3 -m mmproc.bench.forward --json $OUT/encoder.json $*"
+python3 -m mmproc.bench.forward --json "$OUT/encoder.json" "$@" 2>&1 | tee -a "$LOG"
 bench_rc=$?
 say "# rope rc=$rope_rc tests rc=$tests_rc bench rc=$bench_rc"
 [ "$rope_rc" -eq 0 ] && [ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]

@@ -16,7 +16,7 @@ fi
 } 2>&1 | tee "$OUT/ipc_tests.log"
 python3 -m pytest -q -p no:cacheprovider tests/test_ipc_gpu.py 2>&1 | tee -a "$OUT/ipc_tests.log"
 tests_rc=${PIPESTATUS[0]}
-if [ -f service/bench/serve.py ]; then
+if [ -f mmproc/bench/serve.py ]; then
   bash scripts/gpu_serve_bench.sh 2>&1 | tee "$OUT/serve_bench.log"
 fi
 exit "$tests_rc"

@@ -21,13 +21,13 @@ else
 fi
 { date -u; echo "commit ${MMPROC_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; } | tee "$OUT/overload_env.txt"
-python3 -m service.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto \
+python3 -m service.process.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto \
   --grpc-address 127.0.0.1:$PORT --http-address 127.0.0.1:$HTTP_PORT --drain-delay-s 0 > "$OUT/overload_server.log" 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null; wait $server' EXIT
-for _ in $(seq 300); do python3 -m service.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
-python3 -m service.cli health --target 127.0.0.1:$PORT || { echo "server never became SERVING"; tail -30 "$OUT/overload_server.log"; exit 1; }
-python3 -m service.bench.serve --mode open --overload "${OVERLOAD:-3}" --duration "${DURATION:-30}" \
+for _ in $(seq 300); do python3 -m service.process.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
+python3 -m service.process.cli health --target 127.0.0.1:$PORT || { echo "server never became SERVING"; tail -30 "$OUT/overload_server.log"; exit 1; }
+python3 -m mmproc.bench.serve --mode open --overload "${OVERLOAD:-3}" --duration "${DURATION:-30}" \
   --target 127.0.0.1:$PORT --http-target 127.0.0.1:$HTTP_PORT --resolutions "$RES" --concurrency 8 \
   --capacity-seconds 10 --recovery-seconds 8 --server-log "$OUT/overload_server.log" --quiet \
   --json "$OUT/overload.json" 2>&1 | tee "$OUT/overload.txt"

@@ -15,13 +15,13 @@ echo "# gpu_regression_check $(date -u +%Y-%m-%dT%H:%M:%SZ) commit=${MMPROC_COMM
 python3 -m pytest -q -rs -p no:cacheprovider -m cuda tests/test_gpu_encoder.py tests/test_preprocess_device.py \
   tests/test_rope_triton.py tests/test_add_norm_triton.py tests/test_ipc_gpu.py tests/test_ipc_cache_gpu.py \
   tests/test_video_model.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -8
-python3 -m service.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto \
+python3 -m service.process.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto \
   --grpc-address 127.0.0.1:$PORT --http-address "" --ipc-pool-mb 2048 --cache-mb 0 > "$OUT/bytes_server.log" 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null; wait $server' EXIT
-for _ in $(seq 300); do python3 -m service.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
+for _ in $(seq 300); do python3 -m service.process.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
 common=(--target 127.0.0.1:$PORT --device cuda:0 --format jpeg --transport ipc --quiet)
-python3 -m service.bench.serve "${common[@]}" --images-per-request 4 --resolutions 512x512 --requests 40 --warmup 0 \
+python3 -m mmproc.bench.serve "${common[@]}" --images-per-request 4 --resolutions 512x512 --requests 40 --warmup 0 \
   --concurrency 8 > /dev/null 2>&1
 cpu() { python3 -c "
 import os, sys
@@ -37,10 +37,10 @@ while True:
     tree |= new
 print(sum(stats[p][1] for p in tree) / tick)" $1; }
 before=$(cpu $server)
-python3 -m service.bench.serve "${common[@]}" --images-per-request 4 --resolutions 512x512 --requests 600 --warmup 16 \
+python3 -m mmproc.bench.serve "${common[@]}" --images-per-request 4 --resolutions 512x512 --requests 600 --warmup 16 \
   --concurrency 8 --json "$OUT/serve_4x512.json" 2>&1 | grep -E "images/s|latency p50"
 after=$(cpu $server)
 python3 -c "print('server CPU per image %.2f ms (%.1f s over 2464 images)' % (($after - $before) / 2464 * 1000, $after - $before))"
-python3 -m service.bench.serve "${common[@]}" --images-per-request 1 --resolutions 448x448 --requests 300 --warmup 30 \
+python3 -m mmproc.bench.serve "${common[@]}" --images-per-request 1 --resolutions 448x448 --requests 300 --warmup 30 \
   --concurrency 1 --json "$OUT/serve_1x448.json" 2>&1 | grep -E "latency p50"
 grep -E "ERROR|Traceback" "$OUT/bytes_server.log" | head -5

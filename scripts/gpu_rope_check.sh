@@ -38,8 +38,8 @@ export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 say "## pytest tests/test_rope_triton.py"
 python3 -m pytest -q -rs --noconftest -p no:cacheprovider tests/test_rope_triton.py 2>&1 | tee -a "$LOG"
 tests_rc=$?
-say "## python3 -m service.bench.rope --sweep --json $OUT/rope.json"
-python3 -m service.bench.rope --sweep --json "$OUT/rope.json" 2>&1 | tee -a "$LOG"
+say "## python3 -m benchmarks.rope_kernels --sweep --json $OUT/rope.json"
+python3 -m benchmarks.rope_kernels --sweep --json "$OUT/rope.json" 2>&1 | tee -a "$LOG"
 bench_rc=$?
 say "# tests rc=$tests_rc bench rc=$bench_rc"
 [ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]

@@ -4,28 +4,28 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 PORT=${PORT:-50151}
-python3 -m service.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto \
+python3 -m service.process.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto \
   --grpc-address 127.0.0.1:$PORT --http-address "" --ipc-pool-mb 1024 > "$OUT/server.log" 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null; wait $server' EXIT
 # Ready = gRPC health SERVING (`mmproc health`, the probe command the containers use), within 5 minutes.
-for _ in $(seq 300); do python3 -m service.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
-python3 -m service.cli health --target 127.0.0.1:$PORT || { echo "server never became SERVING"; exit 1; }
+for _ in $(seq 300); do python3 -m service.process.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
+python3 -m service.process.cli health --target 127.0.0.1:$PORT || { echo "server never became SERVING"; exit 1; }
 REQUESTS=${REQUESTS:-200}
 common=(--target 127.0.0.1:$PORT --device cuda:0 --images-per-request 4 --resolutions 512x512 --format jpeg
         --requests "$REQUESTS" --warmup 20 --concurrency 1 --quiet)
-python3 -m service.bench.serve "${common[@]}" --compare transport --rounds 2 --json "$OUT/serve_transport.json"
-python3 -m service.bench.serve "${common[@]}" --transport ipc --compare handle-cache --rounds 2 \
+python3 -m mmproc.bench.serve "${common[@]}" --compare transport --rounds 2 --json "$OUT/serve_transport.json"
+python3 -m mmproc.bench.serve "${common[@]}" --transport ipc --compare handle-cache --rounds 2 \
   --json "$OUT/serve_handle_cache.json"
 # The consumer's read path step by step (reply -> ready), against the same copies on its own memory.
-python3 -m service.bench.ipc_steps --target 127.0.0.1:$PORT --device cuda:0 --requests "$REQUESTS" \
+python3 -m benchmarks.ipc_steps --target 127.0.0.1:$PORT --device cuda:0 --requests "$REQUESTS" \
   --json "$OUT/ipc_steps.json"
 # The same with the consumer polling for its reply (a hot thread, like a busy LLM worker): table in the log only.
-python3 -m service.bench.ipc_steps --target 127.0.0.1:$PORT --device cuda:0 --requests "$REQUESTS" --busy-wait
+python3 -m benchmarks.ipc_steps --target 127.0.0.1:$PORT --device cuda:0 --requests "$REQUESTS" --busy-wait
 if [ -z "${QUICK:-}" ]; then
-python3 -m service.bench.serve "${common[@]}" --transport ipc --concurrency 8 --requests 400 \
+python3 -m mmproc.bench.serve "${common[@]}" --transport ipc --concurrency 8 --requests 400 \
   --json "$OUT/serve_ipc_c8.json"
 fi
 # The D2H yardstick and the serialized path's stages (production code) against it, in one process.
-python3 -m service.bench.d2h --device cuda:0 --mb 20 --reps 50 --json "$OUT/d2h.json"
+python3 -m benchmarks.d2h --device cuda:0 --mb 20 --reps 50 --json "$OUT/d2h.json"
 grep -E "IPC|transport|reclaimed|ERROR" "$OUT/server.log" | head -20

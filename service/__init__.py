@@ -1,2 +1,3 @@
-"""The mmproc service: gRPC (grpc.aio) and HTTP front ends, settings, CLI. The only package, with
-`mmproc/client.py`, that touches gRPC or protobuf."""
+"""The mmproc service: front ends (frontends/), the request pipeline (pipeline/), the embedding cache (cache/)
+and the process (process/: CLI, settings, app). With mmproc/wire and mmproc/client, the only code that touches
+gRPC or protobuf."""

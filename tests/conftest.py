@@ -9,8 +9,8 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from service.app import EngineFactory, Service, build_engine
-from service.settings import ServerSettings, load_settings
+from service.process.app import EngineFactory, Service, build_engine
+from service.process.settings import ServerSettings, load_settings
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -113,8 +113,8 @@ def test_encoder_fused_add_norm_matches_plain_path(preset: str) -> None:
 
     from mmproc.batching import pack_images
     from mmproc.models import PRESETS
-    from mmproc.models.init import random_state_dict
     from mmproc.models.loader import build_encoder, expected_shapes
+    from mmproc.models.random_init import random_state_dict
     from mmproc.types import PreprocessedImage
 
     config = dataclasses.replace(PRESETS[preset], num_layers=2, text_hidden_size=512)

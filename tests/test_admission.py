@@ -1,4 +1,4 @@
-"""The request patch budget, checked from image headers before any decoding (service/admission.py)."""
+"""The request patch budget, checked from image headers before any decoding (service/pipeline/admission.py)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from mmproc.client import EncoderClient
 from mmproc.errors import InvalidMediaError
 from mmproc.preprocess import PreprocessConfig, target_grid
-from service.admission import check_patch_budget, header_patches
-from service.decode_worker import prepare_image
+from service.pipeline.admission import check_patch_budget, header_patches
+from service.pipeline.decode_worker import prepare_image
 from tests.conftest import ServiceThread, test_settings
 from tests.media_samples import make_image_bytes, make_png
 

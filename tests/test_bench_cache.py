@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from service.bench import cache as cache_bench
-from service.bench import serve
-from service.bench.serve_repeat import parse_ratios, repeat_workload
+from benchmarks import cache as cache_bench
+from mmproc.bench import serve
+from mmproc.bench.serve_repeat import parse_ratios, repeat_workload
 
 SMALL = ["--resolutions", "48x40,40x48", "--format", "png", "--warmup", "1", "--quiet"]
 

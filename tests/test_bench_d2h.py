@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from service.bench import d2h
+from benchmarks import d2h
 
 
 def test_stages_run_on_cpu_and_report_every_stage(tmp_path, capsys) -> None:
@@ -14,12 +14,12 @@ def test_stages_run_on_cpu_and_report_every_stage(tmp_path, capsys) -> None:
     assert [row["stage"] for row in record["rows"]] == list(d2h.STAGES)
     assert all(row["ms"] > 0 and row["gb_per_s"] > 0 for row in record["rows"])
     assert record["messages"] == 4  # 4 images of 0.25 MB, one message each
-    assert record["reference"]["name"] == "host memcpy" and record["environment"]["command"][2] == "service.bench.d2h"
+    assert record["reference"]["name"] == "host memcpy" and record["environment"]["command"][2] == "benchmarks.d2h"
     assert "server staging (GPU -> wire-ready bytes)" in capsys.readouterr().out
 
 
 def test_benchmark_records_name_the_commit_the_gpu_script_was_given(monkeypatch) -> None:
-    from service.bench.provenance import git_commit
+    from mmproc.bench.provenance import git_commit
 
     monkeypatch.setenv("MMPROC_COMMIT", "7f59e4a")  # the device's tree copy has a stale HEAD: the script's word wins
     assert git_commit() == "7f59e4a"

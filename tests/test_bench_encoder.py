@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from mmproc.batching import pack_images
+from mmproc.bench import forward as bench
+from mmproc.bench.profile import CATEGORIES, categorize, profile_forward, summarize
 from mmproc.models import load_encoder
 from mmproc.types import PreprocessedImage
-from service.bench import encoder as bench
-from service.bench.profile import CATEGORIES, categorize, profile_forward, summarize
 
 # Kernel names as the CUDA profiler reports them on an H200 (torch 2.11, cuBLAS 13, cuDNN 9), abbreviated.
 GPU_KERNELS = {
@@ -85,7 +85,7 @@ def test_device_rows_keep_gpu_kernels_only() -> None:
 
     from torch.autograd import DeviceType
 
-    from service.bench.profile import _device_rows
+    from mmproc.bench.profile import _device_rows
 
     def event(name, device, start, dur, annotation=False):
         span = SimpleNamespace(start=start, elapsed_us=lambda: dur)
@@ -145,10 +145,10 @@ def test_bench_without_profile_never_imports_the_profiler(tmp_path) -> None:
     import sys
 
     code = (
-        "import sys; from service.bench import encoder as b; "
+        "import sys; from mmproc.bench import forward as b; "
         "assert b.main(['--device', 'cpu', '--preset', 'tiny', '--dtype', 'float32', '--workloads', '56x2', "
         "'--reps', '1', '--warmup', '0', '--no-baseline']) == 0; "
-        "assert 'service.bench.profile' not in sys.modules, 'imported'"
+        "assert 'mmproc.bench.profile' not in sys.modules, 'imported'"
     )
     repo = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=120)

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from service.bench import decode, serve
-from service.bench import encoder as encoder_bench
-from service.bench.peaks import device_peak
-from service.bench.report import Progress, save_plot, table
+from benchmarks import decode_isolation as decode
+from mmproc.bench import forward as encoder_bench
+from mmproc.bench import serve
+from mmproc.bench.peaks import device_peak
+from mmproc.bench.report import Progress, save_plot, table
 
 TINY_ENCODER = ["--device", "cpu", "--preset", "tiny", "--workloads", "56x2", "--reps", "1", "--warmup", "0"]
 SMALL_SERVE = ["--resolutions", "48x40", "--format", "png", "--warmup", "1", "--quiet"]

@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from service.bench import serve, serve_stats
-from service.bench.images import ImageSpec, parse_resolutions, request_images
+from mmproc.bench import serve, serve_load, serve_stats
+from mmproc.bench.images import ImageSpec, parse_resolutions, request_images
 
 REPO = Path(__file__).resolve().parents[1]
 SMALL = ["--resolutions", "48x40,40x48", "--format", "png", "--warmup", "1", "--quiet"]
 
 _HASH_SCRIPT = """
 import hashlib
-from service.bench.images import ImageSpec, request_images
+from mmproc.bench.images import ImageSpec, request_images
 for fmt in ("png", "jpeg", "webp"):
     spec = ImageSpec(resolutions=((64, 48), (40, 56)), order="random", fmt=fmt)
     for i in range(3):
@@ -126,11 +126,11 @@ def test_percentiles_and_arrivals() -> None:
     stats = serve_stats.stats_ms([0.001 * i for i in range(1, 101)])
     assert stats is not None and stats["p50"] == pytest.approx(50.5) and stats["p99"] <= stats["max"] == 100
     assert serve_stats.stats_ms([]) is None
-    uniform = serve.arrival_offsets(5, 10.0, "uniform", 0)
+    uniform = serve_load.arrival_offsets(5, 10.0, "uniform", 0)
     assert list(uniform) == pytest.approx([0.0, 0.1, 0.2, 0.3, 0.4])
-    poisson = serve.arrival_offsets(1000, 100.0, "poisson", 0)
+    poisson = serve_load.arrival_offsets(1000, 100.0, "poisson", 0)
     assert poisson[0] == 0 and (poisson[1:] >= poisson[:-1]).all() and 8 < poisson[-1] < 12
-    assert (poisson == serve.arrival_offsets(1000, 100.0, "poisson", 0)).all()
+    assert (poisson == serve_load.arrival_offsets(1000, 100.0, "poisson", 0)).all()
 
 
 def test_transport_microbench_skips_cleanly_without_cuda(capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,8 +13,8 @@ import torch
 from mmproc.client import EncoderClient
 from mmproc.errors import InvalidMediaError, UnknownKeyError
 from mmproc.v1 import encoder_pb2 as pb
-from service.app import build_engine
-from service.engine import Engine
+from service.pipeline.engine import Engine
+from service.process.app import build_engine
 from tests.conftest import ServiceThread, test_settings
 from tests.media_samples import make_image_bytes
 

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from mmproc.errors import ConfigError
-from service.cli import main
-from service.settings import load_settings
+from service.process.cli import main
+from service.process.settings import load_settings
 from tests.media_samples import make_image_bytes
 
 

@@ -1,10 +1,10 @@
-"""The checked-in generated protobuf code must match what `python -m service.codegen` makes now."""
+"""The checked-in generated protobuf code must match what `python -m service.process.codegen` makes now."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from service.codegen import ROOT, generate
+from service.process.codegen import ROOT, generate
 
 
 def test_generated_code_is_fresh(tmp_path: Path) -> None:
@@ -12,4 +12,6 @@ def test_generated_code_is_fresh(tmp_path: Path) -> None:
     checked_in = ROOT / "mmproc" / "v1"
     assert sorted(fresh) == sorted(p.name for p in checked_in.glob("*.py*")), "generated file set changed"
     for name, text in fresh.items():
-        assert (checked_in / name).read_text() == text, f"mmproc/v1/{name} is stale: run `python -m service.codegen`"
+        assert (checked_in / name).read_text() == text, (
+            f"mmproc/v1/{name} is stale: run `python -m service.process.codegen`"
+        )

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from mmproc.errors import ConfigError
-from service.cli import build_parser, main
-from service.settings import ServerSettings, load_settings
+from service.process.cli import build_parser, main
+from service.process.settings import ServerSettings, load_settings
 
 
 @pytest.fixture(autouse=True)
@@ -96,7 +96,7 @@ def test_stream_chunks_must_fit_in_a_message(capsys) -> None:
 def test_serve_refuses_bad_settings_before_starting() -> None:
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("MMPROC_")}
     proc = subprocess.run(
-        [sys.executable, "-m", "service.cli", "serve", "--http-address", ""],
+        [sys.executable, "-m", "service.process.cli", "serve", "--http-address", ""],
         env={**env, "MMPROC_MAX_QUEUED_IMAGES": "0"}, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr

@@ -1,4 +1,4 @@
-"""The streamed reply serialized by hand (service.convert): the bytes must be the message protobuf would build."""
+"""The streamed reply serialized by hand (service.frontends.replies): the bytes must be the message protobuf would build."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from hypothesis import strategies as st
 from mmproc.transport import tensor_to_bytes
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire import chunk_wire
-from service.convert import embedding_header, serialized_stream, stream_response_serializer
-from service.engine import EncodedImage
-from service.grpc_server import EncoderServicer, _HandlerRecorder, add_encoder_servicer
-from service.metrics import Metrics
-from service.state import ServingState
+from service.frontends.grpc_server import EncoderServicer, _HandlerRecorder, add_encoder_servicer
+from service.frontends.replies import embedding_header, serialized_stream, stream_response_serializer
+from service.pipeline.engine import EncodedImage
+from service.pipeline.state import ServingState
+from service.process.metrics import Metrics
 
 HEADER = pb.Embedding(index=3, num_tokens=361, grid_h=38, grid_w=38, dtype=pb.DTYPE_BFLOAT16, shape=[361, 7168])
 # Payload sizes at the varint boundaries of the length prefix (1 -> 2 -> 3 -> 4 bytes), and around them.

@@ -1,4 +1,4 @@
-"""The decode pool (service/decode_pool.py): process isolation, crash/hang/allocation containment, transfer."""
+"""The decode pool (service/pipeline/decode_pool.py): process isolation, crash/hang/allocation containment, transfer."""
 
 from __future__ import annotations
 
@@ -13,9 +13,10 @@ import torch
 from mmproc.errors import DeadlineExceededError, InvalidMediaError, UnavailableError
 from mmproc.media import MediaLimits
 from mmproc.preprocess import PreprocessConfig
-from service.decode_pool import DecodePool, DecodePoolConfig, FairShare
-from service.decode_transfer import FILE_THRESHOLD
-from service.decode_worker import prepare_image
+from service.pipeline.decode_pool import DecodePool, DecodePoolConfig
+from service.pipeline.decode_transfer import FILE_THRESHOLD
+from service.pipeline.decode_worker import prepare_image
+from service.pipeline.fair_share import FairShare
 from tests.decode_faults import BALLOON, BUSY, CRASH, HANG, SEGV, SLOW, SPIN, misbehaving_task
 from tests.media_samples import make_image_bytes
 

@@ -18,15 +18,15 @@ import torch
 
 from mmproc.client import EncoderClient, SharedEmbeddings
 from mmproc.client.ipc import IpcClient
-from mmproc.client.shared import descriptor_from_pb
 from mmproc.errors import InvalidMediaError, StaleSessionError, UnavailableError
 from mmproc.transport.allocator import SliceAllocator
 from mmproc.transport.ipc_pool import PoolIdentity, SliceDescriptor
 from mmproc.transport.leases import MAX_READERS, LeaseTable
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
-from service.convert import ipc_reply
-from service.engine import EncodedImage
+from mmproc.wire import descriptor_from_pb
+from service.frontends.replies import ipc_reply
+from service.pipeline.engine import EncodedImage
 from tests.media_samples import make_image_bytes
 
 IMAGES = [make_image_bytes(448, 448, fmt="PNG", seed=1), make_image_bytes(300, 200, fmt="JPEG", seed=2)]
@@ -277,7 +277,7 @@ def test_cpu_server_shared_request_falls_back_to_serialized(tiny_server) -> None
 def test_fanout_driver_runs_on_cpu(tiny_server, tmp_path: Path) -> None:
     """The multi-GPU benchmark's driver, end to end on CPU ranks (gloo broadcast, serialized payloads)."""
     out = tmp_path / "fanout.json"
-    command = [sys.executable, "-m", "service.bench.fanout", "--target", tiny_server.grpc_target, "--tp", "2",
+    command = [sys.executable, "-m", "benchmarks.fanout", "--target", tiny_server.grpc_target, "--tp", "2",
                "--devices", "cpu", "--transport", "auto", "--requests", "3", "--warmup", "1", "--resolutions",
                "64x64", "--json", str(out), "--max-seconds", "120"]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, timeout=180)

@@ -23,8 +23,8 @@ from mmproc.runner import EncoderRunner, RunnerConfig
 from mmproc.types import PreprocessedImage
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
-from service.app import build_engine
-from service.decode_pool import DecodePool
+from service.pipeline.decode_pool import DecodePool
+from service.process.app import build_engine
 from tests.conftest import ServiceThread, test_settings
 from tests.decode_faults import CRASH, misbehaving_task
 from tests.media_samples import encode_image, make_image_bytes, random_image

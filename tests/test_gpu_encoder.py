@@ -13,8 +13,8 @@ import torch
 from mmproc.batching import pack_images
 from mmproc.layers.kernels import addmm_gelu_tanh, linear_gelu_tanh
 from mmproc.models import PRESETS, VisionConfig, VisionEncoder
-from mmproc.models.init import random_state_dict
 from mmproc.models.loader import build_encoder, expected_shapes
+from mmproc.models.random_init import random_state_dict
 from mmproc.types import PreprocessedImage
 from tests.support import rel_err
 

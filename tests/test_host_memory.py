@@ -1,4 +1,4 @@
-"""Host allocator tuning (service.host_memory): freed reply buffers are reused instead of page-faulted again."""
+"""Host allocator tuning (service.process.host_memory): freed reply buffers are reused instead of page-faulted again."""
 
 from __future__ import annotations
 
@@ -9,14 +9,14 @@ import sys
 import pytest
 import torch
 
-from service.host_memory import set_torch_threads
+from service.process.host_memory import set_torch_threads
 
 # 20 cycles of a 4-image reply (four 5 MB buffers written, then freed); minor page faults counted over the last 10.
 # glibc's defaults adapt the mmap threshold to 5 MB but then trim the 20 MB freed at the heap top (trim threshold
 # = 2 x 5 MB) and fault it in again on the next reply.
 _CYCLES = """
 import resource, sys
-from service.host_memory import reuse_freed_host_memory
+from service.process.host_memory import reuse_freed_host_memory
 applied = reuse_freed_host_memory(int(sys.argv[1]))
 def cycle():
     bufs = [bytearray(5 << 20) for _ in range(4)]  # zeroed: every page is touched, like a reply being written

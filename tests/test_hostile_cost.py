@@ -171,7 +171,7 @@ def test_peek_evasion_is_sized_or_counted_once_decoded(monkeypatch: pytest.Monke
             assert (error.reason, error.index) == ("too_many_patches", -1) and seconds <= ANSWER_S
 
             monkeypatch.setattr(
-                "service.admission.peek_size", lambda fmt, data: None if fmt == JPEG else peek_size(fmt, data)
+                "service.pipeline.admission.peek_size", lambda fmt, data: None if fmt == JPEG else peek_size(fmt, data)
             )
             with pytest.raises(InvalidMediaError) as info:
                 client.encode_images([PEEK_EVASION, PEEK_EVASION])  # 0 patches by header, 8,288 once decoded

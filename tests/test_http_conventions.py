@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 
 from mmproc.errors import ResourceExhaustedError, UnavailableError
-from service.errors import map_error
+from service.frontends.error_mapping import map_error
 from tests.conftest import ServiceThread, test_settings
 
 
@@ -51,7 +51,7 @@ def test_429_and_503_tell_the_client_when_to_retry() -> None:
 
 def test_cli_prints_its_version(capsys) -> None:
     import mmproc
-    from service.cli import main
+    from service.process.cli import main
 
     try:
         main(["--version"])

@@ -1,6 +1,7 @@
-"""The import graph of mmproc/ and service/ (read from the source, nothing imported): the core never imports the
-service, the service proper never imports the client (the wire codec they share is mmproc/wire), and module-level
-imports form no cycle (a function-level import is how a lazy dependency is written, and is left out of that)."""
+"""The import graph of mmproc/, service/ and benchmarks/ (read from the source, nothing imported): imports go
+down only (benchmarks -> service -> mmproc; mmproc/bench included, so `mmproc bench` runs from a wheel), the
+service proper never imports the client (the wire codec they share is mmproc/wire), and module-level imports form
+no cycle (a function-level import is how a lazy dependency is written, and is left out of that)."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import ast
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("mmproc", "service")
-CLIENT_SIDE = ("service.bench", "service.cli")  # the benchmarks and `mmproc encode` are clients of the service
+PACKAGES = ("mmproc", "service", "benchmarks")  # lowest layer first: a package imports only those before it
+CLIENT_SIDE = ("service.process.cli",)  # `mmproc encode` is a client of the service
 
 
 def module_name(path: Path) -> str:
@@ -55,6 +56,14 @@ def test_the_core_never_imports_the_service() -> None:
     upward = {
         m: sorted(i for i in deps if i.startswith("service")) for m, deps in every.items() if m.startswith("mmproc")
     }
+    assert not {m: d for m, d in upward.items() if d}
+
+
+def test_imports_never_go_up_a_layer() -> None:
+    _, every = graph()
+    assert len(every) > 100 and any(m.startswith("benchmarks.") for m in every)  # all three packages were walked
+    rank = {pkg: i for i, pkg in enumerate(PACKAGES)}
+    upward = {m: sorted(i for i in deps if rank[i.split(".")[0]] > rank[m.split(".")[0]]) for m, deps in every.items()}
     assert not {m: d for m, d in upward.items() if d}
 
 

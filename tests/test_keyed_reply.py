@@ -13,8 +13,8 @@ from mmproc.client import AsyncEncoderClient, EncoderClient
 from mmproc.errors import InvalidMediaError, UnknownKeyError
 from mmproc.preprocess import target_grid
 from mmproc.prompt import FRAMINGS, framing
-from service.engine import EncodedImage
-from service.key_store import KeyStore, KeyStoreConfig
+from service.pipeline.engine import EncodedImage
+from service.pipeline.key_store import KeyStore, KeyStoreConfig
 from tests.media_samples import make_image_bytes
 
 

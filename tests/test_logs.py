@@ -9,10 +9,10 @@ from collections.abc import Iterator
 
 import pytest
 
-import service.decode_worker
+import service.pipeline.decode_worker
 from mmproc.client import EncoderClient
 from mmproc.errors import InvalidMediaError
-from service.logs import JsonFormatter, RequestIdFilter, request_context
+from service.process.logs import JsonFormatter, RequestIdFilter, request_context
 from tests.conftest import ServiceThread, test_settings
 from tests.media_samples import make_image_bytes
 
@@ -39,13 +39,13 @@ class Capture(logging.Handler):
 def captured(monkeypatch) -> Iterator[Capture]:
     """Root-logger records at INFO and above, stamped by the same filter `mmproc serve` installs; the decode
     worker logs one line per image, so that the test can see which request id a worker thread carries."""
-    original = service.decode_worker.prepare_image
+    original = service.pipeline.decode_worker.prepare_image
 
     def logging_prepare_image(*args):
         logging.getLogger("test.worker").info("decoding one image")
         return original(*args)
 
-    monkeypatch.setattr(service.decode_worker, "prepare_image", logging_prepare_image)
+    monkeypatch.setattr(service.pipeline.decode_worker, "prepare_image", logging_prepare_image)
     handler, root = Capture(), logging.getLogger()
     level = root.level
     root.addHandler(handler)
@@ -169,7 +169,7 @@ def test_json_lines_carry_iso_utc_times_and_the_access_fields() -> None:
 
 
 def test_chatty_libraries_stay_at_warning_even_at_debug() -> None:
-    from service.logs import configure_logging
+    from service.process.logs import configure_logging
 
     root = logging.getLogger()
     saved = root.handlers[:], root.level
@@ -213,9 +213,11 @@ def test_refusals_before_the_handler_carry_the_callers_request_id(captured, tmp_
     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
     for request_id, front_end in (("auth-1", "http"), ("big-1", "http"), ("auth-2", "grpc")):
         lines = [r for r in captured.records if r.request_id == request_id]
-        assert any(r.name == "service.errors" and "UNAUTHENTICATED" in r.getMessage() for r in lines), request_id
+        assert any(
+            r.name == "service.frontends.error_mapping" and "UNAUTHENTICATED" in r.getMessage() for r in lines
+        ), request_id
         (access,) = [r for r in lines if r.name == "mmproc.access"]
         assert access.fields["code"] == "UNAUTHENTICATED" and access.fields["front_end"] == front_end
-    assert not [r for r in captured.records if r.name == "service.errors" and r.request_id == "-"]
+    assert not [r for r in captured.records if r.name == "service.frontends.error_mapping" and r.request_id == "-"]
     (listening,) = [r.getMessage() for r in captured.records if r.getMessage().startswith("listening:")]
     assert f"gRPC unix:{socket_path}, HTTP 127.0.0.1:{server.service.http_port};" in listening  # not "(port 1)"

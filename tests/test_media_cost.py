@@ -8,7 +8,7 @@ from mmproc.errors import ConfigError, InvalidMediaError
 from mmproc.media import MediaLimits, decode_image
 from mmproc.media.cost import check_cost
 from mmproc.media.formats import JPEG, JPEG_SOS, jpeg_segments, peek_size
-from service.decode_worker import DecodeBudget
+from service.pipeline.decode_worker import DecodeBudget
 from tests.conftest import test_settings
 from tests.cost_samples import (
     bmp_rle,

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import mmproc
 from mmproc.client import EncoderClient
 from mmproc.errors import InvalidMediaError
-from service.metrics import STAGES
+from service.process.metrics import STAGES
 from tests.media_samples import make_image_bytes
 
 Samples = dict[tuple[str, frozenset], float]

@@ -405,8 +405,8 @@ def test_encoder_pairs_each_residual_add_with_the_next_layernorm(tensors):
 
 
 def encoder_from_random(config: VisionConfig) -> VisionEncoder:
-    from mmproc.models.init import random_state_dict
     from mmproc.models.loader import build_encoder, expected_shapes
+    from mmproc.models.random_init import random_state_dict
 
     return build_encoder(config, random_state_dict(expected_shapes(config), seed=4))
 

@@ -1,7 +1,7 @@
 """Overload without collapse: early refusals with a retry-after, work of expired requests dropped, truthful codes
 (never UNKNOWN, no ERROR lines), and a service that serves again once the load stops.
 
-The loopback run is a short, bounded version of `mmproc bench serve --mode open` (service/bench/overload.py)
+The loopback run is a short, bounded version of `mmproc bench serve --mode open` (mmproc/bench/serve_open.py)
 against the in-process tiny server; its figures (goodput, latencies) are the benchmark's business, not asserted.
 """
 
@@ -18,13 +18,13 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
+from mmproc.bench import serve_open as bench
+from mmproc.bench.images import ImageSpec, generate_requests
 from mmproc.errors import ResourceExhaustedError
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
-from service.bench import overload as bench
-from service.bench.images import ImageSpec, generate_requests
-from service.errors import map_error, to_grpc_status
-from service.overload import BatchCost, OverloadConfig, OverloadGuard
+from service.frontends.error_mapping import map_error, to_grpc_status
+from service.pipeline.overload import BatchCost, OverloadConfig, OverloadGuard
 from tests.conftest import ServiceThread, test_settings
 from tests.media_samples import encode_image, random_image
 

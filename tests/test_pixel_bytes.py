@@ -17,8 +17,8 @@ from mmproc.media import MediaLimits
 from mmproc.models.loader import encoder_from_checkpoint_tensors
 from mmproc.preprocess import PreprocessConfig, preprocess_image
 from mmproc.types import PreprocessedImage, apply_lut
-from service.decode_pool import DecodePool, DecodePoolConfig
-from service.decode_transfer import FILE_THRESHOLD
+from service.pipeline.decode_pool import DecodePool, DecodePoolConfig
+from service.pipeline.decode_transfer import FILE_THRESHOLD
 from tests.checkpoints import make_vision_tensors
 from tests.media_samples import make_image_bytes, random_image
 from tests.test_model import config_for
@@ -95,7 +95,7 @@ def test_decode_workers_ship_bytes_and_table(isolation):
 
 
 def test_cpu_preprocess_bench_reports_both_paths_against_the_decode(capsys):
-    from service.bench.cpu_preprocess import main
+    from mmproc.bench.cpu_preprocess import main
 
     assert main(["--sizes", "64x48", "--repeat", "1"]) == 0
     header, row = capsys.readouterr().out.strip().splitlines()

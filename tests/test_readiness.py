@@ -17,8 +17,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from mmproc.client import EncoderClient
 from mmproc.client.retry import NO_RETRY
 from mmproc.errors import ConfigError, UnavailableError
-from service.app import build_engine, serve
-from service.cli import main
+from service.process.app import build_engine, serve
+from service.process.cli import main
 from tests.conftest import ServiceThread, test_settings
 from tests.media_samples import make_image_bytes
 

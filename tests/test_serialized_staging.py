@@ -9,8 +9,8 @@ import torch
 from mmproc.transport import stage_to_host, start_staging, tensor_to_bytes
 from mmproc.units import MiB
 from mmproc.v1 import encoder_pb2 as pb
-from service.convert import embedding_header, serialized_payloads, serialized_stream
-from service.engine import EncodedImage
+from service.frontends.replies import embedding_header, serialized_payloads, serialized_stream
+from service.pipeline.engine import EncodedImage
 
 
 def results_of(token_counts: list[int], hidden: int = 4096) -> list[EncodedImage]:

@@ -15,7 +15,11 @@ ENV = {k: v for k, v in os.environ.items() if not k.upper().startswith("MMPROC_"
 
 def serve(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "service.cli", "serve", *args], env=ENV, capture_output=True, text=True, timeout=120
+        [sys.executable, "-m", "service.process.cli", "serve", *args],
+        env=ENV,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 

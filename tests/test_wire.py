@@ -121,12 +121,12 @@ def test_chunks_outside_the_reply_are_refused() -> None:
 
 
 def test_every_status_error_survives_the_trip_from_server_to_client() -> None:
-    # The server's mapping (service.errors) and the client's (ERRORS_BY_CODE) come from one table in mmproc.errors.
+    # The server's mapping (service.frontends.error_mapping) and the client's (ERRORS_BY_CODE) come from one table in mmproc.errors.
     import grpc
 
     from mmproc.client.rpc import ERRORS_BY_CODE
     from mmproc.errors import STATUS_ERRORS, InternalError, InvalidMediaError
-    from service.errors import map_error
+    from service.frontends.error_mapping import map_error
 
     for cls in STATUS_ERRORS:
         exc = cls("x", reason="bad_request") if cls is InvalidMediaError else cls("x")

@@ -19,14 +19,15 @@ Videos (Kimi K2.5): `client.encode_videos([mp4_bytes, VideoInput(webm_bytes, fps
 tensor per chunk of frames with its grid and timestamp (mmproc.client.video).
 
 Tensor-parallel engines: rank 0 calls `encode_images_shared(images, readers=tp)`, broadcasts
-`shared.to_bytes()`, and every rank reads with `read_shared(shared, rank)` (see mmproc.client.shared).
+`shared.to_bytes()`, and every rank reads with `read_shared(shared, rank)` (see mmproc.client.shared_embeddings).
 """
 
-from mmproc.client.encoder import AsyncEncoderClient, EncoderClient
+from mmproc.client.aio import AsyncEncoderClient
+from mmproc.client.blocking import EncoderClient
 from mmproc.client.results import ImageEmbedding
 from mmproc.client.retry import NO_RETRY, RetryPolicy
 from mmproc.client.rpc import error_from_rpc
-from mmproc.client.shared import SharedEmbeddings
+from mmproc.client.shared_embeddings import SharedEmbeddings
 from mmproc.client.video import VideoChunkEmbedding, VideoEmbedding, VideoInput
 
 __all__ = [

@@ -1,4 +1,4 @@
-"""Client side of the optional shared-secret token (server: `service/auth.py`): channel interceptors that add
+"""Client side of the optional shared-secret token (server: `service/frontends/auth.py`): channel interceptors that add
 `authorization: Bearer <token>` to every call of a channel, so that no call site has to remember it.
 
     channel = bearer_channel(grpc.insecure_channel(target), token)               # blocking

@@ -19,14 +19,14 @@ from typing import TYPE_CHECKING
 import grpc
 import torch
 
-from mmproc.client.shared import SharedEmbeddings, descriptor_from_pb
+from mmproc.client.shared_embeddings import SharedEmbeddings
 from mmproc.errors import InternalError, StaleSessionError, UnavailableError
 from mmproc.transport.cuda_ipc import device_uuid
 from mmproc.transport.ipc_pool import PoolIdentity, SliceDescriptor
 from mmproc.transport.node import node_identity
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
-from mmproc.wire import PB_TO_DTYPE, identity_from_pb
+from mmproc.wire import PB_TO_DTYPE, descriptor_from_pb, identity_from_pb
 
 if TYPE_CHECKING:
     from mmproc.transport.ipc_consumer import OpenedPool

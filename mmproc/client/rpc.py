@@ -149,3 +149,32 @@ def check_images(images: Iterable[bytes]) -> list[bytes]:
 
 def embedding_from_bytes(emb: pb.Embedding, device: torch.device) -> torch.Tensor:
     return bytes_to_tensor(emb.data, PB_TO_NAME[emb.dtype], tuple(emb.shape), device)
+
+
+def collect_reply(chunks: Iterable[StreamChunk], count: int) -> pb.EncodeImagesResponse:
+    """A streamed serialized reply (headers, then data chunks) as one EncodeImagesResponse with the bytes in it."""
+    headers: list[pb.Embedding | None] = [None] * count
+    buffers: list[bytearray | None] = [None] * count
+    request_id = ""
+    for chunk in chunks:
+        fields, data = chunk.fields, chunk.data
+        request_id = fields.request_id or request_id
+        index = fields.index
+        if not 0 <= index < count:
+            raise InternalError(f"server sent a chunk for image {index} of {count}")
+        if fields.HasField("header"):
+            header = fields.header
+            nbytes = tensor_nbytes(tuple(header.shape), PB_TO_DTYPE[header.dtype])
+            headers[index], buffers[index] = header, bytearray(nbytes)
+        buffer = buffers[index]
+        if buffer is None or fields.offset + len(data) > len(buffer):
+            raise InternalError(f"malformed stream for image {index}")
+        buffer[fields.offset : fields.offset + len(data)] = data
+    reply = pb.EncodeImagesResponse(request_id=request_id, transport=pb.TRANSPORT_SERIALIZED)
+    for index, (header, buffer) in enumerate(zip(headers, buffers)):
+        if header is None or buffer is None:
+            raise InternalError(f"stream ended without image {index}")
+        emb = reply.embeddings.add()
+        emb.CopyFrom(header)
+        emb.data = bytes(buffer)
+    return reply

@@ -34,7 +34,7 @@ __all__ = ["apply_rope_", "apply_rope_qkv_", "available"]
 _MAX_HEAD_DIM = 256
 # Tile of one program, in padded lanes per tensor. For MoonViT (H=16, dh=72 padded to 128) that is 2 tokens x
 # 16 heads of q and of k: enough programs in flight per SM to hide memory latency (the register and occupancy
-# figures are in docs/benchmarks/rope.md). `python -m service.bench.rope --sweep` times the neighbouring
+# figures are in docs/benchmarks/rope.md). `python -m benchmarks.rope_kernels --sweep` times the neighbouring
 # tiles/warp counts; change these two constants if it finds a clearly faster one.
 _TILE = 4096
 _NUM_WARPS = 4
@@ -182,7 +182,7 @@ def _launch(
 ) -> object:
     """Launch the kernel on validated inputs; returns Triton's compiled-kernel handle (None when empty).
 
-    The keyword overrides are for the benchmark sweep (`service.bench.rope --sweep`) only.
+    The keyword overrides are for the benchmark sweep (`benchmarks.rope_kernels --sweep`) only.
     """
     if triton is None:
         raise RuntimeError("Triton is not installed: the fused RoPE path is unavailable (see available())")

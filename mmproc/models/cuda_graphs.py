@@ -25,7 +25,7 @@ from torch import Tensor
 from mmproc.types import PackedBatch
 
 if TYPE_CHECKING:  # the encoder imports this module
-    from mmproc.models.encoder import VisionEncoder
+    from mmproc.models.vision_encoder import VisionEncoder
 
 logger = logging.getLogger(__name__)
 

@@ -21,10 +21,10 @@ from torch import Tensor
 
 from mmproc.errors import ConfigError
 from mmproc.models.config import VisionConfig
-from mmproc.models.encoder import VisionEncoder
 from mmproc.models.family import CheckpointLayout
-from mmproc.models.init import random_state_dict
+from mmproc.models.random_init import random_state_dict
 from mmproc.models.registry import BY_NAME, PRESETS, parse_config
+from mmproc.models.vision_encoder import VisionEncoder
 
 logger = logging.getLogger(__name__)
 

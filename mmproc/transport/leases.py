@@ -60,7 +60,7 @@ may read data overwritten by a later image. That is why the TTL is long (60 s by
 request) and only a backstop behind sessions and acks. The reclaimer calls `confirm_acks` and `expire`
 periodically; this table starts no thread of its own.
 
-Shared slices (the embedding cache, service/embedding_cache.py): a slice is reference-counted. Every live lease
+Shared slices (the embedding cache, service/cache/embedding_cache.py): a slice is reference-counted. Every live lease
 on it is one reference, and so is every `Hold` (a reference that outlives the lease it was taken from, owned by
 the cache). `share(session, hold)` lends a slice already held to another session as a new lease: new word
 slots and generation, no bytes allocated or copied; the producer writes its ready word at once (the data is in

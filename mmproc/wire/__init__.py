@@ -1,10 +1,10 @@
 """The protobuf wire codec that the server and the client share (the server never imports mmproc.client):
 dtypes, the streamed reply's chunk framing, the IPC pool's identity. Requests, errors and reassembly of replies
-stay with the client (mmproc/client/rpc.py); results -> messages with the service (service/convert.py)."""
+stay with the client (mmproc/client/rpc.py); results -> messages with the service (service/frontends/replies.py)."""
 
 from mmproc.wire.chunks import StreamChunk, chunk_wire, read_chunk
 from mmproc.wire.dtypes import NAME_TO_PB, PB_TO_DTYPE, PB_TO_NAME
-from mmproc.wire.pool import identity_from_pb, pool_info_pb
+from mmproc.wire.pool import descriptor_from_pb, identity_from_pb, pool_info_pb
 
 __all__ = [
     "NAME_TO_PB",
@@ -12,6 +12,7 @@ __all__ = [
     "PB_TO_NAME",
     "StreamChunk",
     "chunk_wire",
+    "descriptor_from_pb",
     "identity_from_pb",
     "pool_info_pb",
     "read_chunk",

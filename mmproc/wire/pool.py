@@ -3,7 +3,7 @@ shared batch names it too)."""
 
 from __future__ import annotations
 
-from mmproc.transport.ipc_pool import PoolIdentity
+from mmproc.transport.ipc_pool import PoolIdentity, SliceDescriptor
 from mmproc.v1 import encoder_pb2 as pb
 
 
@@ -27,4 +27,17 @@ def identity_from_pb(info: pb.PoolInfo) -> PoolIdentity:
         pool_bytes=info.pool_bytes,
         num_word_slots=info.num_word_slots,
         data_offset=0,
+    )
+
+
+def descriptor_from_pb(ipc: pb.IpcDescriptor) -> SliceDescriptor:
+    """The consumer's view of one IPC descriptor; a server without fan-out sends one ack word only."""
+    acks = tuple(ipc.reader_ack_offset_bytes) or (ipc.ack_offset_bytes,)
+    return SliceDescriptor(
+        lease_id=ipc.lease_id,
+        generation=ipc.generation,
+        offset=ipc.offset_bytes,
+        nbytes=ipc.nbytes,
+        ready_offset=ipc.ready_offset_bytes,
+        ack_offsets=acks,
     )

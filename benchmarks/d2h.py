@@ -1,0 +1,272 @@
+"""The serialized path's yardstick and its stages.
+
+`transport_microbench` (CUDA): pinned vs pageable device<->host copy bandwidth, timed with CUDA events, then
+`serialized_stages` against the pinned D2H figure of the same run. `serialized_stages` (CUDA or CPU) times the
+production code of the serialized transport on N MB of bf16 embeddings split into 4 images. On the CPU the
+embeddings already lie in host memory, so there is no D2H; everything after it is real, and a host memcpy of
+the same size stands in for the pinned D2H yardstick.
+
+`python -m benchmarks.d2h --device cpu|cuda:0 --mb 20 --reps 20 [--json FILE]` prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mmproc.client.rpc import Assembler
+from mmproc.units import MiB
+from mmproc.v1 import encoder_pb2 as pb
+from mmproc.wire import read_chunk
+from service.frontends.replies import serialized_payloads, serialized_stream, stream_response_serializer
+from service.pipeline.engine import EncodedImage
+from service.process.host_memory import reuse_freed_host_memory, set_torch_threads
+from service.process.settings import ServerSettings
+
+
+def _copy_ms(src: torch.Tensor, dst: torch.Tensor, reps: int) -> float:
+    """Median ms of `dst.copy_(src)` timed with CUDA events (3 untimed copies first)."""
+    for _ in range(3):
+        dst.copy_(src, non_blocking=True)
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src, non_blocking=True)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return float(np.median(times))
+
+
+def transport_microbench(device: str, megabytes: int, reps: int, *, chunk_bytes: int = 4 * MiB) -> dict:
+    """Pinned vs pageable device->host copy (and host->device) of one `megabytes` MB uint8 tensor, then the
+    serialized path's stages (`serialized_stages`) on the same GPU, against this run's pinned D2H."""
+    nbytes = megabytes * 10**6
+    dev = torch.device(device if torch.device(device).type == "cuda" else "cuda")
+    gpu = torch.empty(nbytes, dtype=torch.uint8, device=dev).fill_(7)
+    hosts = {
+        "pinned": torch.empty(nbytes, dtype=torch.uint8, pin_memory=True),
+        "pageable": torch.empty(nbytes, dtype=torch.uint8),
+    }
+    rows = []
+    for direction in ("d2h", "h2d"):
+        for kind, host in hosts.items():
+            src, dst = (gpu, host) if direction == "d2h" else (host, gpu)
+            with torch.cuda.device(dev):  # events and copy on that GPU's current stream
+                ms = _copy_ms(src, dst, reps)
+            rows.append({"direction": direction, "host_memory": kind, "ms": ms, "gb_per_s": nbytes / ms / 1e6})
+    pinned = rows[0]["gb_per_s"]
+    del gpu, hosts
+    stages = serialized_stages(str(dev), megabytes, reps, chunk_bytes=chunk_bytes, reference=("pinned D2H", pinned))
+    return {"bytes": nbytes, "reps": reps, "gpu": torch.cuda.get_device_name(dev), "rows": rows,
+            "serialized_target_gb_per_s": 0.5 * pinned, "serialized": stages}  # fmt: skip
+
+
+# -- the serialized path, stage by stage ---------------------------------------------------------------------
+
+IMAGES, HIDDEN = 4, 7168  # a Kimi K2.5 reply: 4 images x tokens x 7168 x bf16
+
+
+def _server_wire(results: list[EncodedImage], chunk_bytes: int) -> list[bytes]:
+    """What the EncodeImagesStream servicer hands gRPC: every message it yields, through the response
+    serializer that its handler is registered with."""
+    return [stream_response_serializer(message) for message in serialized_stream("bench", results, chunk_bytes)]
+
+
+def _client_tensors(wire: Sequence[bytes], device: torch.device) -> list[torch.Tensor]:
+    """What EncoderClient does with the messages gRPC received: its response deserializer (`read_chunk`, which
+    `encoder_stub` registers), the Assembler, the H2D copy."""
+    assembler = Assembler(IMAGES, device)
+    for message in wire:
+        assembler.add(read_chunk(message))
+    return assembler.tensors()
+
+
+def _median_ms(fn: Callable[[], object], reps: int, sync: Callable[[], None]) -> float:
+    """Median wall ms of `fn()` (2 untimed runs first); `sync` waits for the device before and after."""
+    times = []
+    for i in range(reps + 2):
+        sync()
+        start = time.perf_counter()
+        out = fn()
+        sync()
+        if i >= 2:
+            times.append((time.perf_counter() - start) * 1e3)
+        del out  # freed before the next run, as in a server that answers one request after another
+    return float(np.median(times))
+
+
+def _embeddings(dev: torch.device, megabytes: int) -> list[EncodedImage]:
+    tokens = max(1, round(megabytes * 10**6 / (IMAGES * HIDDEN * 2)))
+    gen = torch.Generator(device=dev).manual_seed(0)
+    return [
+        EncodedImage(index=i, grid_hw=(2, 2 * tokens), num_tokens=tokens,
+                     embedding=torch.randn(tokens, HIDDEN, generator=gen, device=dev).to(torch.bfloat16))
+        for i in range(IMAGES)
+    ]  # fmt: skip
+
+
+def _host_memcpy_gb_per_s(nbytes: int, reps: int) -> float:
+    src = torch.ones(nbytes, dtype=torch.uint8)
+    dst = torch.zeros(nbytes, dtype=torch.uint8)
+    return nbytes / _median_ms(lambda: dst.copy_(src), reps, lambda: None) / 1e6
+
+
+@contextlib.contextmanager
+def _loopback(results: list[EncodedImage], chunk_bytes: int) -> Iterator[str]:
+    """The real gRPC server (`create_server`, its servicer and handlers) on 127.0.0.1, in its own thread and
+    event loop, with an engine that answers every request with `results`. Yields the target address."""
+    from service.frontends.grpc_server import create_server
+    from service.pipeline.state import ServingState
+    from service.process.metrics import Metrics
+
+    class FixedEngine:  # what the servicer uses of service.pipeline.engine.Engine
+        pool = None
+
+        async def encode(self, images, request_id, deadline, *, ipc_session=None, readers=1, **cache_options):
+            return results
+
+    state = ServingState(Metrics())
+    info = pb.ServerInfo(max_message_bytes=64 * MiB, stream_chunk_bytes=chunk_bytes)
+    state.publish(FixedEngine(), info)  # type: ignore[arg-type]
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="bench-grpc", daemon=True)
+    thread.start()
+    server, port, _ = asyncio.run_coroutine_threadsafe(
+        create_server(state, "127.0.0.1:0", max_message_bytes=64 * MiB), loop
+    ).result()
+    try:
+        yield f"127.0.0.1:{port}"
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(None), loop).result()
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join()
+        loop.close()
+
+
+STAGES = {
+    "payloads": "server, unary/HTTP: GPU -> one bytes per image (serialized_payloads)",
+    "server_stream": "server, stream: GPU -> the bytes of every message, as handed to gRPC (server staging)",
+    "client_assemble": "client: those bytes -> tensors on the device (deserializer, Assembler, H2D)",
+    "in_process": "both, in process (end to end without gRPC)",
+    "grpc_loopback": "EncoderClient.encode_images over loopback gRPC (real server and client, no model)",
+}
+
+
+def serialized_stages(
+    device: str, megabytes: int, reps: int, *, chunk_bytes: int = 4 * MiB, reference: tuple[str, float] | None = None
+) -> dict:
+    """Median ms and GB/s of each stage of the serialized transport for `megabytes` MB of bf16 embeddings in
+    4 images (4 x tokens x 7168) on `device`, and each stage's bandwidth as a fraction of `reference`
+    ((name, GB/s); default: a host memcpy of the same size, the CPU stand-in for pinned D2H)."""
+    from mmproc.client import EncoderClient
+
+    dev = torch.device(device)
+    results = _embeddings(dev, megabytes)
+    nbytes = sum(r.embedding.nbytes for r in results)
+
+    def sync() -> None:
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)
+
+    if reference is None:
+        reference = ("host memcpy", _host_memcpy_gb_per_s(nbytes, reps))
+    wire = _server_wire(results, chunk_bytes)
+    for got, want in zip(_client_tensors(wire, dev), results):  # the stages move the right bytes
+        assert torch.equal(got.view(torch.int16), want.embedding.view(torch.int16)), "serialized stages corrupt data"
+    fns: dict[str, Callable[[], object]] = {
+        "payloads": lambda: serialized_payloads(results),
+        "server_stream": lambda: _server_wire(results, chunk_bytes),
+        "client_assemble": lambda: _client_tensors(wire, dev),
+        "in_process": lambda: _client_tensors(_server_wire(results, chunk_bytes), dev),
+    }
+    times = {name: _median_ms(fn, reps, sync) for name, fn in fns.items()}
+    with _loopback(results, chunk_bytes) as target, EncoderClient(target, device=dev, transport="serialized") as c:
+        images = [b"\xff"] * IMAGES  # never decoded: the engine answers with `results`
+        times["grpc_loopback"] = _median_ms(lambda: c.encode_images(images), reps, sync)
+    rows = [
+        {"stage": name, "what": STAGES[name], "ms": ms, "gb_per_s": nbytes / ms / 1e6,
+         "fraction_of_reference": nbytes / ms / 1e6 / reference[1]}
+        for name, ms in times.items()
+    ]  # fmt: skip
+    by_stage = {row["stage"]: row for row in rows}
+    return {
+        "device": str(dev), "bytes": nbytes, "images": IMAGES, "hidden": HIDDEN, "chunk_bytes": chunk_bytes,
+        "messages": len(wire), "reps": reps, "reference": {"name": reference[0], "gb_per_s": reference[1]},
+        "rows": rows,
+        "server_staging_gb_per_s": by_stage["server_stream"]["gb_per_s"],
+        "end_to_end_in_process_gb_per_s": by_stage["in_process"]["gb_per_s"],
+    }  # fmt: skip
+
+
+def stages_markdown(stages: dict) -> str:
+    ref = stages["reference"]
+    lines = [
+        f"# Serialized path: {stages['bytes'] / 1e6:.1f} MB of bf16 in {stages['images']} images on "
+        f"{stages['device']}, {stages['messages']} stream messages of <= {stages['chunk_bytes'] / MiB:g} MiB "
+        f"(median of {stages['reps']})",
+        "",
+        f"| stage | what | ms | GB/s | x {ref['name']} ({ref['gb_per_s']:.1f} GB/s) |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    lines += [
+        f"| {r['stage']} | {r['what']} | {r['ms']:.3f} | {r['gb_per_s']:.2f} | {r['fraction_of_reference']:.3f} |"
+        for r in stages["rows"]
+    ]
+    lines += ["", f"server staging (GPU -> wire-ready bytes): {stages['server_staging_gb_per_s']:.2f} GB/s; "
+              f"end to end in process: {stages['end_to_end_in_process_gb_per_s']:.2f} GB/s; "
+              f"target: >= {0.5 * ref['gb_per_s']:.1f} GB/s (50% of {ref['name']})"]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--mb", type=int, default=20, help="embedding megabytes (10^6) per reply")
+    parser.add_argument("--reps", type=int, default=20, help="repetitions per stage (median reported)")
+    parser.add_argument("--chunk-mb", type=int, default=4, help="stream chunk size in MiB (the server's default)")
+    parser.add_argument("--json", type=Path, help="write the record here")
+    parser.add_argument("--host-malloc-reuse-mb", type=int, default=ServerSettings.model_fields["host_malloc_reuse_mb"].default,
+                        help="as the server's setting (0: glibc defaults)")  # fmt: skip
+    parser.add_argument("--torch-threads", type=int, default=ServerSettings.model_fields["torch_threads"].default,
+                        help="as the server's setting (0: torch's default)")  # fmt: skip
+    args = parser.parse_args(argv)
+    reuse_freed_host_memory(args.host_malloc_reuse_mb * MiB)  # what `mmproc serve` does at start-up
+    set_torch_threads(args.torch_threads)
+    if torch.device(args.device).type == "cuda":
+        record = transport_microbench(args.device, args.mb, args.reps, chunk_bytes=args.chunk_mb * MiB)
+        stages = record["serialized"]
+        print(
+            f"# D2H/H2D copy of {record['bytes'] / 1e6:.0f} MB on {record['gpu']} (median of {args.reps}, CUDA events)"
+        )
+        print("\n| direction | host memory | ms | GB/s |\n| --- | --- | ---: | ---: |")
+        for r in record["rows"]:
+            print(f"| {r['direction']} | {r['host_memory']} | {r['ms']:.3f} | {r['gb_per_s']:.1f} |")
+        print()
+    else:
+        record = stages = serialized_stages(args.device, args.mb, args.reps, chunk_bytes=args.chunk_mb * MiB)
+    print(stages_markdown(stages), end="")
+    if args.json is not None:
+        from mmproc.bench.serve_stats import environment
+
+        env = environment(argv, args.device)
+        env["command"] = ["python", "-m", "benchmarks.d2h", *(sys.argv[1:] if argv is None else argv)]
+        record = {"bench": "d2h", "environment": env, **record}
+        args.json.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""Which module runs `mmproc bench NAME`. The load generators ship in the wheel (mmproc/bench); the kernel and
+transport micro-benchmarks (and those that time the server's internals in-process) are the checkout's root
+benchmarks/ package, found by name at run time so that mmproc never imports it."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+INSTALLED = {
+    "encoder": "mmproc.bench.forward",
+    "serve": "mmproc.bench.serve",
+    "cpu_preprocess": "mmproc.bench.cpu_preprocess",
+}
+CHECKOUT = {
+    "decode": "decode_isolation",
+    "rope": "rope_kernels",
+    "d2h": "d2h",
+    "fanout": "fanout",
+    "ipc_steps": "ipc_steps",
+    "gpu_preprocess": "gpu_preprocess",
+    "cache": "cache",
+}
+BENCHMARKS = (
+    "encoder",
+    "serve",
+    "decode",
+    "cpu_preprocess",
+    "rope",
+    "d2h",
+    "fanout",
+    "ipc_steps",
+    "gpu_preprocess",
+    "cache",
+)
+
+
+def checkout_module(name: str) -> ModuleType | None:
+    """`benchmarks.<name>`, or None outside a checkout (the wheel does not ship benchmarks/)."""
+    root = Path(__file__).resolve().parents[2]  # the checkout this mmproc was imported from, if it is one
+    if (root / "benchmarks" / "__init__.py").is_file() and str(root) not in sys.path:
+        sys.path.append(str(root))  # an editable install maps mmproc/ and service/ only
+    try:
+        return importlib.import_module(f"benchmarks.{name}")
+    except ModuleNotFoundError as err:
+        if err.name not in ("benchmarks", f"benchmarks.{name}"):
+            raise
+        return None
+
+
+def run(name: str, argv: Sequence[str]) -> int:
+    if name in INSTALLED:
+        return importlib.import_module(INSTALLED[name]).main(list(argv))
+    module = checkout_module(CHECKOUT[name])
+    if module is None:
+        print(f"mmproc bench {name}: a micro-benchmark of the source tree: run `python3 -m benchmarks.{CHECKOUT[name]}`"
+              " from a checkout", file=sys.stderr)  # fmt: skip
+        return 2
+    return module.main(list(argv))

@@ -1,0 +1,90 @@
+"""`mmproc bench cpu_preprocess`: what one decode worker spends per image after the decode, against the decode.
+
+Per image size, one core, median of --repeat: Pillow's JPEG decode (the floor), then the preprocessing a CPU model
+needs (normalized float32 patches) and what a CUDA model needs (`gpu_preprocess`: uint8 patches, normalized on
+the GPU), each as ms and as a multiple of the decode. Photo-like JPEGs made in memory (deterministic).
+
+    python -m mmproc.bench.cpu_preprocess [--sizes 512x512 1024x1024 1920x1080] [--preset-family kimi_k25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from PIL import Image
+
+from mmproc.preprocess import PreprocessConfig, preprocess_image
+
+
+def photo_jpeg(width: int, height: int, seed: int = 0) -> bytes:
+    """Smooth noise upscaled (JPEG-friendly like a photo), quality 90, 4:2:0."""
+    small = np.random.default_rng(seed).integers(0, 256, (max(1, height // 8), max(1, width // 8), 3), np.uint8)
+    image = Image.fromarray(small).resize((width, height), Image.Resampling.BICUBIC)
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
+def median_ms(fn: Callable[[], object], repeat: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times) * 1000
+
+
+def decode(data: bytes) -> Image.Image:
+    image = Image.open(io.BytesIO(data))
+    image.load()
+    return image.convert("RGB")
+
+
+def run(sizes: Sequence[tuple[int, int]], family: str, repeat: int) -> list[dict]:
+    cfg = PreprocessConfig.default_for(family)
+    rows = []
+    for width, height in sizes:
+        data = photo_jpeg(width, height)
+        image = decode(data)
+        decode_ms = median_ms(lambda d=data: decode(d), repeat)
+        float_ms = median_ms(lambda i=image: preprocess_image(i, cfg), repeat)
+        bytes_ms = median_ms(lambda i=image: preprocess_image(i, cfg, normalize=False), repeat)
+        rows.append({"size": f"{width}x{height}", "decode_ms": decode_ms, "float32_ms": float_ms, "uint8_ms": bytes_ms})
+    return rows
+
+
+def _size(text: str) -> tuple[int, int]:
+    width, height = (int(v) for v in text.lower().split("x"))
+    return width, height
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="mmproc bench cpu_preprocess", description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", type=_size, nargs="+", default=[(512, 512), (1024, 1024), (1920, 1080)])
+    parser.add_argument("--family", default="kimi_k25", choices=["kimi_vl", "kimi_k25", "kimi_k3"])
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--json", default=None, help="write the rows here")
+    args = parser.parse_args(argv)
+    rows = run(args.sizes, args.family, args.repeat)
+    print(f"{'size':>10} {'decode ms':>10} {'float32 ms':>11} {'x decode':>9} {'uint8 ms':>9} {'x decode':>9}")
+    for r in rows:
+        d = r["decode_ms"]
+        print(
+            f"{r['size']:>10} {d:10.2f} {r['float32_ms']:11.2f} {r['float32_ms'] / d:9.2f}"
+            f" {r['uint8_ms']:9.2f} {r['uint8_ms'] / d:9.2f}"
+        )
+    if args.json:
+        with open(args.json, "w") as out:
+            json.dump({"family": args.family, "rows": rows}, out, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,367 @@
+"""`mmproc bench encoder`: packed MoonViT + projector throughput on CUDA vs the eager per-image baseline.
+
+Full-size model from a preset (default `kimi-k2.5`: 27 layers, width 1152, 16 heads, mlp 4304, projector to
+7168) with random weights in the dtype the server would use on that device (bf16 on CUDA, fp32 on the CPU). Inputs are random pixel patches packed straight into a pinned `PackedBatch` in the
+dtype the service packs them in (`pixel_transfer_dtype`: the model dtype for a bf16/fp16 CUDA model; no JPEG
+decode); the timed region is one whole forward, H2D copy of the pixels included. Each figure is the median of
+`--reps` forwards timed with CUDA events after `--warmup` forwards. FLOPs are counted exactly: 2*M*N*K per matmul
+plus 4*L^2*D per image per layer for attention; MFU is against the peak measured on the device used
+(mmproc/bench/peaks.py) or `--peak` TFLOP/s, and left out when neither is known (a CPU, an unmeasured GPU).
+
+    python -m mmproc.bench.forward [--preset kimi-k2.5] [--workloads 448x64 1024x16 mixed48]
+                                    [--reps 10] [--warmup 3] [--variants] [--profile] [--no-baseline] [--json PATH]
+                                    [--plot PATH.png] [--quiet]
+
+`--profile` adds, per workload, a torch.profiler breakdown of one warm forward (mmproc/bench/profile.py).
+`--plot` draws img/s per workload and implementation, and MFU per workload. `--device cpu` (with `--preset tiny`) runs the same code on the CPU with wall-clock timing: a
+smoke test of the bench itself, not a measurement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime as dt
+import json
+import platform
+import random
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from mmproc.batching import pixel_transfer_dtype
+from mmproc.bench.forward_report import _format_checks, _format_row, _summary, plot_encoder
+from mmproc.bench.peaks import device_peak
+from mmproc.bench.provenance import git_commit, git_dirty
+from mmproc.bench.report import Progress, save_plot
+from mmproc.bench.timing import _sync, count_syncs, time_back_to_back, time_forward
+from mmproc.models import PRESETS, VisionConfig, VisionEncoder
+from mmproc.preprocess import PreprocessConfig, target_grid
+from mmproc.types import PackedBatch
+
+MIXED_SIDES = (224, 1536)  # mixed workload: each side drawn uniformly in this range (pixels)
+# Our encoder with one fast path changed; `--variants` times each against the default in the same run. (Backend
+# orders and all-varlen were measured once and settled: docs/benchmarks/encoder.md, run 2 of 2026-12-02.)
+VARIANTS: dict[str, dict[str, object]] = {
+    "no-fused-gelu": {"fused_gelu": False},
+    "no-fused-rope": {"fused_rope": False},
+    "no-uniform": {"uniform_attention": False},
+    "all-sdpa": {"long_segment": 1},
+    "no-fused-add-norm": {"fused_add_norm": False},
+    "attn-streams=2": {"attention_streams": 2},
+    "attn-streams=4": {"attention_streams": 4},
+}
+# Our default encoder fed a batch packed in another pixel dtype: what shipping pixels in the model dtype is worth.
+PIXEL_VARIANTS: dict[str, torch.dtype] = {"f32-pixels": torch.float32}
+
+
+def workload_name(value: str) -> str:
+    """argparse type of a workload: SIDExCOUNT or mixedN, both positive (else a one-line usage error)."""
+    side, x, count = value.partition("x")
+    ok = value[5:].isdigit() and int(value[5:]) > 0 if value.startswith("mixed") else (
+        x == "x" and side.isdigit() and count.isdigit() and int(side) > 0 and int(count) > 0
+    )  # fmt: skip
+    if not ok:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a workload: SIDExCOUNT (e.g. 448x64) or mixedN")
+    return value
+
+
+def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="mmproc bench encoder", description=__doc__.split("\n")[0])
+    p.add_argument("--preset", choices=sorted(PRESETS), default="kimi-k2.5")
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None,
+                   help="default: what the server uses on the device (bfloat16 on CUDA, float32 on the CPU)")  # fmt: skip
+    p.add_argument("--device", default="cuda", help="cuda[:N], or cpu for a smoke test with the tiny preset")
+    p.add_argument("--workloads", nargs="+", type=workload_name, default=["448x64", "1024x16", "mixed48"],
+                   help="SIDExCOUNT | mixedN")  # fmt: skip
+    p.add_argument("--reps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--peak", type=float, default=None,
+                   help="TFLOP/s for MFU (default: the peak measured on this device, none when unknown)")  # fmt: skip
+    p.add_argument("--variants", nargs="*", default=None, metavar="NAME", choices=[*VARIANTS, *PIXEL_VARIANTS],
+                   help="also time our encoder with each fast path switched (or only the NAMEd ones)")  # fmt: skip
+    p.add_argument("--no-baseline", action="store_true", help="skip the eager per-image baseline")
+    p.add_argument("--attention", action="store_true", help="also time one image's SDPA per backend and layout")
+    p.add_argument("--profile", action="store_true", help="per workload, kernel time by category of one warm forward")
+    p.add_argument("--latency", nargs="*", type=workload_name, default=None, metavar="WORKLOAD",
+                   help="one batch at a time: p50/p99 latency eager and as a CUDA graph vs GPU busy time (CUDA; "
+                        "default workloads 448x1 1024x1 256x4)")  # fmt: skip
+    p.add_argument("--latency-reps", type=int, default=50)
+    p.add_argument("--json", type=Path, default=None, help="write machine-readable results here")
+    p.add_argument("--plot", type=Path, default=None, help="write a PNG of img/s and MFU per workload here")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p.parse_args(argv)
+
+
+def workload_grids(name: str, seed: int) -> list[tuple[int, int]]:
+    """Patch grids of a workload under Kimi K2.5 preprocessing: 'SIDExCOUNT' (square) or 'mixedN' (seeded)."""
+    rules = PreprocessConfig.kimi_k25()
+    if name.startswith("mixed"):
+        rng = random.Random(seed)
+        sizes = [(rng.randint(*MIXED_SIDES), rng.randint(*MIXED_SIDES)) for _ in range(int(name[5:]))]
+        return [target_grid(w, h, rules) for w, h in sizes]
+    side, count = (int(v) for v in name.split("x"))
+    return [target_grid(side, side, rules)] * count
+
+
+def encoder_flops(config: VisionConfig, grids: Sequence[tuple[int, int]]) -> dict[str, int]:
+    """Exact FLOPs of one forward over images with these grids: 2*M*N*K per matmul, 4*L^2*A attention (A the
+    attention width: hidden for MoonViT, qkv_hidden_size for K3; the real head dim, never a padded one)."""
+    d, inter, text, a = config.hidden_size, config.intermediate_size, config.text_hidden_size, config.qkv_width
+    kk = config.merge_kernel_size[0] * config.merge_kernel_size[1]
+    patch_in = 3 * config.patch_size**2
+    per_patch_layer = 2 * d * (3 * a + a + 2 * inter)  # wqkv, wo, fc0, fc1
+    matmul = attention = 0
+    for h, w in grids:
+        seq, tokens = h * w, h * w // kk
+        matmul += 2 * seq * patch_in * d + config.num_layers * seq * per_patch_layer
+        matmul += 2 * tokens * (kk * d) * (kk * d + text)  # projector linear_1, linear_2
+        attention += config.num_layers * 4 * seq * seq * a  # QK^T and PV
+    return {"matmul": matmul, "attention": attention, "total": matmul + attention}
+
+
+def random_batch(
+    grids: Sequence[tuple[int, int]],
+    patch: int,
+    kernel: tuple[int, int],
+    seed: int,
+    dtype: torch.dtype = torch.float32,
+    pin_memory: bool | None = None,
+) -> PackedBatch:
+    """(sum L, 3, P, P) pixels uniform in [-1, 1) drawn in float32 and stored in `dtype` (pinned by default when
+    CUDA is present), and CPU metadata, as `pack_images(..., dtype=dtype)` builds it: the same values for any
+    dtype up to its rounding."""
+    offsets = [0]
+    for h, w in grids:
+        offsets.append(offsets[-1] + h * w)
+    gen = torch.Generator().manual_seed(seed)
+    pin = torch.cuda.is_available() if pin_memory is None else pin_memory
+    pixels = torch.empty(offsets[-1], 3, patch, patch, dtype=dtype, pin_memory=pin)
+    pixels.copy_(torch.rand(pixels.shape, generator=gen).mul_(2).sub_(1))  # float32 math, one rounding
+    tokens = tuple((h // kernel[0]) * (w // kernel[1]) for h, w in grids)
+    cu = torch.tensor(offsets, dtype=torch.int32)
+    return PackedBatch(pixels, tuple(grids), cu, max(h * w for h, w in grids), tokens)
+
+
+def random_encoder(
+    config: VisionConfig, dtype: torch.dtype, seed: int, device: torch.device | str = "cuda"
+) -> VisionEncoder:
+    """The model with random weights drawn on `device` (std 0.02; LayerNorm weight 1 + noise): seconds, not minutes."""
+    with torch.device("meta"):
+        model = VisionEncoder(config)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    state = {}
+    for name, p in model.state_dict().items():
+        t = torch.randn(p.shape, device=device, generator=gen).mul_(0.02)
+        if "norm" in name and name.endswith(".weight"):
+            t.add_(1.0)
+        state[name] = t.to(dtype)
+    model.load_state_dict(state, strict=True, assign=True)
+    return model.requires_grad_(False).eval()
+
+
+def _rel_err(a: Tensor, b: Tensor) -> float:
+    a, b = a.float(), b.float()
+    return ((a - b).norm() / b.norm()).item()
+
+
+def _row(
+    impl: str, name: str, batch: PackedBatch, flops: dict[str, int], t: dict[str, float], peak: float | None
+) -> dict:
+    sec = t["ms"] * 1e-3
+    tflops = flops["total"] / sec / 1e12
+    return {
+        "workload": name,
+        "impl": impl,
+        "images": batch.num_images,
+        "patches": batch.num_patches,
+        "tokens": batch.num_tokens,
+        "flops": flops,
+        **t,
+        "images_per_s": batch.num_images / sec,
+        "tokens_per_s": batch.num_tokens / sec,
+        "tflops": tflops,
+        "mfu": None if peak is None else tflops / peak,
+    }
+
+
+def _variant_rows(
+    model: VisionEncoder,
+    name: str,
+    batch: PackedBatch,
+    grids: list[tuple[int, int]],
+    flops: dict[str, int],
+    ours: dict,
+    args: argparse.Namespace,
+    device: torch.device,
+    peak: float | None,
+) -> list[dict]:
+    """Our encoder with each fast path switched (VARIANTS) and with other pixel dtypes (PIXEL_VARIANTS). A variant
+    that fails is reported as a row with "error" and the bench goes on (the run's other figures are kept)."""
+    config, reps = model.config, max(3, args.reps // 2)
+    chosen = set(args.variants or (*VARIANTS, *PIXEL_VARIANTS))
+    runs: list[tuple[str, dict[str, object], PackedBatch | torch.dtype]] = [
+        *((variant, changes, batch) for variant, changes in VARIANTS.items() if variant in chosen),
+        *(
+            (variant, {}, dtype)
+            for variant, dtype in PIXEL_VARIANTS.items()
+            if variant in chosen and dtype != batch.pixel_values.dtype
+        ),
+    ]
+    default = dataclasses.asdict(model.tower.options)
+    rows = []
+    for variant, changes, source in runs:
+        try:
+            model.tower.set_options(**changes)
+            if isinstance(source, torch.dtype):
+                source = random_batch(grids, config.patch_size, config.merge_kernel_size, args.seed, source)
+            row = _row(variant, name, batch, flops, time_forward(model, source, 1, reps, device), peak)
+            row["vs_default"] = ours["ms"] / row["ms"]
+        except Exception as exc:  # keep the other variants' figures: GPU time is scarce
+            print(f"{name:>8} {variant:>14} FAILED: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+            row = {"workload": name, "impl": variant, "error": f"{type(exc).__name__}: {exc}"[:500]}
+        finally:
+            model.tower.set_options(**default)
+        rows.append(row)
+    return rows
+
+
+def _profile(model: VisionEncoder, name: str, batch: PackedBatch, device: torch.device) -> dict:
+    """--profile: one warm forward of the default encoder under torch.profiler, printed and returned."""
+    from mmproc.bench.profile import format_report, profile_forward  # only with --profile
+
+    try:
+        report = profile_forward(model, batch, device)
+    except Exception as exc:  # the timed figures above are already in; do not lose them to the profiler
+        print(f"profile {name} FAILED: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+        return {"workload": name, "error": f"{type(exc).__name__}: {exc}"[:500]}
+    print(format_report(name, report))
+    return {"workload": name, **report}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(argv)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("mmproc bench encoder: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 2
+    from mmproc.bench.baseline import EagerBaseline  # imports torch only; kept lazy like the model
+
+    args.dtype = args.dtype or ("float32" if device.type == "cpu" else "bfloat16")  # as `mmproc serve` picks it
+    dtype = getattr(torch, args.dtype)
+    peak, peak_note = (args.peak, f"peak {args.peak} TFLOP/s (--peak)") if args.peak else device_peak(device, dtype)
+    pixel_dtype = pixel_transfer_dtype(device, dtype)
+    config = PRESETS[args.preset]
+    t0 = time.perf_counter()
+    model = random_encoder(config, dtype, args.seed, device)
+    _sync(device)
+    build_s = time.perf_counter() - t0
+    baseline = None if args.no_baseline else EagerBaseline(model)
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.machine()})"
+    timing = "CUDA-event-timed" if device.type == "cuda" else "wall-clock-timed"
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = "missing"
+    print(f"# {gpu} | torch {torch.__version__} | triton {triton_version} | {args.preset} {args.dtype} | pixels "
+          f"{str(pixel_dtype).removeprefix('torch.')} | median of {args.reps} {timing} forwards after {args.warmup} | "
+          f"{peak_note}")  # fmt: skip
+    print(f"# model built (random weights on {device}) in {build_s:.2f} s")
+    print(f"{'workload':>8} {'impl':>14} {'imgs':>4} {'patches':>6} {'ms':>8} {'img/s':>8} {'tok/s':>9} "
+          f"{'TFLOP/s':>7} {'MFU':>6} {'ratio':>6} {'first_s':>7}")  # fmt: skip
+    rows: list[dict] = []
+    checks: list[dict] = []
+    profiles: list[dict] = []
+    progress = Progress(len(args.workloads), "encoder", unit="workload", enabled=False if args.quiet else None)
+    with torch.inference_mode(), progress:
+        for name in args.workloads:
+            grids = workload_grids(name, args.seed)
+            batch = random_batch(
+                grids, config.patch_size, config.merge_kernel_size, args.seed, pixel_dtype, device.type == "cuda"
+            )
+            flops = encoder_flops(config, grids)
+            t = time_forward(model, batch, args.warmup, args.reps, device)
+            ours = _row("mmproc", name, batch, flops, t, peak)
+            check = {"workload": name, "syncs_per_forward": count_syncs(model, batch, device)}
+            pipelined = _row("mmproc-b2b", name, batch, flops, time_back_to_back(model, batch, args.reps, device),
+                             peak)  # fmt: skip
+            # An upper bound on the CPU's cost: once CUDA's launch queue is full the host waits for the GPU.
+            check["host_ms_to_issue_forward"] = round(pipelined["host_ms"], 2)
+            group = [ours, pipelined]
+            if baseline is not None:
+                t = time_forward(baseline, batch, 1, args.reps, device)
+                base = _row("eager-baseline", name, batch, flops, t, peak)
+                ours["vs_baseline"] = base["ms"] / ours["ms"]
+                check["rel_err_vs_baseline"] = _rel_err(model(batch), baseline(batch))
+                group.append(base)
+            if args.variants is not None:
+                group += _variant_rows(model, name, batch, grids, flops, ours, args, device, peak)
+            for r in group:
+                progress.print(_format_row(r))
+            progress.print(_format_checks(check, model.tower.kernels(model.device, model.dtype).names))
+            if args.profile:
+                profiles.append(_profile(model, name, batch, device))
+            progress.tick()
+            rows += group
+            checks.append(check)
+            del batch
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+    _summary(rows)
+    save_plot(args.plot, lambda plt: plot_encoder(plt, rows, f"{args.preset} {args.dtype} on {gpu}"))
+    latency = []
+    if args.latency is not None and device.type == "cuda":
+        from mmproc.bench.latency import latency_row, print_latency
+
+        with torch.inference_mode():
+            for name in args.latency or ["448x1", "1024x1", "256x4"]:
+                grids = workload_grids(name, args.seed)
+                batch = random_batch(grids, config.patch_size, config.merge_kernel_size, args.seed, pixel_dtype, True)
+                latency.append(latency_row(model, name, batch, args.latency_reps, device))
+        print_latency(latency)
+    attention = []
+    if args.attention and device.type == "cuda":
+        from mmproc.bench.attention_backends import attention_table  # its own module: one image's SDPA per backend
+
+        attention = attention_table(config, dtype)
+    if args.json is not None:
+        record = {
+            "bench": "encoder",
+            "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            "commit": git_commit() or "unknown",
+            "dirty": git_dirty(),
+            "command": [sys.executable, "-m", "mmproc.bench.forward", *(sys.argv[1:] if argv is None else argv)],
+            "gpu": gpu,
+            "device": str(device),
+            "torch": torch.__version__,
+            "cuda": torch.version.cuda,
+            "triton": triton_version,
+            "python": platform.python_version(),
+            "preset": args.preset,
+            "dtype": args.dtype,
+            "pixel_dtype": str(pixel_dtype).removeprefix("torch."),
+            "peak_tflops": peak,
+            "peak_note": peak_note,
+            "model_build_s": build_s,
+            "kernels": model.tower.kernels(model.device, model.dtype).names,
+            "results": rows,
+            "checks": checks,
+            "attention": attention,
+            "latency": latency,
+            "profiles": profiles,
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,346 @@
+"""`mmproc bench serve`'s load: worker threads that each own one client, the burst and open-loop rate loops, one
+measured pass (`Phase`) in this process or in --clients processes, and the pooled result of a side's passes."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import queue
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+
+import numpy as np
+import torch
+
+from mmproc.bench.serve_stats import (
+    Sample,
+    raw_rows,
+    sum_ipc,
+    summarize,
+)
+
+Payload = tuple[int, tuple[bytes, ...]]  # (request index, encoded images)
+
+
+@dataclasses.dataclass(frozen=True)
+class ClientConfig:
+    target: str
+    transport: str
+    handle_cache: bool
+    device: str
+    timeout: float
+    consume: str  # "copy": clone the embeddings (what encode_images does) | "view": read them in place
+    cache: bool = True  # False: every request sets cache_bypass (the server's embedding cache is not used)
+
+
+class _ReplyClock:
+    """Notes when a reply's last message arrived, by wrapping the two encode calls of a client's gRPC stubs.
+
+    EncoderClient has no timing hook, so this reaches for its stubs (`_targets.stubs`, or `_stub`): when neither
+    exists the send->reply / reply->ready split is simply not reported. The stubs are the client's own (one
+    client per worker thread), so one clock per client is unambiguous."""
+
+    def __init__(self) -> None:
+        self.at: float | None = None
+
+    @classmethod
+    def install(cls, client: object) -> _ReplyClock | None:
+        stubs = getattr(getattr(client, "_targets", None), "stubs", None) or [getattr(client, "_stub", None)]
+        stubs = [s for s in stubs if s is not None and hasattr(s, "EncodeImages") and hasattr(s, "EncodeImagesStream")]
+        if not stubs:
+            return None
+        clock = cls()
+        for stub in stubs:
+            stub.EncodeImages = clock._unary(stub.EncodeImages)  # IPC path: one reply message
+            stub.EncodeImagesStream = clock._stream(stub.EncodeImagesStream)  # serialized: a stream of chunks
+        return clock
+
+    def _unary(self, call: Callable[..., object]) -> Callable[..., object]:
+        def timed(*args: object, **kwargs: object) -> object:
+            reply = call(*args, **kwargs)
+            self.at = time.perf_counter()
+            return reply
+
+        return timed
+
+    def _stream(self, call: Callable[..., Iterator[object]]) -> Callable[..., Iterator[object]]:
+        def timed(*args: object, **kwargs: object) -> Iterator[object]:
+            yield from call(*args, **kwargs)
+            self.at = time.perf_counter()
+
+        return timed
+
+
+@dataclasses.dataclass
+class _Worker:
+    """One worker thread's client (never shared between threads)."""
+
+    cfg: ClientConfig
+    client: object
+    clock: _ReplyClock | None
+
+    @classmethod
+    def open(cls, cfg: ClientConfig) -> _Worker:
+        from mmproc.client import EncoderClient
+
+        client = EncoderClient(
+            cfg.target, device=cfg.device, transport=cfg.transport, timeout=cfg.timeout, handle_cache=cfg.handle_cache,
+            cache=cfg.cache,
+        )  # fmt: skip
+        return cls(cfg, client, _ReplyClock.install(client))
+
+    def request(self, payload: Payload, scheduled: float | None = None) -> Sample:
+        """One timed request. `views`: the client handed over the embeddings (host side); `ready`: they are
+        usable (copied when --consume copy; consumer stream synchronized on CUDA)."""
+        index, images = payload
+        if self.clock is not None:
+            self.clock.at = None
+        device = torch.device(self.cfg.device)
+        start = time.perf_counter()
+        try:
+            with self.client.encode_images_view(images, timeout=self.cfg.timeout) as views:
+                got = time.perf_counter()
+                outs = [v.clone() for v in views] if self.cfg.consume == "copy" else views
+                if device.type == "cuda":
+                    torch.cuda.current_stream(device).synchronize()
+                ready = time.perf_counter()
+                out_bytes = sum(t.numel() * t.element_size() for t in outs)
+        except Exception as exc:  # counted by type; one failed request never stops the run
+            return Sample(index, len(images), start, time.perf_counter(), scheduled=scheduled,
+                          error=type(exc).__name__, message=str(exc)[:300])  # fmt: skip
+        reply = self.clock.at if self.clock is not None else None
+        return Sample(index, len(images), start, time.perf_counter(), reply, got, ready, scheduled, out_bytes)
+
+
+class _Progress:
+    """`done/total` and rate on one stderr line, at most 10 redraws a second; silent when disabled."""
+
+    def __init__(self, total: int, label: str, enabled: bool) -> None:
+        self.total, self.label, self.enabled = total, label, enabled
+        self.done = 0
+        self._lock = threading.Lock()
+        self._start = self._drawn = time.perf_counter()
+
+    def tick(self) -> None:
+        with self._lock:
+            self.done += 1
+            now = time.perf_counter()
+            if self.enabled and (now - self._drawn >= 0.1 or self.done == self.total):
+                self._drawn = now
+                filled = 30 * self.done // max(1, self.total)
+                rate = self.done / max(1e-9, now - self._start)
+                sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (30 - filled)}] "
+                                 f"{self.done}/{self.total} {rate:.1f} req/s")  # fmt: skip
+                sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+
+
+def _join_all(threads: Sequence[threading.Thread], by: float) -> None:
+    """Start and join threads, waiting until perf_counter time `by` at the latest (they are daemons)."""
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(max(0.0, by - time.perf_counter()))
+
+
+def run_burst(workers: Sequence[_Worker], payloads: Sequence[Payload], deadline: float, progress: _Progress) -> dict:
+    """Every payload, as fast as the workers go, until done or `deadline` (perf_counter)."""
+    todo: queue.SimpleQueue[Payload] = queue.SimpleQueue()
+    for payload in payloads:
+        todo.put(payload)
+    samples: list[Sample] = []
+
+    def loop(worker: _Worker) -> None:
+        while time.perf_counter() < deadline:
+            try:
+                payload = todo.get_nowait()
+            except queue.Empty:
+                return
+            samples.append(worker.request(payload))
+            progress.tick()
+
+    threads = [threading.Thread(target=loop, args=(w,), daemon=True, name=f"bench-{i}") for i, w in enumerate(workers)]
+    _join_all(threads, deadline + workers[0].cfg.timeout + 5)
+    done = list(samples)
+    return {"samples": done, "dropped": 0, "late": 0, "not_sent": len(payloads) - len(done)}
+
+
+def arrival_offsets(count: int, rate: float, kind: str, seed: int) -> np.ndarray:
+    """(count,) seconds from the start: uniform k/rate, or Poisson (exponential gaps, seeded), first at 0."""
+    if kind == "uniform":
+        return np.arange(count, dtype=np.float64) / rate
+    gaps = np.random.default_rng([seed, 0xA22]).exponential(1.0 / rate, size=count)
+    return np.concatenate([[0.0], np.cumsum(gaps[:-1])])
+
+
+def run_rate(
+    workers: Sequence[_Worker],
+    payloads: Sequence[Payload],
+    args: argparse.Namespace,
+    deadline: float,
+    progress: _Progress,
+) -> dict:
+    """Open-loop arrivals; the workers are the in-flight cap (an arrival with none idle is dropped)."""
+    idle: queue.SimpleQueue[int] = queue.SimpleQueue()
+    inboxes: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in workers]
+    samples: list[Sample] = []
+
+    def loop(i: int) -> None:
+        while (job := inboxes[i].get()) is not None:
+            samples.append(workers[i].request(*job))
+            progress.tick()
+            idle.put(i)
+
+    threads = [threading.Thread(target=loop, args=(i,), daemon=True, name=f"bench-{i}") for i in range(len(workers))]
+    for i, t in enumerate(threads):
+        idle.put(i)
+        t.start()
+    start = time.perf_counter()
+    dropped = late = sent = 0
+    for payload, offset in zip(payloads, arrival_offsets(len(payloads), args.rate, args.arrivals, args.seed)):
+        scheduled = start + float(offset)
+        if scheduled >= deadline:
+            break
+        time.sleep(max(0.0, scheduled - time.perf_counter()))
+        try:
+            i = idle.get_nowait()
+        except queue.Empty:
+            dropped += 1
+            progress.tick()
+            continue
+        late += time.perf_counter() - scheduled > args.late_ms / 1e3
+        inboxes[i].put((payload, scheduled))
+        sent += 1
+    for box in inboxes:
+        box.put(None)
+    for t in threads:
+        t.join(max(0.0, max(deadline, time.perf_counter()) + args.timeout + 5 - time.perf_counter()))
+    return {"samples": list(samples), "dropped": dropped, "late": late, "not_sent": len(payloads) - sent - dropped}
+
+
+@dataclasses.dataclass
+class Phase:
+    """One measured pass of the workload with fresh clients (perf_counter t0; counts: dropped/late/not_sent)."""
+
+    samples: list[Sample]
+    wall_s: float
+    t0: float
+    counts: dict[str, int]
+    ipc_stats: dict[str, int] | None
+    stage_split: bool
+
+
+def measure(
+    label: str,
+    cfg: ClientConfig,
+    args: argparse.Namespace,
+    measured: list[Payload],
+    warmup: list[Payload],
+    start: Callable[[], object] | None = None,
+) -> Phase:
+    """Open the clients, warm up, run the measured phase, close the clients. `start`: called after the warm-up,
+    returns when the measured phase may begin (the other client processes are ready too)."""
+    workers = [_Worker.open(cfg) for _ in range(args.concurrency)]
+    try:
+        if warmup:
+            run_burst(workers, warmup, time.perf_counter() + args.max_seconds, _Progress(0, "", False))
+        if start is not None:
+            start()
+        progress = _Progress(len(measured), label, sys.stderr.isatty() and not args.quiet)
+        t0 = time.perf_counter()
+        deadline = t0 + args.max_seconds
+        if args.mode == "burst":
+            counts = run_burst(workers, measured, deadline, progress)
+        else:
+            counts = run_rate(workers, measured, args, deadline, progress)
+        wall = time.perf_counter() - t0
+        progress.close()
+        ipc = sum_ipc([getattr(w.client, "ipc_stats", None) for w in workers])
+    finally:
+        for w in workers:
+            w.client.close()
+    samples = counts.pop("samples")
+    return Phase(samples, wall, t0, counts, ipc, any(w.clock is not None for w in workers))
+
+
+def measure_processes(
+    label: str, cfg: ClientConfig, args: argparse.Namespace, measured: list[Payload], warmup: list[Payload]
+) -> Phase:
+    """`measure` in --clients processes at once (spawned: safe with CUDA), request k going to process k mod N.
+
+    Each process opens its clients and warms up, then all start together; perf_counter is the system's monotonic
+    clock, so the samples of every process share one time axis and pool into one Phase."""
+    import multiprocessing
+
+    n = args.clients
+    context = multiprocessing.get_context("spawn")
+    ready, go, results = context.Barrier(n + 1), context.Event(), context.Queue()
+    quiet = argparse.Namespace(**{**vars(args), "quiet": True, "clients": 1})
+    procs = [
+        context.Process(target=_client_process, args=(label, cfg, quiet, measured[i::n], warmup, ready, go, results))
+        for i in range(n)
+    ]
+    for proc in procs:
+        proc.start()
+    try:
+        ready.wait(timeout=args.max_seconds + 120)  # every process has opened its clients and warmed up
+        go.set()
+        phases = [results.get(timeout=args.max_seconds + 120) for _ in procs]
+    finally:
+        for proc in procs:
+            proc.join(timeout=30)
+            if proc.is_alive():
+                proc.kill()
+    errors = [p for p in phases if isinstance(p, str)]
+    if errors:
+        raise RuntimeError(f"a client process failed: {errors[0]}")
+    t0 = min(p.t0 for p in phases)
+    end = max(p.t0 + p.wall_s for p in phases)
+    counts = sum((Counter(p.counts) for p in phases), Counter())
+    samples = [sample for p in phases for sample in p.samples]
+    return Phase(samples, end - t0, t0, dict(counts), sum_ipc([p.ipc_stats for p in phases]),
+                 all(p.stage_split for p in phases))  # fmt: skip
+
+
+def _client_process(label, cfg, args, measured, warmup, ready, go, results) -> None:  # noqa: ANN001 (spawned)
+    try:
+        phase = measure(label, cfg, args, measured, warmup, start=lambda: (ready.wait(), go.wait()))
+        results.put(phase)
+    except BaseException as exc:  # reported to the parent, which fails the run
+        with contextlib.suppress(threading.BrokenBarrierError):
+            ready.abort()
+        results.put(f"{type(exc).__name__}: {exc}")
+
+
+def result(label: str, cfg: ClientConfig, phases: Sequence[Phase], json_raw: bool) -> dict:
+    """One side's numbers, pooled over its rounds (samples concatenated, walls and counters summed)."""
+    samples = [s for p in phases for s in p.samples]
+    counts = sum((Counter(p.counts) for p in phases), Counter())
+    out = {"label": label, "client": dataclasses.asdict(cfg), **summarize(samples, sum(p.wall_s for p in phases))}
+    out |= {key: counts[key] for key in ("dropped", "late", "not_sent")}
+    out |= {"ipc_stats": sum_ipc([p.ipc_stats for p in phases]), "stage_split": all(p.stage_split for p in phases)}
+    out["rounds"] = [{"throughput_rps": r["throughput_rps"], "latency_mean_ms": (r["latency_ms"] or {}).get("mean")}
+                     for r in (summarize(p.samples, p.wall_s) for p in phases)]  # fmt: skip
+    if json_raw:
+        out["requests"] = [{"round": i, **row} for i, p in enumerate(phases) for row in raw_rows(p.samples, p.t0)]
+    return out
+
+
+def run_plan(
+    plan: Sequence[tuple[str, ClientConfig]], args: argparse.Namespace, measured: list[Payload], warmup: list[Payload]
+) -> list[dict]:
+    """Every side `--rounds` times; with two sides the order is A B, B A, A B, ... so drift cancels (ABBA)."""
+    phases: list[list[Phase]] = [[] for _ in plan]
+    for r in range(args.rounds):
+        for i in range(len(plan)) if r % 2 == 0 else reversed(range(len(plan))):
+            label, cfg = plan[i]
+            run = measure if args.clients == 1 else measure_processes
+            phases[i].append(run(label, cfg, args, measured, warmup))
+    return [result(label, cfg, side, args.json_raw) for (label, cfg), side in zip(plan, phases)]

@@ -1,0 +1,365 @@
+"""`mmproc bench serve --mode open`: goodput under overload, against a running `mmproc serve` (gRPC + HTTP).
+
+One run, three phases, all on one asyncio loop in this process:
+  capacity  closed loop: `--concurrency` Python clients back to back for `--capacity-seconds` -> C images/s;
+  load      open loop: Poisson arrivals at `--rate` (or `--overload` x C) for `--duration` s, one image each,
+            in turn from the Python client (AsyncEncoderClient, `--deadline-s`), a raw gRPC stub (same
+            deadline) and HTTP (/v1/encode; no deadline header unless `--http-timeout-ms`);
+  recovery  closed loop again, started the moment arrivals stop: the time until a 1 s window is back at
+            >= 90% of C.
+It prints goodput (images answered OK, within their deadline) vs C overall and per 5 s window, refusal latency,
+success latency vs the deadline, server RSS (main process + decode workers, from /metrics) peak over idle,
+recovery time, the server's counts of DEADLINE_EXCEEDED / CANCELLED / RESOURCE_EXHAUSTED next to the clients',
+and the ERROR lines the server logged meanwhile (`--server-log`). Every image is unique (a JPEG comment carries
+the request index), so no cache can answer for the encoder. docs/benchmarks/overload.md has the figures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import dataclasses
+import json
+import re
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from mmproc.bench.images import ImageSpec, generate_requests
+from mmproc.bench.serve_stats import environment, stats_ms
+
+KINDS = ("client", "stub", "http")
+WINDOW_S = 5.0
+RECOVERED = 0.9  # of C, over a 1 s window
+OVER_CODES = ("DEADLINE_EXCEEDED", "CANCELLED", "RESOURCE_EXHAUSTED")
+
+
+@dataclasses.dataclass
+class Outcome:
+    kind: str
+    start: float  # perf_counter seconds
+    end: float
+    code: str  # gRPC code name (HTTP statuses mapped to theirs)
+    retry_after: bool = False  # a refusal that said when to come back (Retry-After / RetryInfo)
+    deadline_s: float | None = None
+
+
+def unique_jpeg(jpeg: bytes, index: int) -> bytes:
+    """The same picture with a COM segment naming `index`: other bytes, same pixels (defeats content caches)."""
+    text = f"mmproc-bench {index}".encode()
+    return jpeg[:2] + b"\xff\xfe" + (len(text) + 2).to_bytes(2, "big") + text + jpeg[2:]
+
+
+def _status_name(http_status: int) -> str:
+    return {200: "OK", 400: "INVALID_ARGUMENT", 429: "RESOURCE_EXHAUSTED", 503: "UNAVAILABLE",
+            504: "DEADLINE_EXCEEDED", 500: "INTERNAL"}.get(http_status, f"HTTP_{http_status}")  # fmt: skip
+
+
+class Load:
+    """The three kinds of client of one run, on the running loop."""
+
+    def __init__(self, args) -> None:
+        import grpc
+
+        from mmproc.client import AsyncEncoderClient
+        from mmproc.v1 import encoder_pb2_grpc as pb_grpc
+
+        self.args = args
+        self.client = AsyncEncoderClient(args.target, transport="serialized", timeout=args.deadline_s)
+        self.channel = grpc.aio.insecure_channel(args.target, options=[("grpc.max_receive_message_length", 64 << 20)])
+        self.stub = pb_grpc.EncoderStub(self.channel)
+        host, _, port = args.http_target.removeprefix("http://").rpartition(":")
+        self.http = (host, int(port))
+
+    async def close(self) -> None:
+        await self.client.close()
+        await self.channel.close()
+
+    async def one(self, kind: str, image: bytes) -> Outcome:
+        start = time.perf_counter()
+        deadline = self.args.deadline_s
+        if kind == "client":
+            code, hint = await self._client(image)
+        elif kind == "stub":
+            code, hint = await self._stub(image)
+        else:
+            code, hint = await self._http(image)
+            deadline = self.args.http_timeout_ms / 1000 if self.args.http_timeout_ms else None
+        return Outcome(kind, start, time.perf_counter(), code, hint, deadline)
+
+    async def _client(self, image: bytes) -> tuple[str, bool]:
+        from mmproc.errors import MmprocError
+
+        try:
+            await self.client.encode_images([image], timeout=self.args.deadline_s)
+            return "OK", False
+        except MmprocError as err:
+            return err.grpc_code, False
+
+    async def _stub(self, image: bytes) -> tuple[str, bool]:
+        import grpc
+        from google.rpc import error_details_pb2, status_pb2
+
+        from mmproc.v1 import encoder_pb2 as pb
+
+        request = pb.EncodeImagesRequest(images=[image], transport=pb.TRANSPORT_SERIALIZED)
+        try:
+            await self.stub.EncodeImages(request, timeout=self.args.deadline_s)
+            return "OK", False
+        except grpc.aio.AioRpcError as err:
+            hint = False
+            for key, value in err.trailing_metadata() or ():
+                if key == "grpc-status-details-bin":
+                    status = status_pb2.Status.FromString(value)
+                    hint = any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in status.details)
+            return err.code().name, hint
+
+    async def _http(self, image: bytes) -> tuple[str, bool]:
+        body = json.dumps({"images": [base64.b64encode(image).decode()]}).encode()
+        head = f"POST /v1/encode HTTP/1.1\r\nHost: {self.http[0]}\r\nContent-Type: application/json\r\n"
+        head += f"Content-Length: {len(body)}\r\nConnection: close\r\n"
+        if self.args.http_timeout_ms:
+            head += f"x-mmproc-timeout-ms: {self.args.http_timeout_ms}\r\n"
+        try:
+            reader, writer = await asyncio.open_connection(*self.http)
+            writer.write(head.encode() + b"\r\n" + body)
+            response = await asyncio.wait_for(reader.read(), timeout=self.args.http_wait_s)
+            writer.close()
+        except (OSError, asyncio.TimeoutError) as exc:
+            return type(exc).__name__, False
+        status_line, _, rest = response.partition(b"\r\n")
+        headers = rest.split(b"\r\n\r\n", 1)[0].lower()
+        status = int(status_line.split()[1]) if len(status_line.split()) > 1 else 0
+        return _status_name(status), b"\nretry-after:" in b"\n" + headers
+
+
+async def closed_loop(load: Load, base: list[bytes], first: int, seconds: float, workers: int) -> list[Outcome]:
+    """`workers` Python clients back to back for `seconds`; request k sends image `first + k` (unique)."""
+    out: list[Outcome] = []
+    stop = time.perf_counter() + seconds
+    counter = iter(range(first, first + 10**9))
+
+    async def worker() -> None:
+        while time.perf_counter() < stop:
+            k = next(counter)
+            out.append(await load.one("client", unique_jpeg(base[k % len(base)], k)))
+
+    await asyncio.gather(*(worker() for _ in range(workers)))
+    return out
+
+
+async def open_loop(load: Load, images: list[bytes], rate: float, seconds: float, seed: int) -> list[asyncio.Task]:
+    """Poisson arrivals for `seconds`; returns the tasks (still running when the arrivals stop)."""
+    rng = np.random.default_rng([seed, 0x0FE])
+    tasks: list[asyncio.Task] = []
+    start = time.perf_counter()
+    at = 0.0
+    while at < seconds:
+        await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
+        i = len(tasks)
+        tasks.append(asyncio.create_task(load.one(KINDS[i % len(KINDS)], images[i % len(images)])))
+        at += rng.exponential(1.0 / rate)
+    return tasks
+
+
+class Scraper:
+    """/metrics every `period` s: RSS (server + decode workers) and the request counters."""
+
+    def __init__(self, http: tuple[str, int], period: float = 0.5) -> None:
+        self.http, self.period = http, period
+        self.rss: list[tuple[float, float]] = []  # (perf_counter, bytes)
+        self.split: list[tuple[float, float]] = []  # (server's own, decode workers) bytes
+        self._task: asyncio.Task | None = None
+
+    async def scrape(self) -> dict[str, float]:
+        reader, writer = await asyncio.open_connection(*self.http)
+        writer.write(f"GET /metrics HTTP/1.1\r\nHost: {self.http[0]}\r\nConnection: close\r\n\r\n".encode())
+        text = (await reader.read()).decode(errors="replace").split("\r\n\r\n", 1)[-1]
+        writer.close()
+        values: dict[str, float] = {}
+        for line in text.splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                try:
+                    values[name] = float(value)
+                except ValueError:
+                    continue
+        main = values.get("process_resident_memory_bytes", 0)
+        workers = values.get("mmproc_decode_workers_resident_bytes", 0)
+        self.rss.append((time.perf_counter(), main + workers))
+        self.split.append((main, workers))
+        return values
+
+    def start(self) -> None:
+        async def loop() -> None:
+            while True:
+                with contextlib.suppress(OSError):
+                    await self.scrape()
+                await asyncio.sleep(self.period)
+
+        self._task = asyncio.create_task(loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+
+def server_codes(before: dict[str, float], after: dict[str, float]) -> Counter:
+    """Finished encode requests by code, both front ends, between two scrapes."""
+    pattern = re.compile(r'mmproc_requests_total\{code="(\w+)",method="([^"]+)"\}')
+    out: Counter = Counter()
+    for key, value in after.items():
+        m = pattern.fullmatch(key)
+        if m and m.group(2) in ("EncodeImages", "EncodeImagesStream", "http:/v1/encode"):
+            out[m.group(1)] += int(value - before.get(key, 0))
+    return out
+
+
+def _recovery_s(samples: list[Outcome], t_stop: float, capacity: float) -> float | None:
+    """Seconds from `t_stop` to the end of the first 1 s window of >= RECOVERED x capacity OK completions."""
+    ends = sorted(s.end - t_stop for s in samples if s.code == "OK")
+    for k in range(len(ends)):
+        window_end = ends[k]
+        done = sum(1 for e in ends if window_end - 1.0 < e <= window_end)
+        if window_end >= 1.0 and done >= RECOVERED * capacity:
+            return window_end
+    return None
+
+
+def _error_lines(path: Path | None, offset: int) -> int | None:
+    if path is None or not path.exists():
+        return None
+    with path.open("rb") as log:
+        log.seek(offset)
+        return sum(1 for line in log if b" ERROR " in line or b'"level": "ERROR"' in line)
+
+
+def report(args, capacity: float, load: list[Outcome], recovery: list[Outcome], t0: float, t_stop: float,
+           rss_idle: float, rss_peak: float, rss_detail: str, codes: Counter, errors: int | None,
+           ) -> tuple[str, dict]:  # fmt: skip
+    ok = [o for o in load if o.code == "OK" and (o.deadline_s is None or o.end - o.start <= o.deadline_s)]
+    duration = t_stop - t0
+    goodput = len(ok) / duration
+    windows = []
+    for w in range(max(1, round(duration / WINDOW_S))):  # the last arrival falls a little before the end
+        lo, hi = t0 + w * WINDOW_S, t0 + (w + 1) * WINDOW_S
+        windows.append(sum(1 for o in ok if lo <= o.end < hi) / WINDOW_S)
+    refused = [o for o in load if o.code == "RESOURCE_EXHAUSTED"]
+    client = Counter(o.code for o in load + recovery)
+    by_kind = {k: Counter(o.code for o in load if o.kind == k) for k in KINDS}
+    success_ms = {k: stats_ms([o.end - o.start for o in ok if o.kind == k]) for k in KINDS}
+    rec = _recovery_s(recovery, t_stop, capacity)
+    record = {
+        "capacity_images_per_s": capacity,
+        "offered_rate": args.rate,
+        "duration_s": duration,
+        "goodput_images_per_s": goodput,
+        "goodput_vs_capacity": goodput / capacity,
+        "window_goodput_vs_capacity": [w / capacity for w in windows],
+        "refusal_ms": stats_ms([o.end - o.start for o in refused]),
+        "refusal_ms_by_kind": {k: stats_ms([o.end - o.start for o in refused if o.kind == k]) for k in KINDS},
+        "refusals_with_retry_after": sum(o.retry_after for o in refused if o.kind != "client"),
+        "refusals_from_stub_and_http": sum(1 for o in refused if o.kind != "client"),
+        "success_ms": success_ms,
+        "deadline_s": args.deadline_s,
+        "rss_idle_mb": rss_idle / 2**20,
+        "rss_peak_mb": rss_peak / 2**20,
+        "rss_detail": rss_detail,
+        "recovery_s": rec,
+        "client_codes": dict(client),
+        "server_codes": dict(codes),
+        "codes_by_kind": {k: dict(v) for k, v in by_kind.items()},
+        "error_lines": errors,
+    }
+    lines = [
+        f"capacity C (closed loop, {args.concurrency} clients): {capacity:.1f} images/s",
+        f"offered: {args.rate:.1f} req/s ({args.rate / capacity:.2f} x C) for {duration:.1f} s, "
+        f"{len(load)} requests ({', '.join(KINDS)} in turn); gRPC deadline {args.deadline_s} s, HTTP "
+        + (f"x-mmproc-timeout-ms {args.http_timeout_ms}" if args.http_timeout_ms else "no deadline header"),
+        f"goodput: {goodput:.1f} images/s = {goodput / capacity:.0%} of C; per {WINDOW_S:.0f} s window: "
+        + " ".join(f"{w / capacity:.0%}" for w in windows),
+        f"refusals: {len(refused)}, latency p50/p99/max "
+        + (_ms(record["refusal_ms"], "p50", "p99", "max") if refused else "-")
+        + f" ms; with Retry-After/RetryInfo: {record['refusals_with_retry_after']}"
+        f"/{record['refusals_from_stub_and_http']} (stub+HTTP)",
+    ]
+    for k in KINDS:
+        lines.append(
+            f"  {k:6s} codes {dict(by_kind[k])}; OK latency p50/p99/max {_ms(success_ms[k], 'p50', 'p99', 'max')} ms;"
+            f" refusal p50/p99 {_ms(record['refusal_ms_by_kind'][k], 'p50', 'p99')} ms"
+        )
+    lines += [
+        f"server RSS (main + decode workers): idle {rss_idle / 2**20:.0f} MB, peak {rss_peak / 2**20:.0f} MB "
+        f"(+{(rss_peak - rss_idle) / 2**20:.0f} MB); {rss_detail}",
+        f"recovery to {RECOVERED:.0%} of C: " + ("not within the probe" if rec is None else f"{rec:.2f} s"),
+        "server vs client: " + ", ".join(f"{c} {codes.get(c, 0)}/{client.get(c, 0)}" for c in OVER_CODES),
+        f"ERROR lines in the server log: {'-' if errors is None else errors}",
+    ]
+    return "\n".join(lines) + "\n", record
+
+
+def _ms(stats: dict | None, *keys: str) -> str:
+    return "-" if stats is None else "/".join(f"{stats[k]:.0f}" for k in keys)
+
+
+async def run(args, argv: Sequence[str] | None) -> int:
+    spec = ImageSpec(args.resolutions, "cycle", "jpeg", args.quality)
+    base = [p[0] for p in generate_requests(args.seed, range(32), 1, spec, max_bytes=1 << 30)]
+    load = Load(args)
+    scraper = Scraper(load.http)
+    log_offset = args.server_log.stat().st_size if args.server_log and args.server_log.exists() else 0
+    try:
+        await closed_loop(load, base, 0, 2.0, args.concurrency)  # warm-up; each phase its own indices: no cache hits
+        await asyncio.sleep(0.5)
+        await scraper.scrape()
+        first = scraper.split[-1]
+        capacity_samples = await closed_loop(load, base, 10**6, args.capacity_seconds, args.concurrency)
+        ok = [s for s in capacity_samples if s.code == "OK"]
+        capacity = len(ok) / args.capacity_seconds
+        if capacity <= 0:
+            print("mmproc bench serve --mode open: no request succeeded in the capacity phase", file=sys.stderr)
+            return 1
+        args.rate = args.rate or args.overload * capacity
+        arrivals = int(args.rate * args.duration * 1.2) + 100  # Poisson: room for more than the mean
+        load_images = [unique_jpeg(base[i % len(base)], 10**7 + i) for i in range(arrivals)]  # every one unique
+        await asyncio.sleep(1.0)
+        before = await scraper.scrape()
+        rss_idle, idle = scraper.rss[-1][1], scraper.split[-1]
+        scraper.start()
+        t0 = time.perf_counter()
+        tasks = await open_loop(load, load_images, args.rate, args.duration, args.seed)
+        t_stop = time.perf_counter()
+        recovery = await closed_loop(load, base, 2 * 10**6, args.recovery_seconds, args.concurrency)
+        outcomes = list(await asyncio.gather(*tasks))
+        await asyncio.sleep(0.5)
+        await scraper.stop()
+        after = await scraper.scrape()
+    finally:
+        await load.close()
+    rss_peak = max(r for t, r in scraper.rss if t >= t0)
+    loaded = scraper.split[len(scraper.split) - sum(1 for t, _ in scraper.rss if t >= t0) :]
+    mb = [round(v / 2**20) for v in (*first, *idle, max(m for m, _ in loaded), max(w for _, w in loaded))]
+    detail = f"server/workers MB: before capacity {mb[0]}/{mb[1]}, idle {mb[2]}/{mb[3]}, peak {mb[4]}/{mb[5]}"
+    text, record = report(args, capacity, outcomes, recovery, t0, t_stop, rss_idle, rss_peak, detail,
+                          server_codes(before, after), _error_lines(args.server_log, log_offset))  # fmt: skip
+    record = {"bench": "serve.open", "environment": environment(argv, "cpu"), "target": args.target,
+              "http_target": args.http_target, **record}  # fmt: skip
+    print(text, end="")
+    if args.json is not None:
+        args.json.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return 0
+
+
+def main(args, argv: Sequence[str] | None = None) -> int:
+    if not args.http_target:
+        print("mmproc bench serve --mode open: --http-target HOST:PORT is required", file=sys.stderr)
+        return 2
+    if not (args.rate or args.overload) or args.duration <= 0:
+        print("mmproc bench serve --mode open: needs --rate R or --overload X, and --duration > 0", file=sys.stderr)
+        return 2
+    return asyncio.run(run(args, argv))

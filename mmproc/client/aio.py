@@ -1,0 +1,166 @@
+"""`AsyncEncoderClient`: the asyncio client (grpc.aio); over CUDA IPC it runs the blocking client in a thread."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import grpc
+import torch
+
+from mmproc.client.auth import aio_bearer
+from mmproc.client.blocking import EncoderClient, ipc_wanted
+from mmproc.client.results import ImageEmbedding, from_header
+from mmproc.client.retry import RetryPolicy
+from mmproc.client.rpc import (
+    TRANSPORTS,
+    Assembler,
+    channel_options,
+    check_images,
+    check_keys,
+    make_request,
+)
+from mmproc.client.targets import Targets
+from mmproc.client.video import VideoEmbedding, VideoInput, make_video_request, read_serialized
+from mmproc.v1 import encoder_pb2 as pb
+from mmproc.v1 import encoder_pb2_grpc as pb_grpc
+
+
+class AsyncEncoderClient:
+    """asyncio client (grpc.aio). Use from one event loop.
+
+    CUDA IPC: when the transport allows it and this process has CUDA and CuPy, `encode_images` runs a blocking
+    `EncoderClient` (its IPC session, the process-wide handle cache, the stream-ordered read and ack) in a worker
+    thread, on the caller's current CUDA stream, so the event loop never blocks; without IPC everything stays on
+    grpc.aio. A cancelled call's thread finishes its request (and returns its lease) in the background.
+    Zero-copy views (`encode_images_view`) are only offered by the blocking client.
+    """
+
+    def __init__(
+        self,
+        target: str | Sequence[str],
+        *,
+        device: str | torch.device = "cpu",
+        transport: str = "auto",
+        timeout: float = 60.0,
+        max_message_bytes: int = 64 << 20,
+        handle_cache: bool = True,
+        retry: RetryPolicy | None = None,
+        token: str | None = None,
+        cache: bool = True,
+    ) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport must be one of {sorted(TRANSPORTS)}, got {transport!r}")
+        self.device = torch.device(device)
+        self.transport = transport
+        self.timeout = timeout
+        self._cache_bypass = not cache
+        options = channel_options(max_message_bytes)
+        interceptors = aio_bearer(token)
+        channel = lambda t: grpc.aio.insecure_channel(t, options=options, interceptors=interceptors)  # noqa: E731
+        self._targets = Targets(target, channel, retry)
+        self._ipc: EncoderClient | None = None
+        if ipc_wanted(transport, self.device):
+            self._ipc = EncoderClient(
+                target, device=self.device, transport=transport, timeout=timeout,
+                max_message_bytes=max_message_bytes, handle_cache=handle_cache, retry=retry, token=token, cache=cache,
+            )  # fmt: skip
+
+    @property
+    def ipc_stats(self) -> dict[str, int] | None:
+        """Handle-cache and fallback counters (None when IPC is not in use)."""
+        return None if self._ipc is None else self._ipc.ipc_stats
+
+    async def encode_images(
+        self, images: Sequence[bytes], *, request_id: str | None = None, timeout: float | None = None
+    ) -> list[torch.Tensor]:
+        """One (tokens_i, hidden) tensor per image, on this client's device, in the server's dtype (the same
+        values over either transport)."""
+        images = check_images(images)
+        if self._ipc is not None:
+            ipc, stream = self._ipc, torch.cuda.current_stream(self.device)
+
+            def blocking() -> list[torch.Tensor]:
+                with torch.cuda.stream(stream):  # the copies are ordered on the caller's stream, as in the sync client
+                    return ipc.encode_images(images, request_id=request_id, timeout=timeout)
+
+            return await asyncio.to_thread(blocking)
+        request = make_request(images, request_id, self.transport, cache_bypass=self._cache_bypass)
+
+        async def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> list[torch.Tensor]:
+            assembler = Assembler(len(images), self.device)
+            async for chunk in stub.EncodeImagesStream(request, timeout=seconds):
+                assembler.add(chunk)
+            return assembler.tensors()
+
+        return await self._targets.acall(attempt, timeout or self.timeout)
+
+    async def keep(
+        self,
+        images: Sequence[bytes],
+        keys: Sequence[str],
+        *,
+        request_id: str | None = None,
+        timeout: float | None = None,
+    ) -> list[ImageEmbedding]:
+        """`EncoderClient.keep` for asyncio front ends: encode, keep each result under its key, headers only."""
+        request = make_request(
+            check_images(images),
+            request_id,
+            "serialized",
+            cache_bypass=self._cache_bypass,
+            keys=check_keys(keys),
+            headers_only=True,
+        )
+        return await self._headers_only(request, timeout)
+
+    async def lookup(
+        self, keys: Sequence[str], *, request_id: str | None = None, timeout: float | None = None
+    ) -> list[ImageEmbedding]:
+        """`EncoderClient.lookup`: headers of results kept under `keys`; UnknownKeyError if one is not."""
+        request = make_request(
+            [], request_id, "serialized", cache_bypass=self._cache_bypass, keys=check_keys(keys), headers_only=True
+        )
+        return await self._headers_only(request, timeout)
+
+    async def _headers_only(self, request: pb.EncodeImagesRequest, timeout: float | None) -> list[ImageEmbedding]:
+        async def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> pb.EncodeImagesResponse:
+            return await stub.EncodeImages(request, timeout=seconds)
+
+        reply = await self._targets.acall(attempt, timeout or self.timeout)
+        return [from_header(emb, None) for emb in reply.embeddings]
+
+    async def encode_videos(
+        self,
+        videos: Sequence[bytes | VideoInput],
+        *,
+        request_id: str | None = None,
+        timeout: float | None = None,
+    ) -> list[VideoEmbedding]:
+        """`EncoderClient.encode_videos`, serialized (one unary reply, at most max_message_bytes)."""
+        request = make_video_request(videos, request_id)
+
+        async def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> list[VideoEmbedding]:
+            return read_serialized(await stub.EncodeVideos(request, timeout=seconds), self.device)
+
+        return await self._targets.acall(attempt, timeout or self.timeout)
+
+    async def server_info(self, timeout: float | None = None) -> pb.ServerInfo:
+        request = pb.GetServerInfoRequest()
+
+        async def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> pb.ServerInfo:
+            return await stub.GetServerInfo(request, timeout=seconds)
+
+        return await self._targets.acall(attempt, timeout or self.timeout)
+
+    async def close(self) -> None:
+        if self._ipc is not None:
+            self._ipc.close()
+        for channel in self._targets.channels:
+            await channel.close()
+
+    async def __aenter__(self) -> AsyncEncoderClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()

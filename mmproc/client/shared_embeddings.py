@@ -1,0 +1,141 @@
+"""`SharedEmbeddings`: one encoded batch read by every rank of a tensor-parallel group.
+
+Rank 0 (the process that talks to the encoder) calls `EncoderClient.encode_images_shared(images, readers=N)`,
+broadcasts `shared.to_bytes()` to ranks 1..N-1 over the engine's own channel (torch.distributed, a pipe, ...),
+and every rank, rank 0 included, reads it with `EncoderClient.read_shared(shared, rank)`:
+
+    # rank 0                                              # every rank r (0 included)
+    shared = client.encode_images_shared(images, readers=tp)
+    blob = shared.to_bytes()   --- broadcast --->         shared = SharedEmbeddings.from_bytes(blob)
+                                                          with client.read_shared(shared, r) as views:
+                                                              inputs_embeds[...] = views[i]  # on rank r's GPU
+
+The bytes are protobuf (`mmproc.v1.SharedEmbeddings`: the server's reply plus the pool identity), never pickle.
+Over IPC they carry only descriptors (offsets into the server's pool, a few hundred bytes); when the server
+replied serialized (no pool, pool full, a CPU client) they carry the embeddings' raw bytes and `read_shared`
+turns them into tensors on each rank's device.
+"""
+
+from __future__ import annotations
+
+import torch
+from google.protobuf.message import DecodeError
+
+from mmproc.errors import InternalError
+from mmproc.transport import bytes_to_tensor, tensor_nbytes
+from mmproc.transport.cuda_ipc import IPC_HANDLE_BYTES
+from mmproc.transport.ipc_pool import PoolIdentity, SliceDescriptor
+from mmproc.transport.leases import MAX_READERS
+from mmproc.v1 import encoder_pb2 as pb
+from mmproc.wire import PB_TO_DTYPE, PB_TO_NAME, descriptor_from_pb, identity_from_pb, pool_info_pb
+
+__all__ = ["SharedEmbeddings", "descriptor_from_pb", "identity_from_pb"]
+
+
+class SharedEmbeddings:
+    """What rank 0 hands its tensor-parallel peers: build with `EncoderClient.encode_images_shared` or
+    `from_bytes`; read with `EncoderClient.read_shared(shared, rank)`. Immutable once built."""
+
+    def __init__(self, message: pb.SharedEmbeddings) -> None:
+        _check(message)
+        self._message = message
+
+    @classmethod
+    def from_reply(cls, reply: pb.EncodeImagesResponse, pool: PoolIdentity | None, readers: int) -> SharedEmbeddings:
+        message = pb.SharedEmbeddings(reply=reply, readers=readers)
+        if reply.transport == pb.TRANSPORT_IPC:
+            if pool is None:
+                raise InternalError("an IPC reply without the pool it points into")
+            message.pool.CopyFrom(pool_info_pb(pool))
+        return cls(message)
+
+    def to_bytes(self) -> bytes:
+        """Protobuf bytes, for the engine's broadcast; `from_bytes` in each rank reverses it."""
+        return self._message.SerializeToString()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> SharedEmbeddings:
+        """Parse what rank 0's `to_bytes` produced; ValueError when the bytes are not a well-formed batch."""
+        message = pb.SharedEmbeddings()
+        try:
+            message.ParseFromString(bytes(data))
+        except DecodeError as exc:
+            raise ValueError(f"not SharedEmbeddings bytes: {exc}") from None
+        return cls(message)
+
+    @property
+    def readers(self) -> int:
+        return self._message.readers
+
+    @property
+    def transport(self) -> str:
+        """Either "ipc" (descriptors into the server's pool) or "serialized" (raw bytes in the message)."""
+        return "ipc" if self._message.reply.transport == pb.TRANSPORT_IPC else "serialized"
+
+    @property
+    def request_id(self) -> str:
+        return self._message.reply.request_id
+
+    @property
+    def shapes(self) -> list[tuple[int, ...]]:
+        return [tuple(emb.shape) for emb in self._message.reply.embeddings]
+
+    @property
+    def reply(self) -> pb.EncodeImagesResponse:
+        return self._message.reply
+
+    @property
+    def pool(self) -> PoolIdentity | None:
+        return identity_from_pb(self._message.pool) if self.transport == "ipc" else None
+
+    def descriptors(self) -> list[SliceDescriptor]:
+        """IPC only: one descriptor per image (all in one lease)."""
+        return [descriptor_from_pb(emb.ipc) for emb in self._message.reply.embeddings]
+
+    def tensors(self, device: torch.device) -> list[torch.Tensor]:
+        """Serialized only: one (tokens_i, hidden) tensor per image on `device` (a fresh copy per call)."""
+        return [
+            bytes_to_tensor(emb.data, PB_TO_NAME[emb.dtype], tuple(emb.shape), device)
+            for emb in self._message.reply.embeddings
+        ]
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SharedEmbeddings) and self._message == other._message
+
+    def __repr__(self) -> str:
+        return f"SharedEmbeddings({self.transport}, readers={self.readers}, images={len(self.shapes)})"
+
+
+def _check(message: pb.SharedEmbeddings) -> None:
+    """Structure rank 0's client always produces; anything else is a bug or foreign bytes (ValueError)."""
+    reply = message.reply
+    problem = None
+    if not 1 <= message.readers <= MAX_READERS:
+        problem = f"readers {message.readers} not in 1..{MAX_READERS}"
+    elif not reply.embeddings:
+        problem = "no embeddings"
+    elif any(emb.dtype not in PB_TO_NAME or len(emb.shape) != 2 for emb in reply.embeddings):
+        problem = "an embedding has an unknown dtype or is not 2-D"
+    elif reply.transport == pb.TRANSPORT_IPC:
+        problem = _ipc_problem(message)
+    elif any(emb.WhichOneof("payload") != "data" for emb in reply.embeddings):
+        problem = "a serialized embedding carries no bytes"
+    elif any(len(emb.data) != tensor_nbytes(tuple(emb.shape), PB_TO_DTYPE[emb.dtype]) for emb in reply.embeddings):
+        problem = "a serialized embedding's bytes do not match its shape and dtype"
+    if problem is not None:
+        raise ValueError(f"malformed SharedEmbeddings: {problem}")
+
+
+def _ipc_problem(message: pb.SharedEmbeddings) -> str | None:
+    pool, embeddings = message.pool, message.reply.embeddings
+    if not pool.pool_id or len(pool.ipc_handle) != IPC_HANDLE_BYTES:
+        return "an IPC batch without a pool identity"
+    if any(emb.WhichOneof("payload") != "ipc" for emb in embeddings):
+        return "an IPC embedding without a descriptor"
+    if any((emb.ipc.pool_id, emb.ipc.epoch) != (pool.pool_id, pool.epoch) for emb in embeddings):
+        return "a descriptor names another pool"
+    if len({emb.ipc.lease_id for emb in embeddings}) != 1:
+        return "descriptors of more than one lease"
+    if any(descriptor_from_pb(emb.ipc).readers != message.readers for emb in embeddings):
+        return f"descriptors are not for {message.readers} readers (does the server know the readers field?)"
+    return None

@@ -1,0 +1,243 @@
+"""gRPC front end: the Encoder servicer, standard health and reflection, `create_server`."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+
+import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from mmproc.errors import ConfigError, InvalidMediaError, Reason, ResourceExhaustedError
+from mmproc.v1 import encoder_pb2 as pb
+from mmproc.v1 import encoder_pb2_grpc as pb_grpc
+from service.frontends.auth import BearerToken, TokenInterceptor
+from service.frontends.error_mapping import map_error, to_grpc_status
+from service.frontends.grpc_observe import ObserveInterceptor, note_access
+from service.frontends.grpc_video import VideoServicerMixin
+from service.frontends.replies import (
+    headers_reply,
+    ipc_reply,
+    serialized_payloads,
+    serialized_reply,
+    serialized_stream,
+    stream_response_serializer,
+)
+from service.frontends.session import run_session
+from service.pipeline.engine import EncodedImage, Engine
+from service.pipeline.state import ServingState
+
+logger = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Encoder"].full_name
+
+
+async def _off_loop(fn, *args):
+    """Blocking work (device-to-host staging, byte copies) runs in the default executor, not on the loop."""
+    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
+
+
+class ReplyTooLargeError(ResourceExhaustedError):
+    """A unary reply would exceed the message cap; the client should use EncodeImagesStream."""
+
+
+class EncoderServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos: service/frontends/grpc_video.py
+    def __init__(self, state: ServingState, *, default_deadline_s: float) -> None:
+        self._state = state
+        self._default_deadline_s = default_deadline_s
+
+    @property
+    def _engine(self) -> Engine:  # UnavailableError while the model loads
+        return self._state.engine()
+
+    @property
+    def _info(self) -> pb.ServerInfo:
+        return self._state.info()
+
+    async def _serialize(self, results: list[EncodedImage]) -> list[bytes]:
+        with self._state.metrics.time_stage("transport"):
+            return await _off_loop(serialized_payloads, results)
+
+    async def _run(
+        self, request: pb.EncodeImagesRequest, context: grpc.aio.ServicerContext, *, ipc: bool = True
+    ) -> tuple[str, list[EncodedImage]]:
+        request_id = request.request_id or uuid.uuid4().hex[:16]
+        remaining = context.time_remaining()
+        budget = self._default_deadline_s if remaining is None else remaining
+        wants_ipc = ipc and request.transport != pb.TRANSPORT_SERIALIZED and bool(request.consumer.session_id)
+        wants_ipc = wants_ipc and not request.headers_only
+        deadline = time.monotonic() + budget
+        readers = request.readers if request.HasField("readers") else 1  # unset: one reader
+        session = request.consumer.session_id if wants_ipc else None
+        engine = self._engine
+        if request.keys and not request.images:  # fetch what an earlier request kept (docs/engines.md)
+            return request_id, await engine.fetch(
+                list(request.keys), request_id, deadline, ipc_session=session, readers=readers
+            )
+        if request.keys:  # encode and keep (no lease: kept results are plain tensors)
+            return request_id, await engine.encode_keyed(list(request.images), list(request.keys), request_id, deadline)
+        results = await engine.encode(
+            list(request.images), request_id, deadline, ipc_session=session, readers=readers,
+            cache=not request.cache_bypass, mm_hashes=list(request.mm_hashes), lookup_only=request.headers_only,
+        )  # fmt: skip
+        if results and results[0].cache:  # the embedding cache's answer per image, e.g. "hit,hit,miss"
+            note_access(cache=",".join(r.cache for r in results))
+        return request_id, results
+
+    async def EncodeImages(
+        self, request: pb.EncodeImagesRequest, context: grpc.aio.ServicerContext
+    ) -> pb.EncodeImagesResponse:
+        try:
+            request_id, results = await self._run(request, context)
+            if request.headers_only:
+                return headers_reply(request_id, results)
+            if results and results[0].descriptor is not None:
+                assert self._engine.pool is not None
+                return ipc_reply(request_id, results, self._engine.pool.identity)
+            payloads = await self._serialize(results)
+            size = sum(len(p) for p in payloads)
+            if size > self._info.max_message_bytes - 64 * 1024:
+                raise ReplyTooLargeError(
+                    f"reply of {size} bytes exceeds the {self._info.max_message_bytes}-byte message cap; "
+                    "use EncodeImagesStream"
+                )
+            return serialized_reply(request_id, results, payloads)
+        except Exception as exc:  # every failure leaves through the one mapping
+            await self._abort(context, request, exc)
+            raise  # unreachable: abort raises
+
+    async def EncodeImagesStream(self, request: pb.EncodeImagesRequest, context: grpc.aio.ServicerContext):
+        try:
+            # Streams carry bytes only: a lease taken here would never reach a consumer to release it.
+            if request.headers_only:  # nothing to stream: a unary reply carries the headers
+                raise InvalidMediaError("headers_only requests go to EncodeImages", reason=Reason.BAD_REQUEST)
+            request_id, results = await self._run(request, context, ipc=False)
+            with self._state.metrics.time_stage("transport"):
+                messages = await _off_loop(serialized_stream, request_id, results, self._info.stream_chunk_bytes)
+        except Exception as exc:
+            await self._abort(context, request, exc)
+            return
+        for message in messages:
+            yield message  # serialized already: passed through by stream_response_serializer (add_encoder_servicer)
+
+    async def GetServerInfo(self, request: pb.GetServerInfoRequest, context: grpc.aio.ServicerContext) -> pb.ServerInfo:
+        try:
+            return self._info
+        except Exception as exc:  # not loaded yet: UNAVAILABLE
+            await self._abort(context, request, exc)
+            raise
+
+    async def Session(self, requests, context: grpc.aio.ServicerContext):
+        try:
+            pool = self._engine.pool
+        except Exception as exc:  # the model is still loading: UNAVAILABLE, not UNKNOWN
+            await self._abort(context, None, exc)
+            return
+        async for event in run_session(pool, requests, context):
+            if event.HasField("opened"):
+                self._state.metrics.ipc_sessions_opened.inc()
+            yield event
+
+    async def _abort(self, context: grpc.aio.ServicerContext, request: object, exc: BaseException) -> None:
+        mapped = map_error(exc, metrics=self._state.metrics)  # counted and logged there, with the request id
+        remaining = context.time_remaining()
+        if remaining is not None and remaining <= 0:
+            # The client has its DEADLINE_EXCEEDED already; a status sent now races the core closing the call.
+            context.set_code(grpc.StatusCode.DEADLINE_EXCEEDED)
+            raise asyncio.CancelledError
+        items = "videos" if hasattr(request, "videos") else "images"  # EncodeVideosRequest or an image request
+        await context.abort_with_status(to_grpc_status(mapped, items))
+
+
+class _HandlerRecorder:
+    """Stands in for a server in the generated `add_EncoderServicer_to_server`, keeping its method handlers."""
+
+    def __init__(self) -> None:
+        self.handlers: dict[str, grpc.RpcMethodHandler] = {}
+
+    def add_generic_rpc_handlers(self, generic_handlers: object) -> None:
+        pass  # built from the same dict that add_registered_method_handlers receives
+
+    def add_registered_method_handlers(self, service_name: str, handlers: dict[str, grpc.RpcMethodHandler]) -> None:
+        self.handlers.update(handlers)
+
+
+def add_encoder_servicer(servicer: EncoderServicer, server: grpc.aio.Server) -> None:
+    """What the generated `add_EncoderServicer_to_server` does, except that EncodeImagesStream's messages, which
+    the servicer yields already serialized (service.frontends.replies.serialized_stream), reach gRPC as they are.
+
+    The handlers come from the generated code itself, so every other method keeps its generated (de)serializers.
+    """
+    recorder = _HandlerRecorder()
+    pb_grpc.add_EncoderServicer_to_server(servicer, recorder)
+    handlers = recorder.handlers
+    stream = handlers["EncodeImagesStream"]
+    handlers["EncodeImagesStream"] = grpc.unary_stream_rpc_method_handler(
+        stream.unary_stream, stream.request_deserializer, stream_response_serializer
+    )
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
+    server.add_registered_method_handlers(SERVICE_NAME, handlers)
+
+
+async def create_server(
+    state: ServingState,
+    address: str,
+    *,
+    max_message_bytes: int,
+    default_deadline_s: float = 60.0,
+    max_connection_age_s: float = 0,
+    auth_token: BearerToken | None = None,
+    max_concurrent_rpcs: int | None = None,
+) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
+    """Build and start (bind) the server; returns (server, bound port, health servicer).
+
+    `address` is HOST:PORT (port 0 picks a free one) or unix:PATH (the socket is made mode 0600).
+    Health starts NOT_SERVING; the caller flips it to SERVING once the model is loaded and warmed up.
+    max_connection_age_s > 0 closes connections (gracefully) at that age, so that dns:/// clients re-resolve
+    and spread onto replicas added since they connected. auth_token: see service/frontends/auth.py.
+    max_concurrent_rpcs: past it gRPC answers RESOURCE_EXHAUSTED before reading the request, which bounds the
+    memory that concurrent (up to max-message-sized) requests can hold; None: unbounded.
+    """
+    options: list[tuple[str, int]] = [
+        ("grpc.max_receive_message_length", max_message_bytes),
+        ("grpc.max_send_message_length", max_message_bytes),
+        ("grpc.so_reuseport", 0),
+    ]
+    if max_connection_age_s > 0:
+        options += [
+            ("grpc.max_connection_age_ms", int(max_connection_age_s * 1000)),
+            ("grpc.max_connection_age_grace_ms", int(default_deadline_s * 1000)),
+        ]
+    server = grpc.aio.server(
+        options=options,
+        interceptors=[ObserveInterceptor(state.metrics, SERVICE_NAME)]
+        + ([TokenInterceptor(auth_token, state.metrics)] if auth_token is not None else []),
+        maximum_concurrent_rpcs=max_concurrent_rpcs,
+    )
+    add_encoder_servicer(EncoderServicer(state, default_deadline_s=default_deadline_s), server)
+    health_servicer = health.aio.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)
+    for service in ("", SERVICE_NAME):
+        await health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+    try:
+        port = server.add_insecure_port(address)
+    except RuntimeError as exc:  # grpc raises this for an address it cannot bind (in use, no permission)
+        reason = str(exc).split(";")[0]  # grpc appends advice about GRPC_VERBOSITY
+        raise ConfigError(f"cannot listen on grpc_address {address} (--grpc-address): {reason}") from None
+    if port == 0 and not address.startswith("unix:"):
+        raise ConfigError(f"cannot listen on grpc_address {address} (--grpc-address): in use or not permitted")
+    if address.startswith("unix:"):  # bound but not listening yet: nobody can connect before the chmod
+        os.chmod(address.removeprefix("unix:").removeprefix("//"), 0o600)
+    await server.start()
+    return server, port, health_servicer
+
+
+async def set_serving(health_servicer: health.aio.HealthServicer, serving: bool) -> None:
+    status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+    for service in ("", SERVICE_NAME):
+        await health_servicer.set(service, status)

@@ -1,0 +1,56 @@
+"""The gRPC EncodeVideos method, mixed into `grpc_server.EncoderServicer` (same deadline rule, transports and
+error mapping as EncodeImages)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import grpc
+
+from mmproc.errors import InvalidMediaError, Reason
+from mmproc.v1 import encoder_pb2 as pb
+from service.frontends.replies_video import all_chunks, ipc_video_reply, serialized_video_reply, video_items
+from service.pipeline.video_engine import VideoService
+
+
+def video_service(engine) -> VideoService:
+    """The engine's video service; INVALID_ARGUMENT for a model that takes no video."""
+    videos = getattr(engine, "videos", None)
+    if videos is None:
+        raise InvalidMediaError(f"model {engine.encoder.config.name} takes no video", reason=Reason.BAD_REQUEST)
+    return videos
+
+
+class VideoServicerMixin:
+    async def EncodeVideos(
+        self, request: pb.EncodeVideosRequest, context: grpc.aio.ServicerContext
+    ) -> pb.EncodeVideosResponse:
+        try:
+            request_id = request.request_id or uuid.uuid4().hex[:16]
+            remaining = context.time_remaining()
+            deadline = time.monotonic() + (self._default_deadline_s if remaining is None else remaining)
+            wants_ipc = request.transport != pb.TRANSPORT_SERIALIZED and bool(request.consumer.session_id)
+            engine = self._engine
+            videos = await video_service(engine).encode(
+                video_items(request),
+                request_id,
+                deadline,
+                ipc_session=request.consumer.session_id if wants_ipc else None,
+                readers=request.readers if request.HasField("readers") else 1,
+            )
+            chunks = all_chunks(videos)
+            if chunks and chunks[0].descriptor is not None:
+                return ipc_video_reply(request_id, videos, engine.pool.identity)
+            payloads = await self._serialize(chunks)
+            size = sum(len(p) for p in payloads)
+            if size > self._info.max_message_bytes - 64 * 1024:
+                raise InvalidMediaError(
+                    f"reply of {size} bytes exceeds the {self._info.max_message_bytes}-byte message cap; "
+                    "send fewer videos per request, sample fewer frames or use the IPC transport",
+                    reason=Reason.TOO_MANY_FRAMES,
+                )
+            return serialized_video_reply(request_id, videos, payloads)
+        except Exception as exc:  # every failure leaves through the one mapping
+            await self._abort(context, request, exc)
+            raise  # unreachable: abort raises

@@ -1,0 +1,75 @@
+"""HTTP video route, added to the app of service/frontends/http_app.py:
+
+POST /v1/encode_video  {"videos": [{"data": "<base64 or data: URI>", "fps"?: 2.0, "num_frames"?: 8}, ...],
+                        "return_embeddings": false, "request_id": "..."}
+               -> 200 {"request_id", "videos": [{"index", "num_tokens", "frame_indices", "fps", "size",
+                  "chunks": [{"index", "timestamp_s", "num_tokens", "grid_thw", "shape", "dtype", "sha256",
+                  "data"?}]}]} or the error envelope of /v1/encode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from service.frontends.error_mapping import map_error
+from service.frontends.grpc_video import video_service
+from service.frontends.http_app import TIMEOUT_HEADER, decode_image_field, request_budget_s
+from service.frontends.replies import serialized_payloads
+from service.frontends.replies_video import all_chunks, video_json
+from service.pipeline.state import ServingState
+from service.pipeline.video_engine import VideoItem
+from service.process.logs import REQUEST_ID_HEADER, client_request_id, log_access, request_context
+
+
+class VideoField(BaseModel):
+    data: str = Field(..., description="base64 string or data: URI of the file")
+    fps: float | None = None
+    num_frames: int | None = None
+
+
+class EncodeVideoBody(BaseModel):
+    videos: list[VideoField]
+    return_embeddings: bool = False
+    request_id: str | None = None
+
+
+def add_video_routes(app: FastAPI, state: ServingState, *, default_deadline_s: float) -> None:
+    metrics = state.metrics
+
+    @app.post("/v1/encode_video")
+    async def encode_video(body: EncodeVideoBody, request: Request) -> JSONResponse:
+        started = time.perf_counter()
+        request_id = body.request_id or client_request_id(request.headers.get(REQUEST_ID_HEADER))
+        with request_context(request_id):
+            code, response = await _encode(body, request_id, request.headers.get(TIMEOUT_HEADER))
+            elapsed = time.perf_counter() - started
+            log_access("http", "/v1/encode_video", code, elapsed, images=len(body.videos), status=response.status_code)
+        metrics.observe_request("http:/v1/encode_video", code, elapsed)
+        response.headers[REQUEST_ID_HEADER] = request_id
+        return response
+
+    async def _encode(body: EncodeVideoBody, request_id: str, timeout: str | None) -> tuple[str, JSONResponse]:
+        try:
+            deadline = time.monotonic() + request_budget_s(timeout, default_deadline_s)
+            service = video_service(state.engine())
+            service.check_request([VideoItem(b"", v.fps, v.num_frames) for v in body.videos])  # before any base64
+            items = [VideoItem(decode_image_field(v.data, i), v.fps, v.num_frames) for i, v in enumerate(body.videos)]
+            videos = await service.encode(items, request_id, deadline)
+        except Exception as exc:
+            mapped = map_error(exc, metrics=metrics)
+            body_json = mapped.http_body(request_id)
+            return mapped.grpc_code.name, JSONResponse(
+                body_json, status_code=mapped.http_status, headers=mapped.http_headers
+            )
+        with metrics.time_stage("transport"):
+            payloads = await asyncio.get_running_loop().run_in_executor(None, serialized_payloads, all_chunks(videos))
+        out, at = [], 0
+        for video in videos:
+            out.append(video_json(video, payloads[at : at + len(video.chunks)], body.return_embeddings))
+            at += len(video.chunks)
+        return "OK", JSONResponse({"request_id": request_id, "videos": out})

@@ -1,0 +1,108 @@
+"""Engine results -> protobuf messages: serialized replies (the streamed one framed by mmproc/wire's `chunk_wire`
+with one copy of the payload, made while the D2H of later images is still running) and IPC descriptors. Shared by
+the gRPC servicer, the HTTP app and their tests."""
+
+from __future__ import annotations
+
+from mmproc.transport import DTYPE_NAMES, concat_bytes, start_staging, tensor_bytes_view
+from mmproc.transport.ipc_pool import PoolIdentity
+from mmproc.v1 import encoder_pb2 as pb
+from mmproc.wire import NAME_TO_PB, chunk_wire
+from service.pipeline.engine import EncodedImage
+
+CACHE_TO_PB = {
+    "": pb.CACHE_STATUS_UNSPECIFIED,
+    "miss": pb.CACHE_MISS,
+    "hit": pb.CACHE_HIT,
+    "coalesced": pb.CACHE_COALESCED,
+    "bypass": pb.CACHE_BYPASS,
+}
+
+
+def embedding_header(result: EncodedImage) -> pb.Embedding:
+    emb = result.embedding
+    return pb.Embedding(
+        index=result.index,
+        num_tokens=result.num_tokens,
+        grid_t=1,
+        grid_h=result.grid_hw[0],
+        grid_w=result.grid_hw[1],
+        image_width=result.image_size[0],
+        image_height=result.image_size[1],
+        key=result.key,
+        cache=CACHE_TO_PB[result.cache],
+        mm_hash=result.mm_hash,
+        dtype=NAME_TO_PB[DTYPE_NAMES[emb.dtype]],
+        shape=list(emb.shape),
+    )
+
+
+def headers_reply(request_id: str, results: list[EncodedImage]) -> pb.EncodeImagesResponse:
+    """Headers only (EncodeImagesRequest.headers_only): grids, token counts, shapes, keys; no payload."""
+    reply = pb.EncodeImagesResponse(request_id=request_id, transport=pb.TRANSPORT_SERIALIZED)
+    reply.embeddings.extend(embedding_header(r) for r in results)
+    return reply
+
+
+def serialized_payloads(results: list[EncodedImage]) -> list[bytes]:
+    """Raw bytes of every result. From a GPU: one pinned staging buffer per request (start_staging), and image
+    i's bytes are copied out of it as soon as its own D2H has landed, while later images are still in flight."""
+    return [concat_bytes(b"", staged.wait()) for staged in start_staging([r.embedding for r in results])]
+
+
+def serialized_reply(request_id: str, results: list[EncodedImage], payloads: list[bytes]) -> pb.EncodeImagesResponse:
+    reply = pb.EncodeImagesResponse(request_id=request_id, transport=pb.TRANSPORT_SERIALIZED)
+    for result, data in zip(results, payloads):
+        header = embedding_header(result)
+        header.data = data
+        reply.embeddings.append(header)
+    return reply
+
+
+def serialized_stream(request_id: str, results: list[EncodedImage], chunk_bytes: int) -> list[bytes]:
+    """Every message of a streamed reply, already serialized: what EncodeImagesStream hands gRPC.
+
+    Each image: a message with its header and the first `chunk_bytes` of its payload, then the rest in
+    `chunk_bytes` pieces. From a GPU: one pinned staging buffer per request (start_staging). The payload is
+    copied exactly once, from the staging buffer into each message's bytes, by torch's threads; image i's
+    copies start as soon as its own D2H has landed, while later images are still in flight.
+    """
+    messages = []
+    for result, staged in zip(results, start_staging([r.embedding for r in results])):
+        data = tensor_bytes_view(staged.wait())  # (nbytes,) over the staging buffer, no copy
+        header = embedding_header(result)
+        for offset in range(0, max(len(data), 1), chunk_bytes):  # an empty payload still sends its header
+            piece = data[offset : offset + chunk_bytes]
+            messages.append(chunk_wire(request_id, result.index, offset, piece, header if offset == 0 else None))
+    return messages
+
+
+def stream_response_serializer(message: bytes | pb.EncodeImagesChunk) -> bytes:
+    """EncodeImagesStream's response serializer: messages from `serialized_stream` are already serialized."""
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+def ipc_reply(request_id: str, results: list[EncodedImage], pool: PoolIdentity) -> pb.EncodeImagesResponse:
+    """Descriptors only: the embeddings stay in the pool, the consumer (or each of its readers) reads them there."""
+    reply = pb.EncodeImagesResponse(request_id=request_id, transport=pb.TRANSPORT_IPC)
+    for result in results:
+        desc = result.descriptor
+        assert desc is not None
+        header = embedding_header(result)
+        header.ipc.CopyFrom(
+            pb.IpcDescriptor(
+                pool_id=pool.pool_id,
+                epoch=pool.epoch,
+                device_uuid=pool.device_uuid,
+                lease_id=desc.lease_id,
+                generation=desc.generation,
+                offset_bytes=desc.offset,
+                nbytes=desc.nbytes,
+                ready_offset_bytes=desc.ready_offset,
+                ack_offset_bytes=desc.ack_offset,
+                readers=desc.readers,
+                reader_ack_offset_bytes=desc.ack_offsets,
+            )
+        )
+        reply.embeddings.append(header)
+    return reply

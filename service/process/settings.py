@@ -1,0 +1,502 @@
+"""All settings of `mmproc serve`, in one pydantic-settings model.
+
+Sources, highest priority first: CLI flags, `MMPROC_*` environment variables (e.g. MMPROC_DEVICE=cuda:0,
+MMPROC_IPC_POOL_MB=1024), an optional JSON or TOML config file (`--config FILE` / MMPROC_CONFIG_FILE), defaults.
+Built once at the edge and passed down as plain frozen dataclasses; nothing below reads the environment.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from mmproc.errors import ConfigError
+from mmproc.runner_config import RunnerConfig
+from mmproc.units import MiB
+
+if TYPE_CHECKING:  # imported where used: the settings alone (`mmproc health`, `mmproc config`) need no torch
+    from mmproc.media import MediaLimits
+    from mmproc.media.video_limits import VideoLimits
+    from service.cache.embedding_cache import CacheConfig
+    from service.pipeline.decode_pool import DecodePoolConfig
+    from service.pipeline.overload import OverloadConfig
+
+
+def _check_host_port(name: str, value: str, form: str) -> str:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host.strip("[]") or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"{name} must be {form} with a port in 0..65535, got {value!r}")
+    return value
+
+
+class ServerSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MMPROC_", extra="forbid", frozen=True, protected_namespaces=())
+
+    # Model
+    model_path: Path | None = Field(
+        None,
+        description="Local Hugging Face checkpoint directory to serve (config.json, *.safetensors); nothing is downloaded",
+    )
+    model: str = Field("tiny", description="Embedded preset (random weights) served when no --model-path is given")
+    device: str = Field("cpu", description="Where the encoder runs: cpu, cuda or cuda:N")
+    dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
+        None, description="Weights and activations dtype; float32 on cpu and bfloat16 on cuda when not given"
+    )
+    cuda_graphs: int = Field(
+        8, ge=0, le=64, description="How many CUDA graphs to keep for small batches whose exact sizes repeat (0: none)"
+    )
+    cuda_graph_max_patches: int = Field(
+        4096,
+        ge=1,
+        le=1 << 20,
+        description="Largest batch, in patches, captured as a CUDA graph; bigger ones run eagerly",
+    )
+    gpu_preprocess: bool = Field(
+        True,
+        description="With a CUDA model, normalize pixels on the GPU: decode workers ship uint8 bytes, a quarter of "
+        "the float32 bytes, and skip their costliest pass (docs/benchmarks/preprocess.md)",
+    )
+
+    # Addresses
+    grpc_address: str = Field(
+        "127.0.0.1:50051", description="Where gRPC listens: HOST:PORT (port 0: any free one) or unix:PATH (mode 0600)"
+    )
+    http_address: str = Field(
+        "127.0.0.1:8080", description="Where HTTP (probes, /metrics, /v1/*) listens: HOST:PORT; empty turns HTTP off"
+    )
+
+    # Transport
+    transport: Literal["auto", "ipc", "serialized"] = Field(
+        "auto",
+        description="How embeddings reach a client: CUDA IPC on the same node, serialized bytes, or auto (IPC when it works)",
+    )
+    ipc_pool_mb: int = Field(
+        512, ge=1, le=1 << 20, description="Size of the one GPU pool that IPC replies are written into"
+    )
+    ipc_word_slots: int = Field(1024, ge=1, le=1 << 20, description="How many IPC leases may be in flight at once")
+    ipc_ttl_s: float = Field(60.0, gt=0, description="A lease not acked after this long is reclaimed (a backstop)")
+    ipc_fallback: bool = Field(
+        True, description="When the pool stays full past the wait, reply serialized instead of RESOURCE_EXHAUSTED"
+    )
+    key_store_mb: int = Field(
+        256,
+        ge=0,
+        le=1 << 20,
+        description="Memory for results kept by key for engines (docs/engines.md); 0 refuses keys",
+    )
+    key_store_ttl_s: float = Field(120.0, gt=0, le=86_400, description="How long a result stays kept under its key")
+    key_store_max_keys: int = Field(4096, ge=1, le=1 << 20, description="How many keys the key store holds at most")
+    cache_mb: int = Field(
+        1024,
+        ge=0,
+        le=1 << 20,
+        description="Embedding cache for serialized replies, in host memory (docs/cache.md); 0 turns the cache off",
+    )
+    cache_ipc_mb: int = Field(
+        0,
+        ge=0,
+        le=1 << 20,
+        description="Embedding cache for IPC replies, inside the IPC pool (at most half of it is sensible); "
+        "0, the default until its GPU tests pass on the device (docs/cache.md): IPC requests are not cached",
+    )
+    cache_policy: Literal["s3fifo", "lru"] = Field("s3fifo", description="Eviction policy of the embedding cache")
+    cache_hash: Literal["xxh3", "blake3"] = Field(
+        "xxh3",
+        description="Hash of the raw bytes; blake3 (cryptographic) when tenants that do not trust each other share a server",
+    )
+    cache_invalid_ttl_s: float = Field(
+        30.0, ge=0, le=3600, description="How long an invalid image's error is replayed without decoding it again"
+    )
+    max_message_mb: int = Field(64, ge=1, le=2047, description="Largest gRPC message, received or sent")
+    stream_chunk_mb: int = Field(4, ge=1, le=64, description="Chunk size of streamed serialized replies")
+    host_malloc_reuse_mb: int = Field(
+        1024,
+        ge=0,
+        le=2047,
+        description="Freed host memory kept for the next reply instead of returned (glibc); 0: glibc's",
+    )
+    torch_threads: int = Field(
+        0,
+        ge=0,
+        le=1024,
+        description="Torch's CPU threads (reply copies, batch packing, a CPU model); 0: torch's default",
+    )
+
+    # Request limits (validated before any decoding)
+    max_images_per_request: int = Field(32, ge=1, le=4096, description="Most images one request may carry")
+    max_request_mb: int = Field(48, ge=1, le=2047, description="Most image bytes one request may carry")
+    max_image_mb: int = Field(32, ge=1, le=2047, description="Largest encoded image accepted")
+    max_pixels: int = Field(
+        40_000_000, ge=1, le=89_000_000, description="Most pixels one image may declare (below Pillow's bomb limit)"
+    )
+    max_aspect_ratio: float = Field(200.0, ge=1.0, description="Longest side over shortest side allowed")
+    max_patches_per_request: int = Field(262_144, ge=1, description="Most vision patches one request may need")
+    # Work multipliers counted from the bytes before decoding (docs/reliability.md, "Cost limits")
+    max_jpeg_scans: int = Field(
+        100, ge=1, le=1 << 20, description="Most scans (SOS segments) in a JPEG; progressive libjpeg files have 10"
+    )
+    max_chunks: int = Field(
+        65_536, ge=1, le=1 << 24, description="Most JPEG segments, PNG chunks or GIF blocks before the first image"
+    )
+    max_rle_ratio: int = Field(
+        256, ge=1, le=1 << 20, description="Most declared pixels per byte of run-length-encoded BMP data"
+    )
+    apply_exif_orientation: bool = Field(
+        True, description="Turn images upright from their EXIF orientation (off: as stored, like SGLang's K3 path)"
+    )
+
+    # Video (EncodeVideos, Kimi K2.5; docs/reliability.md): checked from the header and packet index before decoding
+    max_videos_per_request: int = Field(4, ge=1, le=256, description="How many videos one request may carry")
+    max_video_mb: int = Field(32, ge=1, le=2047, description="Largest encoded video, in MiB (at most max_request_mb)")
+    max_video_duration_s: float = Field(600.0, gt=0, le=86_400, description="Longest video, in seconds of its stream")
+    max_video_fps: float = Field(240.0, gt=0, le=10_000, description="Highest frame rate a video stream may declare")
+    max_video_pixels: int = Field(
+        8_294_400, ge=1, le=89_000_000, description="Largest frame, in pixels (default 3840x2160)"
+    )
+    max_sampled_frames_per_video: int = Field(
+        512, ge=1, le=100_000, description="Most frames one video may be sampled into"
+    )
+    max_sampled_frames_per_request: int = Field(
+        1024, ge=1, le=100_000, description="Most sampled frames of all the videos of one request"
+    )
+    max_video_sample_fps: float = Field(
+        30.0, gt=0, le=1000, description="Highest sampling rate a request may ask for, frames per second"
+    )
+    max_video_decode_megapixels: float = Field(
+        40_000.0,
+        gt=0,
+        description="Frames the sampler must decode times their pixels, planned from the index (bomb guard)",
+    )
+    video_decode_cpu_s: float = Field(
+        60.0, gt=0, le=3600, description="CPU seconds one video may spend decoding, then 400"
+    )
+
+    # Concurrency and batching
+    preprocess_workers: int | None = Field(
+        None,
+        ge=1,
+        le=256,
+        description="How many images are decoded at once; default: the CPUs this process may use (affinity, cgroup)",
+    )
+    max_inflight_requests: int = Field(
+        256, ge=1, le=100_000, description="Requests admitted at once; more are refused with RESOURCE_EXHAUSTED"
+    )
+    max_inflight_patches: int = Field(
+        2_097_152, ge=1, description="Patches (from the headers) of all requests in flight; ~2.4 KB each once decoded"
+    )
+    max_batch_patches: int = Field(
+        RunnerConfig.max_batch_patches, ge=1, description="Most patches packed into one forward"
+    )
+    max_batch_images: int = Field(
+        RunnerConfig.max_batch_images, ge=1, description="Most images packed into one forward"
+    )
+    max_wait_ms: float = Field(
+        RunnerConfig.max_wait_ms, ge=0, le=1000, description="How long a forward waits for more images to batch"
+    )
+    max_queued_images: int = Field(
+        RunnerConfig.max_queued_images, ge=1, description="Images that may wait for the encoder; more are refused"
+    )
+    default_deadline_s: float = Field(
+        60.0, gt=0, description="Deadline of a request that sets none (gRPC deadline; HTTP header x-mmproc-timeout-ms)"
+    )
+    max_queue_delay_ms: float = Field(
+        1000.0, ge=0, le=3_600_000,
+        description="Refuse (429) a request whose estimated time to finish passes this, whatever its deadline; 0: off",
+    )  # fmt: skip
+    queue_discipline: Literal["fifo", "adaptive_lifo"] = Field(
+        RunnerConfig.queue_discipline, description="Encoder queue order under overload (docs/benchmarks/overload.md)"
+    )
+    lifo_after_ms: float = Field(
+        RunnerConfig.lifo_after_ms,
+        ge=0,
+        le=60_000,
+        description="With adaptive_lifo: newest first once the oldest image waited this long",
+    )
+    max_pending_mb: int = Field(
+        512,
+        ge=1,
+        le=1 << 20,
+        description="Decoded images waiting for the encoder, in MB; past it requests are refused (429)",
+    )
+
+    # Decode isolation (docs/reliability.md): where hostile bytes are decoded
+    decode_isolation: Literal["process", "thread"] = Field(
+        "process",
+        description="Decode in worker processes (a crash or runaway allocation ends a worker, not the service) "
+        "or in threads",
+    )
+    decode_worker_memory_mb: int | None = Field(
+        None,
+        ge=0,
+        le=1 << 20,
+        description="Address space a decode worker may add; default ~24 B per max pixel; 0: no cap",
+    )
+    decode_timeout_s: float = Field(
+        30.0, gt=0, le=3600, description="Wall-clock time one image may take in a worker before a 400; caps the budget"
+    )
+    decode_budget_base_s: float = Field(
+        0.5, gt=0, le=3600, description="An image's decode CPU-time budget: this plus --decode-budget-per-mp-s per MP"
+    )
+    decode_budget_per_mp_s: float = Field(
+        0.2, ge=0, le=3600, description="Budget added per declared megapixel; past the budget: 400 decode_time"
+    )
+
+    # Security
+    auth_token: SecretStr | None = Field(
+        None, description="Shared secret clients send as `authorization: Bearer <token>`; visible in the process list"
+    )
+    auth_token_file: Path | None = Field(
+        None, description="Read the auth token from this file (a mounted secret), keeping it out of the process list"
+    )
+
+    # Lifecycle and logs
+    grace_period_s: float = Field(
+        30.0,
+        ge=0,
+        le=3600,
+        description="After SIGTERM, the longest the drain (delay included) may take before work is cut off",
+    )
+    drain_delay_s: float = Field(
+        5.0,
+        ge=0,
+        le=3600,
+        description="After SIGTERM, stay reachable answering NOT_SERVING / 503 this long before closing, so that "
+        "load balancers drop the endpoint first (within --grace-period-s)",
+    )
+    max_connection_age_s: float = Field(
+        0, ge=0, description="Close gRPC connections after this age so that dns:/// clients find new replicas; 0: never"
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field(
+        "INFO", description="Lowest level logged; third-party libraries stay at WARNING"
+    )
+    log_json: bool = Field(False, description="Log JSON lines (ISO-8601 UTC times, structured fields) instead of text")
+
+    @field_validator("device")
+    @classmethod
+    def _check_device(cls, value: str) -> str:
+        if value != "cpu" and value != "cuda" and not (value.startswith("cuda:") and value[5:].isdigit()):
+            raise ValueError(f"device must be cpu, cuda or cuda:N, got {value!r}")
+        return value
+
+    @model_validator(mode="before")
+    @classmethod
+    def _read_auth_token_file(cls, values: object) -> object:
+        if not isinstance(values, dict) or values.get("auth_token_file") in (None, ""):
+            return values
+        if values.get("auth_token") not in (None, ""):
+            raise ValueError("give auth_token or auth_token_file, not both")
+        path = Path(str(values["auth_token_file"]))
+        try:
+            return {**values, "auth_token": path.read_text().strip()}
+        except OSError as exc:
+            raise ValueError(f"auth_token_file {path}: {exc.strerror or exc}") from None
+
+    @field_validator("auth_token")
+    @classmethod
+    def _check_auth_token(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or value.get_secret_value() == "":
+            return None  # MMPROC_AUTH_TOKEN="" means no token
+        secret = value.get_secret_value()
+        if len(secret) < 16 or not secret.isprintable() or secret != secret.strip():
+            raise ValueError("auth_token must be at least 16 printable characters without surrounding spaces")
+        return value
+
+    @field_validator("grpc_address")
+    @classmethod
+    def _check_grpc_address(cls, value: str) -> str:
+        if value.startswith("unix:") and value.removeprefix("unix:").removeprefix("//"):
+            return value
+        return _check_host_port("grpc_address", value, "HOST:PORT or unix:PATH")
+
+    @field_validator("http_address")
+    @classmethod
+    def _check_http_address(cls, value: str) -> str:
+        return value if value == "" else _check_host_port("http_address", value, "HOST:PORT or empty")
+
+    @model_validator(mode="after")
+    def _check_sizes(self) -> ServerSettings:
+        if self.max_image_mb > self.max_request_mb:
+            raise ValueError("max_image_mb must not exceed max_request_mb")
+        if self.max_request_mb + 1 > self.max_message_mb:
+            raise ValueError("max_message_mb must exceed max_request_mb by at least 1 (protobuf framing)")
+        if self.max_inflight_patches < self.max_patches_per_request:
+            raise ValueError("max_inflight_patches must be at least max_patches_per_request (one request must fit)")
+        if self.drain_delay_s > self.grace_period_s:
+            raise ValueError("drain_delay_s must not exceed grace_period_s (the delay is part of the drain)")
+        if self.cache_ipc_mb >= self.ipc_pool_mb:
+            raise ValueError("cache_ipc_mb must be below ipc_pool_mb (requests need pool space of their own)")
+        if self.stream_chunk_mb + 1 > self.max_message_mb:
+            raise ValueError("max_message_mb must exceed stream_chunk_mb by at least 1 (each chunk carries a header)")
+        return self
+
+    # -- derived, plain dataclasses handed to the core ----------------------------------------------
+
+    @property
+    def torch_dtype_name(self) -> str:
+        if self.dtype is not None:
+            return self.dtype
+        return "float32" if self.device == "cpu" else "bfloat16"
+
+    @property
+    def decode_workers(self) -> int:
+        """preprocess_workers, or one per CPU this process may use (at most 256)."""
+        from service.process.cpus import usable_cpus
+
+        return self.preprocess_workers or min(256, usable_cpus())
+
+    def media_limits(self) -> MediaLimits:
+        from mmproc.media import MediaLimits
+
+        return MediaLimits(
+            max_image_bytes=self.max_image_mb * MiB,
+            max_pixels=self.max_pixels,
+            max_aspect_ratio=self.max_aspect_ratio,
+            max_jpeg_scans=self.max_jpeg_scans,
+            max_chunks=self.max_chunks,
+            max_rle_ratio=self.max_rle_ratio,
+            apply_exif_orientation=self.apply_exif_orientation,
+        )
+
+    def video_limits(self) -> VideoLimits:
+        from mmproc.media.video_limits import VideoLimits
+
+        return VideoLimits(
+            max_video_bytes=min(self.max_video_mb, self.max_request_mb) * MiB,  # a video is one request at most
+            max_duration_s=self.max_video_duration_s,
+            max_fps=self.max_video_fps,
+            max_pixels=self.max_video_pixels,
+            max_sampled_frames=self.max_sampled_frames_per_video,
+            max_decode_megapixels=self.max_video_decode_megapixels,
+            decode_cpu_s=self.video_decode_cpu_s,
+            max_sample_fps=self.max_video_sample_fps,
+        )
+
+    def decode_config(self) -> DecodePoolConfig:
+        from service.pipeline.decode_pool import DecodePoolConfig
+
+        memory_mb = self.decode_worker_memory_mb
+        if memory_mb is None:  # peak measured at ~11.5 B per decoded pixel (docs/reliability.md); 2x margin
+            memory_mb = (24 * self.max_pixels) // MiB + 128
+        return DecodePoolConfig(
+            isolation=self.decode_isolation,
+            workers=self.decode_workers,
+            worker_memory_mb=memory_mb,
+            timeout_s=self.decode_timeout_s,
+            budget_base_s=self.decode_budget_base_s,
+            budget_per_mp_s=self.decode_budget_per_mp_s,
+            log_level=self.log_level,
+            log_json=self.log_json,
+            normalize=not (self.gpu_preprocess and self.device.startswith("cuda")),
+        )
+
+    def cache_config(self) -> CacheConfig:
+        from service.cache.embedding_cache import CacheConfig
+
+        if self.cache_mb == 0:  # --cache-mb 0: no cache at all
+            return CacheConfig(host_bytes=0, pool_bytes=0)
+        pool_mb = self.cache_ipc_mb
+        return CacheConfig(
+            host_bytes=self.cache_mb * MiB,
+            pool_bytes=pool_mb * MiB,
+            policy=self.cache_policy,
+            hash=self.cache_hash,
+            invalid_ttl_s=self.cache_invalid_ttl_s,
+        )
+
+    def overload_config(self) -> OverloadConfig:
+        from service.pipeline.overload import OverloadConfig
+
+        return OverloadConfig(
+            max_queue_delay_s=self.max_queue_delay_ms / 1000, max_pending_bytes=self.max_pending_mb * MiB
+        )
+
+    def runner_config(self) -> RunnerConfig:
+        return RunnerConfig(
+            max_batch_patches=self.max_batch_patches,
+            max_batch_images=self.max_batch_images,
+            max_wait_ms=self.max_wait_ms,
+            max_queued_images=self.max_queued_images,
+            queue_discipline=self.queue_discipline,
+            lifo_after_ms=self.lifo_after_ms,
+        )
+
+
+def load_settings(config_file: Path | None = None, **overrides: object) -> ServerSettings:
+    """Settings from defaults < config file (JSON or TOML) < environment < explicit overrides (CLI flags).
+
+    Raises ConfigError naming each bad setting the way it was given (--flag, MMPROC_* variable or file key).
+    """
+    from pydantic import ValidationError
+
+    file_values = read_config_file(config_file) if config_file is not None else {}
+    given = {k: v for k, v in overrides.items() if v is not None}
+    _warn_unknown_env()
+    try:
+        env_only = ServerSettings()  # defaults + environment
+        return ServerSettings(**{**file_values, **_explicit(env_only), **given})
+    except ValidationError as exc:
+        problems = "; ".join(f"{_source(e['loc'], given, file_values, config_file)}: {e['msg']}" for e in exc.errors())
+        raise ConfigError(f"invalid settings: {problems}") from None
+
+
+# MMPROC_* variables read elsewhere (the config file's path, the CI switch of the engine test), not settings.
+_OTHER_ENV = frozenset({"MMPROC_CONFIG_FILE", "MMPROC_COMMIT", "MMPROC_REQUIRE_VLLM"})
+
+
+def _warn_unknown_env() -> None:
+    """A typo in an MMPROC_* variable would otherwise be ignored in silence."""
+    known = {f"MMPROC_{name.upper()}" for name in ServerSettings.model_fields} | _OTHER_ENV
+    for key in sorted(k for k in os.environ if k.upper().startswith("MMPROC_") and k.upper() not in known):
+        logging.getLogger(__name__).warning(
+            "ignoring %s: not a setting of mmproc serve (mmproc config lists them)", key
+        )
+
+
+def read_config_file(path: Path) -> dict[str, object]:
+    """A flat JSON object or TOML table of settings: `.toml` is TOML, `.json` (or no suffix) JSON; YAML and other
+    suffixes are refused rather than guessed at."""
+    path = Path(path)
+    if path.suffix not in (".toml", ".json", ""):
+        raise ConfigError(f"config file {path}: use a .json or .toml file (got {path.suffix!r})")
+    try:
+        text = path.read_text()
+        if path.suffix == ".toml":
+            try:
+                import tomllib  # Python >= 3.11
+            except ImportError:  # Python 3.10: the backport, where installed
+                import tomli as tomllib  # type: ignore[no-redef]
+
+            values = tomllib.loads(text)
+        else:
+            values = json.loads(text)
+    except (OSError, ValueError, ImportError) as exc:
+        raise ConfigError(f"config file {path}: {exc}") from exc
+    if not isinstance(values, dict):
+        raise ConfigError(f"config file {path}: expected a JSON object of settings")
+    return values
+
+
+def _source(loc: tuple, given: dict[str, object], file_values: dict[str, object], config_file: Path | None) -> str:
+    """Where the bad value came from, named so that the operator can find it."""
+    if not loc:
+        return "settings"
+    name = str(loc[0])
+    env = f"MMPROC_{name.upper()}"
+    if name in given:
+        return f"--{name.replace('_', '-')} ({name})"
+    if any(key.upper() == env for key in os.environ):
+        return f"{env} ({name})"
+    if name in file_values:
+        return f"config file {config_file}: {name}"
+    return name
+
+
+def _explicit(settings: ServerSettings) -> dict[str, object]:
+    """Values that came from the environment (not defaults), so that they beat the config file."""
+    return {name: getattr(settings, name) for name in settings.model_fields_set}
