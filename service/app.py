@@ -27,14 +27,14 @@ from mmproc.prompt import FRAMINGS, framing, placeholder_token_id
 from mmproc.units import MiB
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire import NAME_TO_PB
+from service import configs
 from service.auth import BearerToken, require_bearer_token
 from service.cache_key import model_context
-from service.engine import Engine, RequestLimits
+from service.engine import Engine
 from service.grpc_server import create_server, set_serving
 from service.host_memory import reuse_freed_host_memory, set_torch_threads
 from service.http_app import create_http_app
 from service.ipc_setup import setup_ipc
-from service.key_store import KeyStoreConfig
 from service.metrics import Metrics
 from service.settings import ServerSettings
 from service.state import ServingState
@@ -61,24 +61,16 @@ def build_engine(settings: ServerSettings, metrics: Metrics | None = None) -> En
     engine = Engine(
         encoder,
         preprocess,
-        settings.media_limits(),
-        RequestLimits(
-            max_images=settings.max_images_per_request,
-            max_request_bytes=settings.max_request_mb * MiB,
-            max_patches=settings.max_patches_per_request,
-        ),
-        settings.runner_config(),
+        configs.media_limits(settings),
+        configs.request_limits(settings),
+        configs.runner_config(settings),
         preprocess_workers=settings.decode_workers,
         max_inflight_requests=settings.max_inflight_requests,
         max_inflight_patches=settings.max_inflight_patches,
         metrics=metrics,
-        decode=settings.decode_config(),
-        key_store=KeyStoreConfig(
-            max_bytes=settings.key_store_mb * MiB,
-            ttl_s=settings.key_store_ttl_s,
-            max_keys=settings.key_store_max_keys,
-        ),
-        cache=settings.cache_config(),
+        decode=configs.decode_config(settings),
+        key_store=configs.key_store_config(settings),
+        cache=configs.cache_config(settings),
         cache_context=model_context(
             model=settings.model,
             model_path=settings.model_path,
@@ -87,6 +79,7 @@ def build_engine(settings: ServerSettings, metrics: Metrics | None = None) -> En
             preprocess=preprocess,
             exif=settings.apply_exif_orientation,
         ),
+        overload=configs.overload_config(settings),
     )
     engine.ipc_status = setup_ipc(settings, engine)
     engine.videos = build_video_service(settings, engine)

@@ -35,20 +35,15 @@ from mmproc.types import PreprocessedImage
 from service.admission import check_patch_budget
 from service.cache_key import CacheKeys, model_context
 from service.cached_encode import CachedEncoder
-from service.decode_pool import DecodePool, DecodePoolConfig
+from service.decode_config import DecodePoolConfig
+from service.decode_pool import DecodePool
 from service.embedding_cache import CacheConfig
 from service.key_store import KeyStore, KeyStoreConfig, check_keys
 from service.metrics import Metrics
 from service.overload import OverloadConfig, OverloadGuard
+from service.request_limits import RequestLimits
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RequestLimits:
-    max_images: int = 32
-    max_request_bytes: int = 48 << 20
-    max_patches: int = 262_144
 
 
 @dataclass(frozen=True)

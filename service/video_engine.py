@@ -22,18 +22,13 @@ from mmproc.preprocess.video_config import VIDEO_FAMILIES, VideoRules, load_vide
 from mmproc.prompt import VIDEO_FRAMINGS
 from mmproc.types import PreprocessedVideo
 from mmproc.v1 import encoder_pb2 as pb
+from service import configs
 from service.decode_pool import VideoJob
 from service.engine import EncodedImage, Engine, check_readers
+from service.request_limits import VideoRequestLimits
 from service.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class VideoRequestLimits:
-    max_videos: int = 4
-    max_request_bytes: int = 48 << 20
-    max_sampled_frames: int = 1024  # over every video of the request
 
 
 @dataclass(frozen=True)
@@ -195,12 +190,7 @@ def build_video_service(settings: ServerSettings, engine: Engine) -> VideoServic
             f"video chunks of {rules.temporal_patch_size} frames, but the tower's time embedding has "
             f"{engine.encoder.config.pos_emb_time} rows (pos_emb_time)"
         )
-    request = VideoRequestLimits(
-        max_videos=settings.max_videos_per_request,
-        max_request_bytes=settings.max_request_mb << 20,
-        max_sampled_frames=settings.max_sampled_frames_per_request,
-    )
-    return VideoService(engine, rules, settings.video_limits(), request)
+    return VideoService(engine, rules, configs.video_limits(settings), configs.video_request_limits(settings))
 
 
 def video_info(videos: VideoService | None) -> pb.VideoInfo:

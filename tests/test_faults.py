@@ -24,6 +24,7 @@ from mmproc.types import PreprocessedImage
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from service.app import build_engine
+from service.configs import decode_config
 from service.decode_pool import DecodePool
 from tests.conftest import ServiceThread, test_settings
 from tests.decode_faults import CRASH, misbehaving_task
@@ -39,7 +40,7 @@ def crashable_engine(settings, metrics):
     engine = build_engine(settings, metrics)
     engine.decode_pool.close()
     engine.decode_pool = DecodePool(
-        engine.media_limits, engine.preprocess, settings.decode_config(), task=misbehaving_task
+        engine.media_limits, engine.preprocess, decode_config(settings), task=misbehaving_task
     )
     return engine
 
