@@ -33,7 +33,7 @@ if TYPE_CHECKING:  # the engine owns this object and passes itself in
 Outcome = Entry | InvalidMediaError | None
 
 
-class CachedEncoder:
+class EmbeddingCache:
     def __init__(self, engine: Engine, config: CacheConfig, keys: CacheKeys) -> None:
         self._engine = engine
         self.config = config

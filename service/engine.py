@@ -28,13 +28,13 @@ from mmproc.errors import (
 from mmproc.media import MediaLimits
 from mmproc.models import VisionEncoder
 from mmproc.preprocess import PreprocessConfig, preprocess_image
-from mmproc.runner import BatchStats, EncoderRunner, RunnerConfig
+from mmproc.runner import BatchStats, Runner, RunnerConfig
 from mmproc.transport.ipc_pool import IpcPool, SliceDescriptor
 from mmproc.transport.leases import MAX_READERS, Lease, UnknownSessionError
 from mmproc.types import PreprocessedImage
 from service.admission import check_patch_budget
 from service.cache_key import CacheKeys, model_context
-from service.cached_encode import CachedEncoder
+from service.cached_encode import EmbeddingCache
 from service.decode_config import DecodePoolConfig
 from service.decode_pool import DecodePool
 from service.embedding_cache import CacheConfig
@@ -102,7 +102,7 @@ class Engine:
         if encoder.device.type != "cuda":  # only a CUDA encoder normalizes the bytes itself (mmproc/preprocess)
             decode = replace(decode, normalize=True)
         self.decode_pool = DecodePool(media_limits, preprocess, decode)
-        self._runner = EncoderRunner(
+        self._runner = Runner(
             encoder,
             runner_config,
             max_patches_per_image=preprocess.max_patches_per_image,
@@ -133,7 +133,7 @@ class Engine:
                 model=encoder.config.name, model_path=None, dtype=str(encoder.dtype), device_type=encoder.device.type,
                 preprocess=preprocess, exif=media_limits.apply_exif_orientation,
             )  # fmt: skip
-        self.cache = CachedEncoder(self, cache, CacheKeys(cache.hash, cache_context)) if cache.enabled else None
+        self.cache = EmbeddingCache(self, cache, CacheKeys(cache.hash, cache_context)) if cache.enabled else None
         self._cached_requests = 0  # requests in the cache's path (a pure hit never enters `_inflight`)
         self.pool: IpcPool | None = None
         self.ipc_fallbacks = 0

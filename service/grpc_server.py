@@ -45,7 +45,7 @@ class ReplyTooLargeError(ResourceExhaustedError):
     """A unary reply would exceed the message cap; the client should use EncodeImagesStream."""
 
 
-class EncoderServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos: service/grpc_video.py
+class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos: service/grpc_video.py
     def __init__(self, state: ServingState, *, default_deadline_s: float) -> None:
         self._state = state
         self._default_deadline_s = default_deadline_s
@@ -166,7 +166,7 @@ class _HandlerRecorder:
         self.handlers.update(handlers)
 
 
-def add_encoder_servicer(servicer: EncoderServicer, server: grpc.aio.Server) -> None:
+def add_encoder_servicer(servicer: GrpcServicer, server: grpc.aio.Server) -> None:
     """What the generated `add_EncoderServicer_to_server` does, except that EncodeImagesStream's messages, which
     the servicer yields already serialized (service.convert.serialized_stream), reach gRPC as they are.
 
@@ -218,7 +218,7 @@ async def create_server(
         + ([TokenInterceptor(auth_token, state.metrics)] if auth_token is not None else []),
         maximum_concurrent_rpcs=max_concurrent_rpcs,
     )
-    add_encoder_servicer(EncoderServicer(state, default_deadline_s=default_deadline_s), server)
+    add_encoder_servicer(GrpcServicer(state, default_deadline_s=default_deadline_s), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)

@@ -1,4 +1,4 @@
-"""The gRPC EncodeVideos method, mixed into `grpc_server.EncoderServicer` (same deadline rule, transports and
+"""The gRPC EncodeVideos method, mixed into `grpc_server.GrpcServicer` (same deadline rule, transports and
 error mapping as EncodeImages)."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import torch
 from mmproc.client import EncoderClient
 from mmproc.errors import DeadlineExceededError, InvalidMediaError, ResourceExhaustedError
 from mmproc.models import load_encoder
-from mmproc.runner import EncoderRunner, RunnerConfig
+from mmproc.runner import Runner, RunnerConfig
 from mmproc.types import PreprocessedImage
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
@@ -110,7 +110,7 @@ def test_cancelled_call_frees_its_work(server: ServiceThread) -> None:
         assert len(client.encode_images([SMALL])) == 1
 
 
-class HeldEncoder:
+class HeldModel:
     """The tiny encoder behind a gate: the runner's worker blocks in forward until the gate opens."""
 
     def __init__(self) -> None:
@@ -124,9 +124,9 @@ class HeldEncoder:
 
 
 def test_runner_drops_a_cancelled_requests_queued_images_at_once() -> None:
-    held = HeldEncoder()
+    held = HeldModel()
     gate = held.gate
-    runner = EncoderRunner(held, RunnerConfig(max_batch_images=1, max_wait_ms=0), max_patches_per_image=64)
+    runner = Runner(held, RunnerConfig(max_batch_images=1, max_wait_ms=0), max_patches_per_image=64)
     image = PreprocessedImage(torch.zeros(4, 3, 14, 14), (2, 2), 1)
     runner.start()
     try:
