@@ -92,7 +92,7 @@ def build_server_info(settings: ServerSettings, engine: Engine) -> pb.ServerInfo
     return pb.ServerInfo(
         version=mmproc.__version__,
         model_name=cfg.name,
-        model_layout=cfg.family,
+        model_layout=cfg.family,  # deprecated alias of family (protos/mmproc/v1/encoder.proto)
         hidden_size=encoder.output_dim,
         vision_hidden_size=cfg.hidden_size,
         dtype=NAME_TO_PB[settings.torch_dtype_name],
@@ -171,8 +171,8 @@ class _EmbeddedUvicorn(uvicorn.Server):
 def _http_socket(address: str) -> socket.socket:
     host, _, port = address.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(address_family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, int(port)))
@@ -314,7 +314,7 @@ class Service:
         logger.info(
             "serving %s (%s, %s on %s) after %.1f s; transport %s",
             info.model_name,
-            info.model_layout,
+            info.family,
             self.settings.torch_dtype_name,
             info.device,
             time.monotonic() - started,
