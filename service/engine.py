@@ -19,7 +19,7 @@ import torch
 from mmproc.batching import pixel_transfer_dtype
 from mmproc.errors import (
     DeadlineExceededError,
-    InvalidMediaError,
+    InvalidRequestError,
     Reason,
     ResourceExhaustedError,
     StaleSessionError,
@@ -72,7 +72,7 @@ def check_deadline(deadline: float | None, where: str) -> None:
 def check_readers(readers: int) -> None:
     """A request's reader count (1 unless it fans out to tensor-parallel ranks) must be in 1..MAX_READERS."""
     if not 1 <= readers <= MAX_READERS:
-        raise InvalidMediaError(f"readers must be in 1..{MAX_READERS}, got {readers}", reason=Reason.BAD_REQUEST)
+        raise InvalidRequestError(f"readers must be in 1..{MAX_READERS}, got {readers}", reason=Reason.BAD_REQUEST)
 
 
 class Engine:
@@ -205,9 +205,9 @@ class Engine:
 
     def check_image_count(self, count: int) -> None:
         if count == 0:
-            raise InvalidMediaError("request has no images", reason=Reason.BAD_REQUEST)
+            raise InvalidRequestError("request has no images", reason=Reason.BAD_REQUEST)
         if count > self.request_limits.max_images:
-            raise InvalidMediaError(
+            raise InvalidRequestError(
                 f"{count} images in one request, limit {self.request_limits.max_images}", reason=Reason.TOO_MANY_IMAGES
             )
 
@@ -217,7 +217,7 @@ class Engine:
         self.check_image_count(len(images))
         total = sum(len(data) for data in images)
         if total > limits.max_request_bytes:
-            raise InvalidMediaError(
+            raise InvalidRequestError(
                 f"request carries {total} bytes of images, limit {limits.max_request_bytes}",
                 reason=Reason.REQUEST_TOO_LARGE,
             )
@@ -254,7 +254,7 @@ class Engine:
             finally:
                 self._cached_requests -= 1
         if any(not data for data in images) and any(mm_hashes):
-            raise InvalidMediaError("lookup by mm_hash needs the cache (bypassed or off)", reason=Reason.BAD_REQUEST)
+            raise InvalidRequestError("lookup by mm_hash needs the cache (bypassed or off)", reason=Reason.BAD_REQUEST)
         results = await self._encode_uncached(images, request_id, deadline, ipc_session=ipc_session, readers=readers)
         if self.cache is None:
             return results
@@ -302,7 +302,7 @@ class Engine:
                 prepared = await self._prepare_all(images, deadline)
                 total_patches = sum(p.num_patches for p in prepared)
                 if total_patches > self.request_limits.max_patches:
-                    raise InvalidMediaError(
+                    raise InvalidRequestError(
                         f"request needs {total_patches} patches, limit {self.request_limits.max_patches}",
                         reason=Reason.TOO_MANY_PATCHES,
                     )

@@ -12,7 +12,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from mmproc.errors import ConfigError, InvalidMediaError, Reason, ResourceExhaustedError
+from mmproc.errors import ConfigError, InvalidRequestError, Reason, ResourceExhaustedError
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from service.auth import BearerToken, TokenInterceptor
@@ -114,7 +114,7 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
         try:
             # Streams carry bytes only: a lease taken here would never reach a consumer to release it.
             if request.headers_only:  # nothing to stream: a unary reply carries the headers
-                raise InvalidMediaError("headers_only requests go to EncodeImages", reason=Reason.BAD_REQUEST)
+                raise InvalidRequestError("headers_only requests go to EncodeImages", reason=Reason.BAD_REQUEST)
             request_id, results = await self._run(request, context, ipc=False)
             with self._state.metrics.time_stage("transport"):
                 messages = await _off_loop(serialized_stream, request_id, results, self._info.stream_chunk_bytes)

@@ -15,7 +15,13 @@ import logging
 import time
 from dataclasses import dataclass
 
-from mmproc.errors import ConfigError, InvalidMediaError, Reason, ResourceExhaustedError, UnavailableError
+from mmproc.errors import (
+    ConfigError,
+    InvalidRequestError,
+    Reason,
+    ResourceExhaustedError,
+    UnavailableError,
+)
 from mmproc.media.video import VideoSampling
 from mmproc.media.video_limits import VideoLimits
 from mmproc.preprocess.video_config import VIDEO_FAMILIES, VideoRules, load_video_rules
@@ -69,26 +75,26 @@ class VideoService:
         """Count, bytes and sampling overrides, before anything is decoded."""
         limits = self.request_limits
         if not items:
-            raise InvalidMediaError("request has no videos", reason=Reason.BAD_REQUEST)
+            raise InvalidRequestError("request has no videos", reason=Reason.BAD_REQUEST)
         if len(items) > limits.max_videos:
-            raise InvalidMediaError(
+            raise InvalidRequestError(
                 f"{len(items)} videos in one request, limit {limits.max_videos}", reason=Reason.TOO_MANY_IMAGES
             )
         total = sum(len(item.data) for item in items)
         if total > limits.max_request_bytes:
-            raise InvalidMediaError(
+            raise InvalidRequestError(
                 f"request carries {total} bytes of videos, limit {limits.max_request_bytes}",
                 reason=Reason.REQUEST_TOO_LARGE,
             )
         for i, item in enumerate(items):
             if item.fps is not None and item.num_frames is not None:
-                raise InvalidMediaError("give fps or num_frames, not both", reason=Reason.BAD_REQUEST, index=i)
+                raise InvalidRequestError("give fps or num_frames, not both", reason=Reason.BAD_REQUEST, index=i)
             if item.fps is not None and not 0 < item.fps <= self.limits.max_sample_fps:
-                raise InvalidMediaError(
+                raise InvalidRequestError(
                     f"fps {item.fps} is not in (0, {self.limits.max_sample_fps}]", reason=Reason.BAD_REQUEST, index=i
                 )
             if item.num_frames is not None and not 0 < item.num_frames <= self.limits.max_sampled_frames:
-                raise InvalidMediaError(
+                raise InvalidRequestError(
                     f"num_frames {item.num_frames} is not in 1..{self.limits.max_sampled_frames}",
                     reason=Reason.TOO_MANY_FRAMES,
                     index=i,
@@ -139,7 +145,7 @@ class VideoService:
     def _check_decoded(self, videos: list[PreprocessedVideo]) -> list:
         frames = sum(len(video.indices) for video in videos)
         if frames > self.request_limits.max_sampled_frames:
-            raise InvalidMediaError(
+            raise InvalidRequestError(
                 f"request samples {frames} frames, limit {self.request_limits.max_sampled_frames}",
                 reason=Reason.TOO_MANY_FRAMES,
             )
@@ -147,7 +153,7 @@ class VideoService:
         patches = sum(chunk.num_patches for chunk in chunks)
         limit = self.engine.request_limits.max_patches
         if patches > limit:
-            raise InvalidMediaError(
+            raise InvalidRequestError(
                 f"request needs {patches} patches ({frames} frames), limit {limit}", reason=Reason.TOO_MANY_PATCHES
             )
         return chunks
