@@ -3,7 +3,8 @@ status code here, the one table: `service/frontends/error_mapping.py` maps excep
 maps statuses back to these classes with it.
 
 Client-side, `mmproc.client` raises the same classes, so an LLM worker catches `InvalidMediaError`
-(a `ValueError`) for bad input and never has to parse status strings.
+(a `ValueError`) for bad input and never has to parse status strings; `InvalidRequestError`, a subclass, when the
+request itself is at fault rather than an image or video in it.
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ class InvalidMediaError(MmprocError, ValueError):
 
     http_status = 400
     grpc_code = "INVALID_ARGUMENT"
+    kind = "media"  # carried in the ErrorInfo metadata, so that the client raises the same class
 
     def __init__(self, message: str, *, reason: Reason | str, index: int = -1) -> None:
         super().__init__(message)
@@ -74,15 +76,27 @@ class InvalidMediaError(MmprocError, ValueError):
 
     def at_index(self, index: int) -> InvalidMediaError:
         """The same error, naming the image's position in its request."""
-        return InvalidMediaError(self.message, reason=self.reason, index=index)
+        return type(self)(self.message, reason=self.reason, index=index)
 
     def __reduce__(self) -> tuple[object, ...]:
         # Keyword-only arguments defeat BaseException's default pickling; decode workers send these back.
-        return _rebuild_invalid_media, (self.message, self.reason, self.index)
+        return _rebuild_invalid_media, (type(self), self.message, self.reason, self.index)
 
 
-def _rebuild_invalid_media(message: str, reason: str, index: int) -> InvalidMediaError:
-    return InvalidMediaError(message, reason=reason, index=index)
+class InvalidRequestError(InvalidMediaError):
+    """The request itself is invalid, not an image or video in it: no or too many images, too many bytes or
+    patches, readers out of range, bad keys or mm_hashes, bad sampling overrides, bad base64 or a bad
+    x-mmproc-timeout-ms header (HTTP). Still HTTP 400 / INVALID_ARGUMENT with a `Reason`, still a `ValueError`.
+
+    A subclass of InvalidMediaError because the client documented that class as every 400 it raises: existing
+    `except InvalidMediaError` keeps catching these; catch InvalidRequestError first to tell the two apart.
+    """
+
+    kind = "request"
+
+
+def _rebuild_invalid_media(cls: type[InvalidMediaError], message: str, reason: str, index: int) -> InvalidMediaError:
+    return cls(message, reason=reason, index=index)
 
 
 class ResourceExhaustedError(MmprocError):

@@ -86,8 +86,8 @@ class _Item:
         return self.image.num_patches
 
 
-class Encoder(Protocol):
-    """What the runner needs of the model (a `VisionEncoder` is one)."""
+class BatchModel(Protocol):
+    """What the runner needs of the model: a forward over a packed batch (a `VisionEncoder` is one)."""
 
     device: torch.device
     dtype: torch.dtype
@@ -96,8 +96,8 @@ class Encoder(Protocol):
     def __call__(self, batch: PackedBatch, out: list[torch.Tensor]) -> object: ...
 
 
-class EncoderRunner:
-    """Runs the encoder on a worker thread with dynamic batching.
+class Runner:
+    """Runs the model on a worker thread with dynamic batching.
 
     Each request gets its own output buffer: by default a fresh device tensor, or whatever the caller's
     `output` allocator returns (the IPC transport passes a slice of its pool), and the projector writes
@@ -106,7 +106,7 @@ class EncoderRunner:
 
     def __init__(
         self,
-        encoder: Encoder,
+        model: BatchModel,
         config: RunnerConfig,
         *,
         max_patches_per_image: int,
@@ -132,7 +132,7 @@ class EncoderRunner:
                 f"runner: max_batch_patches={config.max_batch_patches} is smaller than one image can be "
                 f"({max_patches_per_image} patches); raise it so that every image fits a batch"
             )
-        self._encoder = encoder
+        self._model = model
         self._config = config
         self._merge = merge_kernel_size
         self._pin_memory = pin_memory
@@ -174,8 +174,8 @@ class EncoderRunner:
             return len(self._queue)
 
     def default_output(self, rows: int) -> torch.Tensor:
-        encoder = self._encoder
-        return torch.empty((rows, encoder.output_dim), dtype=encoder.dtype, device=encoder.device)
+        model = self._model
+        return torch.empty((rows, model.output_dim), dtype=model.dtype, device=model.device)
 
     def submit(
         self,
@@ -305,7 +305,7 @@ class EncoderRunner:
         )
         try:
             with torch.inference_mode():
-                self._encoder(batch, out=[job.rows(first, last) for job, first, last in _runs(items)])
+                self._model(batch, out=[job.rows(first, last) for job, first, last in _runs(items)])
         except Exception as exc:  # a model failure fails this batch's requests, not the service
             logger.exception("encoder forward failed for a batch of %d images", len(items))
             for item in items:

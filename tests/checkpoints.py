@@ -1,6 +1,6 @@
 """Small random-weight checkpoints in the REAL Hugging Face layouts of Kimi-VL, Kimi K2.5 and Kimi K3, for tests.
 
-`write_checkpoint(dir, layout=...)` writes config.json, preprocessor_config.json and safetensors (one file, or
+`write_checkpoint(dir, family=...)` writes config.json, preprocessor_config.json and safetensors (one file, or
 three shards with model.safetensors.index.json), optionally with language-model tensors that a loader must
 skip, and returns the vision tower + projector tensors it wrote (checkpoint names). Names and shapes are
 spelled out here from the published modules, independently of `mmproc.models`.
@@ -37,8 +37,8 @@ PROJECTOR_NAMES = {  # (pre_norm, first linear, second linear) checkpoint prefix
 }
 
 
-def vision_spec(vision: dict[str, Any] | None = None, layout: str = "kimi_vl") -> dict[str, Any]:
-    spec = dict(TINY_K3_VISION if layout == "kimi_k3" else TINY_VISION)
+def vision_spec(vision: dict[str, Any] | None = None, family: str = "kimi_vl") -> dict[str, Any]:
+    spec = dict(TINY_K3_VISION if family == "kimi_k3" else TINY_VISION)
     spec.update(vision or {})
     return spec
 
@@ -65,9 +65,9 @@ def k3_tensor_shapes(vision: dict[str, Any] | None = None, text_hidden: int = 25
     return shapes
 
 
-def vision_tensor_shapes(layout: str, vision: dict[str, Any] | None = None, text_hidden: int = 256) -> dict:
-    """Checkpoint name -> shape for the tower and projector of `layout`."""
-    if layout == "kimi_k3":
+def vision_tensor_shapes(family: str, vision: dict[str, Any] | None = None, text_hidden: int = 256) -> dict:
+    """Checkpoint name -> shape for the tower and projector of `family`."""
+    if family == "kimi_k3":
         return k3_tensor_shapes(vision, text_hidden)
     v = vision_spec(vision)
     d, p, m = v["hidden_size"], v["patch_size"], v["intermediate_size"]
@@ -87,7 +87,7 @@ def vision_tensor_shapes(layout: str, vision: dict[str, Any] | None = None, text
         shapes.update({f"{b}.mlp.fc1.weight": (d, m), f"{b}.mlp.fc1.bias": (d,)})
     shapes["vision_tower.encoder.final_layernorm.weight"] = (d,)
     shapes["vision_tower.encoder.final_layernorm.bias"] = (d,)
-    norm, lin1, lin2 = PROJECTOR_NAMES[layout]
+    norm, lin1, lin2 = PROJECTOR_NAMES[family]
     merged = d * kh * kw
     shapes.update({f"{norm}.weight": (d,), f"{norm}.bias": (d,)})
     shapes.update({f"{lin1}.weight": (merged, merged), f"{lin1}.bias": (merged,)})
@@ -96,7 +96,7 @@ def vision_tensor_shapes(layout: str, vision: dict[str, Any] | None = None, text
 
 
 def make_vision_tensors(
-    layout: str = "kimi_vl",
+    family: str = "kimi_vl",
     vision: dict[str, Any] | None = None,
     text_hidden: int = 256,
     seed: int = 0,
@@ -106,7 +106,7 @@ def make_vision_tensors(
     sharp and position bugs change the output; LayerNorm weights 1 + noise; biases and pos table noisy."""
     gen = torch.Generator().manual_seed(seed)
     out = {}
-    for name, shape in vision_tensor_shapes(layout, vision, text_hidden).items():
+    for name, shape in vision_tensor_shapes(family, vision, text_hidden).items():
         if "norm" in name and name.endswith(".weight"):
             t = 1.0 + 0.1 * torch.randn(shape, generator=gen)
         elif name.endswith(".bias"):
@@ -122,10 +122,10 @@ def make_vision_tensors(
     return out
 
 
-def language_model_tensors(layout: str, text_hidden: int, seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+def language_model_tensors(family: str, text_hidden: int, seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """A few LLM tensors (one 2048x2048) that an encoder loader must never read."""
     gen = torch.Generator().manual_seed(seed + 1)
-    attn = "q_proj" if layout == "kimi_vl" else "q_a_proj"
+    attn = "q_proj" if family == "kimi_vl" else "q_a_proj"
     shapes = {
         "language_model.model.embed_tokens.weight": (512, text_hidden),
         f"language_model.model.layers.0.self_attn.{attn}.weight": (2048, 2048),
@@ -134,22 +134,22 @@ def language_model_tensors(layout: str, text_hidden: int, seed: int, dtype: torc
         "language_model.lm_head.weight": (512, text_hidden),
     }
     tensors = {k: torch.randn(s, generator=gen).to(dtype) for k, s in shapes.items()}
-    if layout != "kimi_vl":  # the release packs LLM experts as int4 in int32 words: not a float tensor
+    if family != "kimi_vl":  # the release packs LLM experts as int4 in int32 words: not a float tensor
         key = "language_model.model.layers.1.mlp.experts.0.down_proj.weight_packed"
         tensors[key] = torch.randint(0, 1 << 30, (64, 32), generator=gen, dtype=torch.int32)
     return tensors
 
 
-def hf_config(layout: str, vision: dict[str, Any] | None = None, text_hidden: int = 256) -> dict[str, Any]:
+def hf_config(family: str, vision: dict[str, Any] | None = None, text_hidden: int = 256) -> dict[str, Any]:
     """config.json as the released checkpoints spell it."""
-    v = vision_spec(vision, layout)
+    v = vision_spec(vision, family)
     common = {
         "patch_size": v["patch_size"],
         "init_pos_emb_height": v["pos_emb_height"],
         "init_pos_emb_width": v["pos_emb_width"],
         "merge_kernel_size": list(v["merge_kernel_size"]),
     }
-    if layout == "kimi_vl":
+    if family == "kimi_vl":
         return {
             "architectures": ["KimiVLForConditionalGeneration"],
             "model_type": "kimi_vl",
@@ -165,7 +165,7 @@ def hf_config(layout: str, vision: dict[str, Any] | None = None, text_hidden: in
             },
             "text_config": {"model_type": "deepseek_v3", "hidden_size": text_hidden, "vocab_size": 512},
         }
-    if layout == "kimi_k3":  # every key of KimiK3VisionConfig, as a real config.json spells them
+    if family == "kimi_k3":  # every key of KimiK3VisionConfig, as a real config.json spells them
         return {
             "architectures": ["KimiK3ForConditionalGeneration"],
             "model_type": "kimi_k3",
@@ -220,9 +220,9 @@ def hf_config(layout: str, vision: dict[str, Any] | None = None, text_hidden: in
     }
 
 
-def preprocessor_config(layout: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
+def preprocessor_config(family: str, overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """preprocessor_config.json of the release; `overrides` is deep-merged (K2.5 keys live in media_proc_cfg)."""
-    if layout == "kimi_vl":
+    if family == "kimi_vl":
         base: dict[str, Any] = {
             "image_processor_type": "KimiVLImageProcessor",
             "patch_size": 14,
@@ -244,7 +244,7 @@ def preprocessor_config(layout: str, overrides: dict[str, Any] | None = None) ->
                 "patch_limit_on_one_side": 512,
             }
         }
-        if layout == "kimi_k3":
+        if family == "kimi_k3":
             base["media_proc_cfg"]["transparent_bg_config"] = {
                 "pattern": "chessboard",
                 "chessboard_square_size": 16,
@@ -268,7 +268,7 @@ def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any
 
 def write_checkpoint(
     dir: Path | str,  # noqa: A002 - the name other tests use
-    layout: str = "kimi_vl",
+    family: str = "kimi_vl",
     vision: dict[str, Any] | None = None,
     text_hidden: int = 256,
     sharded: bool = True,
@@ -285,11 +285,11 @@ def write_checkpoint(
     """
     path = Path(dir)
     path.mkdir(parents=True, exist_ok=True)
-    vision_tensors = make_vision_tensors(layout, vision, text_hidden, seed, dtype)
-    lm = language_model_tensors(layout, text_hidden, seed, dtype) if with_language_model else {}
-    config = deep_merge(hf_config(layout, vision, text_hidden), config_overrides or {})
+    vision_tensors = make_vision_tensors(family, vision, text_hidden, seed, dtype)
+    lm = language_model_tensors(family, text_hidden, seed, dtype) if with_language_model else {}
+    config = deep_merge(hf_config(family, vision, text_hidden), config_overrides or {})
     (path / "config.json").write_text(json.dumps(config, indent=2))
-    (path / "preprocessor_config.json").write_text(json.dumps(preprocessor_config(layout, preprocessor), indent=2))
+    (path / "preprocessor_config.json").write_text(json.dumps(preprocessor_config(family, preprocessor), indent=2))
     if not sharded:
         save_file({**lm, **vision_tensors}, str(path / "model.safetensors"), metadata={"format": "pt"})
         return vision_tensors

@@ -273,9 +273,9 @@ class ReferenceKimiK25(nn.Module):
         return torch.cat([self.mm_projector(f) for f in features])
 
 
-def reference_model(layout: str, vision: dict, text_hidden: int, tensors: dict[str, torch.Tensor]) -> nn.Module:
-    """A reference model of `layout` holding `tensors` (checkpoint names, loaded strictly)."""
-    cls = ReferenceKimiVL if layout == "kimi_vl" else ReferenceKimiK25
+def reference_model(family: str, vision: dict, text_hidden: int, tensors: dict[str, torch.Tensor]) -> nn.Module:
+    """A reference model of `family` holding `tensors` (checkpoint names, loaded strictly)."""
+    cls = ReferenceKimiVL if family == "kimi_vl" else ReferenceKimiK25
     model = cls(vision, text_hidden)
     model.load_state_dict(tensors, strict=True)
     return model.eval()

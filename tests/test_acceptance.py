@@ -41,20 +41,20 @@ TEXT_HIDDEN = 256
 
 @pytest.fixture(scope="module", params=["kimi_vl", "kimi_k25"])
 def served(request, tmp_path_factory):
-    layout = request.param
-    path = tmp_path_factory.mktemp(layout)
-    tensors = write_checkpoint(path, layout, sharded=layout == "kimi_vl", with_language_model=True, seed=11)
+    family = request.param
+    path = tmp_path_factory.mktemp(family)
+    tensors = write_checkpoint(path, family, sharded=family == "kimi_vl", with_language_model=True, seed=11)
     server = ServiceThread(test_settings(model_path=str(path), dtype="float32")).start()
-    yield layout, path, tensors, server
+    yield family, path, tensors, server
     server.stop()
 
 
 @torch.inference_mode()
 def test_served_checkpoint_matches_the_independent_reference(served) -> None:
-    layout, path, tensors, server = served
+    family, path, tensors, server = served
     with EncoderClient(server.grpc_target, timeout=120) as client:
         embeddings = client.encode_images(IMAGES)
-    reference = reference_model(layout, TINY_VISION, TEXT_HIDDEN, tensors)
+    reference = reference_model(family, TINY_VISION, TEXT_HIDDEN, tensors)
     preprocess = load_preprocess_config(path)
     for case, data, got in zip(CASES, IMAGES, embeddings):
         image = preprocess_image(decode_image(data, MediaLimits()).image, preprocess)
@@ -65,13 +65,13 @@ def test_served_checkpoint_matches_the_independent_reference(served) -> None:
 
 
 def test_the_server_describes_the_checkpoint(served) -> None:
-    layout, _, _, server = served
+    family, _, _, server = served
     with EncoderClient(server.grpc_target) as client:
         info = client.server_info()
-    assert info.model_layout == layout
+    assert info.model_layout == family
     assert info.hidden_size == TEXT_HIDDEN
     assert info.vision_hidden_size == TINY_VISION["hidden_size"]
-    assert info.preprocess.family == layout
+    assert info.preprocess.family == family
 
 
 def test_invalid_media_is_a_client_error_on_both_front_ends(served) -> None:

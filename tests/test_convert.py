@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from mmproc.transport import tensor_to_bytes
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire import chunk_wire
-from service.frontends.grpc_server import EncoderServicer, _HandlerRecorder, add_encoder_servicer
+from service.frontends.grpc_server import GrpcServicer, _HandlerRecorder, add_encoder_servicer
 from service.frontends.replies import embedding_header, serialized_stream, stream_response_serializer
 from service.pipeline.engine import EncodedImage
 from service.pipeline.state import ServingState
@@ -90,7 +90,7 @@ def test_the_stream_is_the_chunks_protobuf_would_build(chunk_bytes: int) -> None
 
 def test_the_stream_handler_passes_serialized_messages_through() -> None:
     recorder = _HandlerRecorder()
-    servicer = EncoderServicer(ServingState(Metrics()), default_deadline_s=1.0)
+    servicer = GrpcServicer(ServingState(Metrics()), default_deadline_s=1.0)
     add_encoder_servicer(servicer, recorder)  # type: ignore[arg-type]  # stands in for the server
     service = pb.DESCRIPTOR.services_by_name["Encoder"]
     assert set(recorder.handlers) == {m.name for m in service.methods}  # every RPC, from the generated code

@@ -13,10 +13,10 @@ import torch
 from mmproc.errors import DeadlineExceededError, InvalidMediaError, UnavailableError
 from mmproc.media import MediaLimits
 from mmproc.preprocess import PreprocessConfig
-from service.pipeline.decode_pool import DecodePool, DecodePoolConfig
+from service.pipeline.decode_pool import DecodePool, DecodePoolConfig, FairShare
 from service.pipeline.decode_transfer import FILE_THRESHOLD
 from service.pipeline.decode_worker import prepare_image
-from service.pipeline.fair_share import FairShare
+from service.process.configs import decode_config
 from tests.decode_faults import BALLOON, BUSY, CRASH, HANG, SEGV, SLOW, SPIN, misbehaving_task
 from tests.media_samples import make_image_bytes
 
@@ -141,9 +141,9 @@ def test_closed_pool_refuses_and_removes_its_transfer_directory() -> None:
 def test_worker_memory_budget_follows_max_pixels() -> None:
     from tests.conftest import test_settings
 
-    assert test_settings().decode_config().worker_memory_mb == (24 * 40_000_000) // (1 << 20) + 128
-    assert test_settings(max_pixels=80_000_000).decode_config().worker_memory_mb > 1900
-    assert test_settings(decode_worker_memory_mb=0).decode_config().worker_memory_mb == 0
+    assert decode_config(test_settings()).worker_memory_mb == (24 * 40_000_000) // (1 << 20) + 128
+    assert decode_config(test_settings(max_pixels=80_000_000)).worker_memory_mb > 1900
+    assert decode_config(test_settings(decode_worker_memory_mb=0)).worker_memory_mb == 0
 
 
 def test_fair_share_hands_slots_out_round_robin_by_request() -> None:

@@ -19,12 +19,13 @@ import torch
 from mmproc.client import EncoderClient
 from mmproc.errors import DeadlineExceededError, InvalidMediaError, ResourceExhaustedError
 from mmproc.models import load_encoder
-from mmproc.runner import EncoderRunner, RunnerConfig
+from mmproc.runner import Runner, RunnerConfig
 from mmproc.types import PreprocessedImage
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from service.pipeline.decode_pool import DecodePool
 from service.process.app import build_engine
+from service.process.configs import decode_config
 from tests.conftest import ServiceThread, test_settings
 from tests.decode_faults import CRASH, misbehaving_task
 from tests.media_samples import encode_image, make_image_bytes, random_image
@@ -39,7 +40,7 @@ def crashable_engine(settings, metrics):
     engine = build_engine(settings, metrics)
     engine.decode_pool.close()
     engine.decode_pool = DecodePool(
-        engine.media_limits, engine.preprocess, settings.decode_config(), task=misbehaving_task
+        engine.media_limits, engine.preprocess, decode_config(settings), task=misbehaving_task
     )
     return engine
 
@@ -109,7 +110,7 @@ def test_cancelled_call_frees_its_work(server: ServiceThread) -> None:
         assert len(client.encode_images([SMALL])) == 1
 
 
-class HeldEncoder:
+class HeldModel:
     """The tiny encoder behind a gate: the runner's worker blocks in forward until the gate opens."""
 
     def __init__(self) -> None:
@@ -123,9 +124,9 @@ class HeldEncoder:
 
 
 def test_runner_drops_a_cancelled_requests_queued_images_at_once() -> None:
-    held = HeldEncoder()
+    held = HeldModel()
     gate = held.gate
-    runner = EncoderRunner(held, RunnerConfig(max_batch_images=1, max_wait_ms=0), max_patches_per_image=64)
+    runner = Runner(held, RunnerConfig(max_batch_images=1, max_wait_ms=0), max_patches_per_image=64)
     image = PreprocessedImage(torch.zeros(4, 3, 14, 14), (2, 2), 1)
     runner.start()
     try:

@@ -18,7 +18,7 @@ from tests.test_model import make_images
 VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "mm_projector.")
 
 
-def internal_state(tensors: dict[str, torch.Tensor], layout: str) -> dict[str, torch.Tensor]:
+def internal_state(tensors: dict[str, torch.Tensor], family: str) -> dict[str, torch.Tensor]:
     """Checkpoint names -> VisionEncoder names, spelled out by hand (independent of the loader's tables)."""
     rename = {
         "vision_tower.": "tower.",
@@ -74,7 +74,7 @@ class SafeOpenSpy:
 
 @torch.inference_mode()
 def test_kimi_vl_sharded_reads_only_vision_tensors(tmp_path, monkeypatch):
-    tensors = write_checkpoint(tmp_path, layout="kimi_vl", sharded=True, with_language_model=True)
+    tensors = write_checkpoint(tmp_path, family="kimi_vl", sharded=True, with_language_model=True)
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
     assert any(k.startswith("language_model.") for k in index) and len(set(index.values())) == 3
     spy = SafeOpenSpy(loader_mod.safe_open)
@@ -92,7 +92,7 @@ def test_kimi_vl_sharded_reads_only_vision_tensors(tmp_path, monkeypatch):
 
 @torch.inference_mode()
 def test_k25_single_file_loads(tmp_path, monkeypatch):
-    tensors = write_checkpoint(tmp_path, layout="kimi_k25", sharded=False, with_language_model=True, seed=3)
+    tensors = write_checkpoint(tmp_path, family="kimi_k25", sharded=False, with_language_model=True, seed=3)
     assert "mm_projector.proj.0.weight" in tensors and "mm_projector.proj.2.bias" in tensors
     spy = SafeOpenSpy(loader_mod.safe_open)
     monkeypatch.setattr(loader_mod, "safe_open", spy)
@@ -105,7 +105,7 @@ def test_k25_single_file_loads(tmp_path, monkeypatch):
 
 @torch.inference_mode()
 def test_bfloat16_checkpoint_to_both_dtypes(tmp_path):
-    tensors = write_checkpoint(tmp_path, layout="kimi_vl", sharded=False, dtype=torch.bfloat16)
+    tensors = write_checkpoint(tmp_path, family="kimi_vl", sharded=False, dtype=torch.bfloat16)
     batch = pack_images(make_images([(6, 6)]))
     f32 = load_encoder(tmp_path, dtype=torch.float32)
     torch.testing.assert_close(f32(batch), in_memory_encoder(f32.config, tensors)(batch), atol=0, rtol=0)
@@ -116,7 +116,7 @@ def test_bfloat16_checkpoint_to_both_dtypes(tmp_path):
 
 
 def test_missing_tensor_is_named(tmp_path):
-    write_checkpoint(tmp_path, layout="kimi_k25", sharded=False)
+    write_checkpoint(tmp_path, family="kimi_k25", sharded=False)
     file = tmp_path / "model.safetensors"
     tensors = load_file(file)
     del tensors["vision_tower.encoder.blocks.1.wo.bias"]
@@ -126,7 +126,7 @@ def test_missing_tensor_is_named(tmp_path):
 
 
 def test_tensor_missing_from_its_shard_names_tensor_and_file(tmp_path):
-    write_checkpoint(tmp_path, layout="kimi_vl", sharded=True)
+    write_checkpoint(tmp_path, family="kimi_vl", sharded=True)
     weight_map = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
     key = "multi_modal_projector.linear_2.weight"
     shard = tmp_path / weight_map[key]
@@ -138,7 +138,7 @@ def test_tensor_missing_from_its_shard_names_tensor_and_file(tmp_path):
 
 
 def test_misshaped_tensor_is_named(tmp_path):
-    write_checkpoint(tmp_path, layout="kimi_vl", sharded=True)
+    write_checkpoint(tmp_path, family="kimi_vl", sharded=True)
     weight_map = json.loads((tmp_path / "model.safetensors.index.json").read_text())["weight_map"]
     key = "vision_tower.encoder.blocks.0.wqkv.weight"
     shard = tmp_path / weight_map[key]
@@ -150,7 +150,7 @@ def test_misshaped_tensor_is_named(tmp_path):
 
 
 def test_unexpected_vision_tensor_is_named(tmp_path):
-    write_checkpoint(tmp_path, layout="kimi_vl", sharded=False, vision={"num_layers": 2})
+    write_checkpoint(tmp_path, family="kimi_vl", sharded=False, vision={"num_layers": 2})
     file = tmp_path / "model.safetensors"
     tensors = load_file(file)
     tensors["vision_tower.encoder.blocks.2.wo.bias"] = torch.zeros(144)  # a layer the config does not have
@@ -201,7 +201,7 @@ def test_parse_k25_config_and_text_hidden_precedence():
 
 
 @pytest.mark.parametrize(
-    ("layout", "section", "field", "value"),
+    ("family", "section", "field", "value"),
     [
         ("kimi_vl", "vision_config", "num_attention_heads", None),
         ("kimi_vl", "vision_config", "hidden_size", "1152"),
@@ -211,8 +211,8 @@ def test_parse_k25_config_and_text_hidden_precedence():
         ("kimi_k25", "vision_config", "merge_type", "sd2"),
     ],
 )
-def test_bad_config_fields_are_named(layout, section, field, value):
-    raw = hf_config(layout)
+def test_bad_config_fields_are_named(family, section, field, value):
+    raw = hf_config(family)
     if value is None:
         del raw[section][field]
     else:
@@ -239,12 +239,12 @@ def test_config_validation():
 
 
 def test_preprocessor_config_written(tmp_path):
-    write_checkpoint(tmp_path / "vl", layout="kimi_vl", sharded=False, with_language_model=False)
+    write_checkpoint(tmp_path / "vl", family="kimi_vl", sharded=False, with_language_model=False)
     vl = json.loads((tmp_path / "vl" / "preprocessor_config.json").read_text())
     assert vl == preprocessor_config("kimi_vl") and vl["in_token_limit"] == 4096 and vl["pad_input"] is True
     write_checkpoint(
         tmp_path / "k25",
-        layout="kimi_k25",
+        family="kimi_k25",
         sharded=False,
         with_language_model=False,
         preprocessor={"media_proc_cfg": {"in_patch_limit": 1024}},

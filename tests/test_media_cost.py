@@ -9,6 +9,7 @@ from mmproc.media import MediaLimits, decode_image
 from mmproc.media.cost import check_cost
 from mmproc.media.formats import JPEG, JPEG_SOS, jpeg_segments, peek_size
 from service.pipeline.decode_worker import DecodeBudget
+from service.process.configs import decode_config, media_limits
 from tests.conftest import test_settings
 from tests.cost_samples import (
     bmp_rle,
@@ -99,11 +100,11 @@ def test_settings_flow_to_the_limits_and_the_budget() -> None:
     settings = test_settings(
         max_jpeg_scans=7, max_chunks=99, max_rle_ratio=33, decode_budget_base_s=0.3, decode_budget_per_mp_s=0.1
     )
-    limits = settings.media_limits()
+    limits = media_limits(settings)
     assert (limits.max_jpeg_scans, limits.max_chunks, limits.max_rle_ratio) == (7, 99, 33)
-    budget = settings.decode_config().budget
+    budget = decode_config(settings).budget
     assert budget.seconds(0) == pytest.approx(0.3) and budget.seconds(10_000_000) == pytest.approx(1.3)
-    default = test_settings().decode_config().budget
+    default = decode_config(test_settings()).budget
     assert default == DecodeBudget(0.5, 0.2, 30.0)
     assert default.seconds(40_000_000) == pytest.approx(8.5) and default.seconds(10**12) == 30.0
     assert default.for_image(make_image_bytes(2000, 1000, "PNG")) == pytest.approx(0.9)

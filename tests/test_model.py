@@ -36,7 +36,7 @@ def make_images(grids, seed=0, patch=14):
     ]
 
 
-def config_for(layout: str) -> VisionConfig:
+def config_for(family: str) -> VisionConfig:
     v = TINY_VISION
     return VisionConfig(
         hidden_size=v["hidden_size"],
@@ -44,13 +44,13 @@ def config_for(layout: str) -> VisionConfig:
         num_heads=v["num_heads"],
         intermediate_size=v["intermediate_size"],
         text_hidden_size=256,
-        family=layout,
+        family=family,
     )
 
 
 @pytest.fixture(scope="module")
 def tensors():
-    return {layout: make_vision_tensors(layout, seed=1) for layout in ("kimi_vl", "kimi_k25")}
+    return {family: make_vision_tensors(family, seed=1) for family in ("kimi_vl", "kimi_k25")}
 
 
 @pytest.fixture(scope="module")
@@ -91,12 +91,12 @@ def test_packed_forward_equals_per_image_forward(encoder):
     torch.testing.assert_close(got, per_image_forward(encoder, images), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("layout", ["kimi_vl", "kimi_k25"])
+@pytest.mark.parametrize("family", ["kimi_vl", "kimi_k25"])
 @torch.inference_mode()
-def test_matches_independent_reference(tensors, layout):
+def test_matches_independent_reference(tensors, family):
     images = make_images([(4, 4), (6, 10), (2, 2), (64, 64), (8, 14), (30, 12)], seed=2)
-    model = encoder_from_checkpoint_tensors(config_for(layout), tensors[layout])
-    reference = reference_model(layout, TINY_VISION, 256, tensors[layout])
+    model = encoder_from_checkpoint_tensors(config_for(family), tensors[family])
+    reference = reference_model(family, TINY_VISION, 256, tensors[family])
     batch = pack_images(images)
     want = reference(batch.pixel_values, list(batch.grid_hws))
     got = model(batch)

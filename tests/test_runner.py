@@ -11,7 +11,7 @@ import torch
 from mmproc.batching import pack_images
 from mmproc.errors import ConfigError, DeadlineExceededError, ResourceExhaustedError
 from mmproc.models import load_encoder
-from mmproc.runner import BatchStats, EncoderRunner, RunnerConfig
+from mmproc.runner import BatchStats, Runner, RunnerConfig
 from mmproc.types import PackedBatch, PreprocessedImage
 
 ENCODER = load_encoder(None, preset="tiny")
@@ -53,8 +53,8 @@ def image_ids(batch: PackedBatch) -> list[float]:
     return [batch.pixel_values[s, 0, 0, 0].item() for s in starts]
 
 
-def make_runner(tower, **config) -> EncoderRunner:
-    runner = EncoderRunner(tower, RunnerConfig(**config), max_patches_per_image=64)
+def make_runner(tower, **config) -> Runner:
+    runner = Runner(tower, RunnerConfig(**config), max_patches_per_image=64)
     runner.start()
     return runner
 
@@ -120,7 +120,7 @@ def test_expired_and_cancelled_requests_never_run() -> None:
 
 def test_a_failing_batch_fails_only_its_requests_and_the_runner_keeps_going() -> None:
     stats: list[BatchStats] = []
-    runner = EncoderRunner(
+    runner = Runner(
         RecordingTower(fail_on=3.0), RunnerConfig(max_wait_ms=0), max_patches_per_image=64, observer=stats.append
     )
     runner.start()
@@ -134,7 +134,7 @@ def test_a_failing_batch_fails_only_its_requests_and_the_runner_keeps_going() ->
 
 def test_budget_smaller_than_one_image_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="max_batch_patches"):
-        EncoderRunner(RecordingTower(), RunnerConfig(max_batch_patches=16), max_patches_per_image=64)
+        Runner(RecordingTower(), RunnerConfig(max_batch_patches=16), max_patches_per_image=64)
 
 
 def test_each_request_gets_its_own_destination_written_in_place() -> None:
@@ -160,7 +160,7 @@ def test_batches_are_packed_in_the_pixel_dtype_it_was_given() -> None:
     towers = {dtype: RecordingTower() for dtype in (torch.float32, torch.bfloat16)}
     pixels = image(2, 4, 1.0 + 2**-8)  # rounds to 1.0 in bf16
     for dtype, tower in towers.items():
-        runner = EncoderRunner(tower, RunnerConfig(max_wait_ms=0), max_patches_per_image=64, pixel_dtype=dtype)
+        runner = Runner(tower, RunnerConfig(max_wait_ms=0), max_patches_per_image=64, pixel_dtype=dtype)
         runner.start()
         assert runner.submit([pixels]).result(5)[0].shape == (2, 256)
         runner.stop()
@@ -174,9 +174,7 @@ def test_a_batch_waits_for_company_only_while_more_requests_are_on_their_way() -
     # max_wait_ms is long (1 s) so that "waited" and "did not wait" cannot be confused.
     coming = threading.Event()
     tower = RecordingTower()
-    runner = EncoderRunner(
-        tower, RunnerConfig(max_wait_ms=1000), max_patches_per_image=64, company_expected=coming.is_set
-    )
+    runner = Runner(tower, RunnerConfig(max_wait_ms=1000), max_patches_per_image=64, company_expected=coming.is_set)
     runner.start()
     try:
         started = time.monotonic()
@@ -212,7 +210,7 @@ def test_adaptive_lifo_serves_the_newest_request_first_once_the_queue_is_old() -
 def test_dropped_images_are_reported_by_stage() -> None:
     gate = threading.Event()
     dropped: list[tuple[str, int]] = []
-    runner = EncoderRunner(
+    runner = Runner(
         RecordingTower(gate), RunnerConfig(max_wait_ms=0), max_patches_per_image=64,
         on_dropped=lambda stage, n: dropped.append((stage, n)),
     )  # fmt: skip

@@ -17,7 +17,7 @@ from torch import Tensor
 from mmproc.layers.projector import PostNormProjector
 from mmproc.layers.rope import build_rope_table
 from mmproc.models import VisionEncoder
-from mmproc.models.tower import EncoderLayer
+from mmproc.models.tower import TransformerBlock
 from mmproc.types import PackedBatch
 
 
@@ -69,7 +69,7 @@ def _rope(x: Tensor, freqs: Tensor) -> Tensor:
     return torch.view_as_real(xc * freqs).flatten(-2).type_as(x)
 
 
-def _layer(block: EncoderLayer, x: Tensor, freqs: Tensor) -> Tensor:
+def _layer(block: TransformerBlock, x: Tensor, freqs: Tensor) -> Tensor:
     seq = x.shape[0]
     qkv = block.wqkv(block.norm0(x)).view(seq, 3, block.num_heads, block.head_dim)
     q, k, v = (t.contiguous() for t in qkv.unbind(1))  # split copies, (L, H, dh) each

@@ -152,7 +152,7 @@ def markdown(record: dict) -> str:
     lines = [
         f"# mmproc bench serve — {env['date']}",
         "",
-        f"- target `{record['target']}`; server: {info.get('model_name', '?')} ({info.get('model_layout', '?')}), "
+        f"- target `{record['target']}`; server: {info.get('model_name', '?')} ({info.get('family', '?')}), "
         f"{info.get('device', '?')}, {info.get('dtype', '?')}; transports {info.get('transports', [])}; "
         f"IPC: {info.get('ipc_status', '?')}",
         f"- client: torch {env['torch']}, GPU {env['gpu'] or '-'}, commit {(env['commit'] or '-')[:12]}",

@@ -6,7 +6,8 @@
         embeddings = client.encode_images([jpeg_bytes, png_bytes])  # list[Tensor (tokens_i, hidden)]
 
 `AsyncEncoderClient` is the same for asyncio code. Server errors come back typed: InvalidMediaError
-(a ValueError with .index, .reason, .http_status == 400), ResourceExhaustedError, UnavailableError,
+(a ValueError with .index, .reason, .http_status == 400; its subclass InvalidRequestError when the request itself is
+at fault: too many images, bad keys or readers, ...), ResourceExhaustedError, UnavailableError,
 DeadlineExceededError, InternalError. Serialized replies are received as a stream of chunks, so replies
 larger than one gRPC message still arrive.
 

@@ -12,7 +12,14 @@ import torch
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
 
-from mmproc.errors import STATUS_ERRORS, InternalError, InvalidMediaError, MmprocError, UnavailableError
+from mmproc.errors import (
+    STATUS_ERRORS,
+    InternalError,
+    InvalidMediaError,
+    InvalidRequestError,
+    MmprocError,
+    UnavailableError,
+)
 from mmproc.transport import bytes_to_tensor, tensor_nbytes
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
@@ -38,14 +45,15 @@ def error_from_rpc(err: grpc.RpcError) -> MmprocError:
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     message = err.details() if hasattr(err, "details") else str(err)
     if code is grpc.StatusCode.INVALID_ARGUMENT:
-        reason, index = "bad_request", -1
+        reason, index, cls = "bad_request", -1, InvalidMediaError
         status = rpc_status.from_call(err) if hasattr(err, "trailing_metadata") else None
         for detail in status.details if status is not None else ():
             info = error_details_pb2.ErrorInfo()
             if detail.Is(info.DESCRIPTOR) and detail.Unpack(info):
                 reason = info.reason or reason
                 index = int(info.metadata.get("index", "-1"))
-        return InvalidMediaError(message or "invalid request", reason=reason, index=index)
+                cls = InvalidRequestError if info.metadata.get("kind") == InvalidRequestError.kind else cls
+        return cls(message or "invalid request", reason=reason, index=index)
     cls = ERRORS_BY_CODE.get(code, InternalError)
     return cls(f"{code.name}: {message}")
 

@@ -30,7 +30,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from mmproc.errors import InvalidMediaError, Reason
+from mmproc.errors import InvalidMediaError, InvalidRequestError, Reason
 from mmproc.media.video_limits import CONTAINERS, VideoLimits
 
 _MATROSKA_MAGIC = b"\x1a\x45\xdf\xa3"
@@ -234,7 +234,9 @@ def decode_video(data: bytes, limits: VideoLimits, sampling: VideoSampling, defa
     index = index_video(data, limits)
     fps = sampling.fps if sampling.fps is not None else default_fps
     if sampling.num_frames is None and not 0 < fps <= limits.max_sample_fps:
-        raise InvalidMediaError(f"sampling fps {fps} is not in (0, {limits.max_sample_fps}]", reason=Reason.BAD_REQUEST)
+        raise InvalidRequestError(
+            f"sampling fps {fps} is not in (0, {limits.max_sample_fps}]", reason=Reason.BAD_REQUEST
+        )
     wanted = sample_indices(index.num_frames, index.fps, fps, sampling.num_frames)
     if len(wanted) > limits.max_sampled_frames:
         raise InvalidMediaError(

@@ -28,7 +28,7 @@ def _positive(name: str, value: object, kind: type = int) -> None:
 class VideoLimits:
     """Per-video limits, all checked from the container's header and packet index (no frame decoded).
 
-    max_video_bytes: encoded size; default 256 MiB.
+    max_video_bytes: encoded size; default 32 MiB (what the server serves; it caps this at its request size).
     allowed_containers / allowed_codecs: subsets of CONTAINERS / CODECS; default all.
     max_duration_s: the larger of the header's and the packets' duration; default 600 s.
     max_fps: the stream's average frame rate; default 240.
@@ -43,7 +43,7 @@ class VideoLimits:
     decode_threads: FFmpeg threads per video decoder; default 1 (the decode workers give the parallelism).
     """
 
-    max_video_bytes: int = 256 * MiB
+    max_video_bytes: int = 32 * MiB
     allowed_containers: frozenset[str] = frozenset(CONTAINERS)
     allowed_codecs: frozenset[str] = CODECS
     max_duration_s: float = 600.0

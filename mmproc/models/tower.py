@@ -87,7 +87,7 @@ class MLP(nn.Module):
         return self.fc1(fc0_gelu(x, self.fc0.weight, self.fc0.bias))
 
 
-class EncoderLayer(nn.Module):
+class TransformerBlock(nn.Module):
     def __init__(self, config: VisionConfig) -> None:
         super().__init__()
         d, width = config.hidden_size, config.qkv_width
@@ -115,10 +115,12 @@ class EncoderLayer(nn.Module):
         return kernels.add_norm(x, self.mlp(h, kernels.fc0_gelu), next_norm)
 
 
-class Encoder(nn.Module):
+class TransformerBlocks(nn.Module):
+    """The tower's stack of blocks and its final norm."""
+
     def __init__(self, config: VisionConfig) -> None:
         super().__init__()
-        self.blocks = nn.ModuleList(EncoderLayer(config) for _ in range(config.num_layers))
+        self.blocks = nn.ModuleList(TransformerBlock(config) for _ in range(config.num_layers))
         self.final_layernorm = make_norm(config.norm, config.hidden_size, config.norm_eps)
 
     def forward(self, x: Tensor, inputs: TowerInputs) -> Tensor:
@@ -139,7 +141,7 @@ class MoonViT(nn.Module):
         self.config = config
         self.options = options or KernelOptions()
         self.patch_embed = PatchEmbed(config)
-        self.encoder = Encoder(config)
+        self.encoder = TransformerBlocks(config)  # `encoder`: the checkpoints' name (vision_tower.encoder.*)
         self._rope: tuple[torch.device, Tensor, Tensor] | None = None  # (device, cos, sin)
         self._kernels: tuple[tuple[torch.device, torch.dtype], Kernels] | None = None
         self._time: Tensor | None = None  # (pos_emb_time + 1, D) in the model's device and dtype

@@ -19,7 +19,14 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from mmproc.errors import DeadlineExceededError, InvalidMediaError, Reason, StaleSessionError, UnknownKeyError
+from mmproc.errors import (
+    DeadlineExceededError,
+    InvalidMediaError,
+    InvalidRequestError,
+    Reason,
+    StaleSessionError,
+    UnknownKeyError,
+)
 from mmproc.transport.ipc_pool import IpcPool
 from mmproc.transport.leases import Lease, UnknownSessionError
 from service.cache.cache_key import MAX_MM_HASH_CHARS, CacheKeys
@@ -33,7 +40,7 @@ if TYPE_CHECKING:  # the engine owns this object and passes itself in
 Outcome = Entry | InvalidMediaError | None
 
 
-class CachedEncoder:
+class EmbeddingCache:
     def __init__(self, engine: Engine, config: CacheConfig, keys: CacheKeys) -> None:
         self._engine = engine
         self.config = config
@@ -93,7 +100,7 @@ class CachedEncoder:
         store = self.pool_store if use_pool else self.host
         if store is None or store.max_bytes <= 0:  # this tier keeps nothing (cache_ipc_mb = 0, say)
             if len(present) != len(images):
-                raise InvalidMediaError(
+                raise InvalidRequestError(
                     "lookup by mm_hash needs the cache of this transport", reason=Reason.BAD_REQUEST
                 )
             results = await engine._encode_uncached(
@@ -353,12 +360,12 @@ class CachedEncoder:
         """Each image's mm_hash: of its bytes, or the client's for an image sent without bytes. A client's hash
         sent with the bytes must match them (a key that cannot lie)."""
         if mm_hashes and len(mm_hashes) != len(images):
-            raise InvalidMediaError(f"{len(mm_hashes)} mm_hashes for {len(images)} images", reason=Reason.BAD_REQUEST)
+            raise InvalidRequestError(f"{len(mm_hashes)} mm_hashes for {len(images)} images", reason=Reason.BAD_REQUEST)
         out = []
         for i, data in enumerate(images):
             given = mm_hashes[i] if mm_hashes else ""
             if len(given) > MAX_MM_HASH_CHARS or not given.isascii():
-                raise InvalidMediaError(f"mm_hash must be ASCII, at most {MAX_MM_HASH_CHARS} characters",
+                raise InvalidRequestError(f"mm_hash must be ASCII, at most {MAX_MM_HASH_CHARS} characters",
                                         reason=Reason.BAD_REQUEST, index=i)  # fmt: skip
             if not data:
                 if not given:
@@ -367,7 +374,7 @@ class CachedEncoder:
                 continue
             computed = self.keys.mm_hash(data)
             if given and given != computed:
-                raise InvalidMediaError(f"mm_hash {given!r} does not match the image bytes ({computed})",
+                raise InvalidRequestError(f"mm_hash {given!r} does not match the image bytes ({computed})",
                                         reason=Reason.BAD_REQUEST, index=i)  # fmt: skip
             out.append(computed)
         return out

@@ -1,7 +1,7 @@
 """Where typed mmproc errors become gRPC statuses and HTTP responses (each class's codes: mmproc/errors.py).
 
 invalid media / bad request -> INVALID_ARGUMENT (400; 413 for a request too large) with google.rpc.BadRequest +
-                               ErrorInfo details
+                               ErrorInfo details (metadata: index, kind "media" or "request": which class)
 queue or pool full, or       -> RESOURCE_EXHAUSTED (429, Retry-After; gRPC: google.rpc.RetryInfo + ErrorInfo naming
 refused early (overload.py)    the cause), counted by cause (queue_delay, deadline, pending_bytes, ...)
 not ready / draining        -> UNAVAILABLE (503, Retry-After)
@@ -46,6 +46,7 @@ class MappedError:
     reason: str  # machine-readable: a Reason value for 400s, a refusal's cause, else the code name in lower case
     index: int = -1
     retry_after_s: float | None = None  # the server's estimate for a 429 (None: RETRY_AFTER_S)
+    kind: str = ""  # a 400's: "media" (InvalidMediaError) or "request" (InvalidRequestError)
 
     @property
     def http_headers(self) -> dict[str, str]:
@@ -77,7 +78,7 @@ def map_error(exc: BaseException, *, metrics: Metrics | None = None) -> MappedEr
 def _classify(exc: BaseException) -> MappedError:
     if isinstance(exc, InvalidMediaError):
         http = HTTP_STATUS_BY_REASON.get(exc.reason, exc.http_status)
-        return MappedError(grpc.StatusCode.INVALID_ARGUMENT, http, exc.message, exc.reason, exc.index)
+        return MappedError(grpc.StatusCode.INVALID_ARGUMENT, http, exc.message, exc.reason, exc.index, kind=exc.kind)
     if isinstance(exc, ResourceExhaustedError):
         code = grpc.StatusCode.RESOURCE_EXHAUSTED
         return MappedError(code, exc.http_status, str(exc), exc.cause or code.name.lower(), -1, exc.retry_after_s)
@@ -101,7 +102,7 @@ def to_grpc_status(mapped: MappedError, items: str = "images") -> grpc.Status:
             ]
         )
         info = error_details_pb2.ErrorInfo(
-            reason=mapped.reason, domain=ERROR_DOMAIN, metadata={"index": str(mapped.index)}
+            reason=mapped.reason, domain=ERROR_DOMAIN, metadata={"index": str(mapped.index), "kind": mapped.kind}
         )
         for detail in (bad_request, info):
             packed = any_pb2.Any()

@@ -12,7 +12,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from mmproc.errors import ConfigError, InvalidMediaError, Reason, ResourceExhaustedError
+from mmproc.errors import ConfigError, InvalidRequestError, Reason, ResourceExhaustedError
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from service.frontends.auth import BearerToken, TokenInterceptor
@@ -45,7 +45,7 @@ class ReplyTooLargeError(ResourceExhaustedError):
     """A unary reply would exceed the message cap; the client should use EncodeImagesStream."""
 
 
-class EncoderServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos: service/frontends/grpc_video.py
+class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos: service/frontends/grpc_video.py
     def __init__(self, state: ServingState, *, default_deadline_s: float) -> None:
         self._state = state
         self._default_deadline_s = default_deadline_s
@@ -114,7 +114,7 @@ class EncoderServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVid
         try:
             # Streams carry bytes only: a lease taken here would never reach a consumer to release it.
             if request.headers_only:  # nothing to stream: a unary reply carries the headers
-                raise InvalidMediaError("headers_only requests go to EncodeImages", reason=Reason.BAD_REQUEST)
+                raise InvalidRequestError("headers_only requests go to EncodeImages", reason=Reason.BAD_REQUEST)
             request_id, results = await self._run(request, context, ipc=False)
             with self._state.metrics.time_stage("transport"):
                 messages = await _off_loop(serialized_stream, request_id, results, self._info.stream_chunk_bytes)
@@ -166,7 +166,7 @@ class _HandlerRecorder:
         self.handlers.update(handlers)
 
 
-def add_encoder_servicer(servicer: EncoderServicer, server: grpc.aio.Server) -> None:
+def add_encoder_servicer(servicer: GrpcServicer, server: grpc.aio.Server) -> None:
     """What the generated `add_EncoderServicer_to_server` does, except that EncodeImagesStream's messages, which
     the servicer yields already serialized (service.frontends.replies.serialized_stream), reach gRPC as they are.
 
@@ -218,7 +218,7 @@ async def create_server(
         + ([TokenInterceptor(auth_token, state.metrics)] if auth_token is not None else []),
         maximum_concurrent_rpcs=max_concurrent_rpcs,
     )
-    add_encoder_servicer(EncoderServicer(state, default_deadline_s=default_deadline_s), server)
+    add_encoder_servicer(GrpcServicer(state, default_deadline_s=default_deadline_s), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)

@@ -1,4 +1,4 @@
-"""The gRPC EncodeVideos method, mixed into `grpc_server.EncoderServicer` (same deadline rule, transports and
+"""The gRPC EncodeVideos method, mixed into `grpc_server.GrpcServicer` (same deadline rule, transports and
 error mapping as EncodeImages)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import uuid
 
 import grpc
 
-from mmproc.errors import InvalidMediaError, Reason
+from mmproc.errors import InvalidRequestError, Reason
 from mmproc.v1 import encoder_pb2 as pb
 from service.frontends.replies_video import all_chunks, ipc_video_reply, serialized_video_reply, video_items
 from service.pipeline.video_engine import VideoService
@@ -18,7 +18,7 @@ def video_service(engine) -> VideoService:
     """The engine's video service; INVALID_ARGUMENT for a model that takes no video."""
     videos = getattr(engine, "videos", None)
     if videos is None:
-        raise InvalidMediaError(f"model {engine.encoder.config.name} takes no video", reason=Reason.BAD_REQUEST)
+        raise InvalidRequestError(f"model {engine.encoder.config.name} takes no video", reason=Reason.BAD_REQUEST)
     return videos
 
 
@@ -45,7 +45,7 @@ class VideoServicerMixin:
             payloads = await self._serialize(chunks)
             size = sum(len(p) for p in payloads)
             if size > self._info.max_message_bytes - 64 * 1024:
-                raise InvalidMediaError(
+                raise InvalidRequestError(
                     f"reply of {size} bytes exceeds the {self._info.max_message_bytes}-byte message cap; "
                     "send fewer videos per request, sample fewer frames or use the IPC transport",
                     reason=Reason.TOO_MANY_FRAMES,

@@ -30,7 +30,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from mmproc.errors import InvalidMediaError, Reason
+from mmproc.errors import InvalidRequestError, Reason
 from mmproc.transport import DTYPE_NAMES
 from service.frontends.error_mapping import map_error
 from service.frontends.info_json import server_info_json
@@ -52,7 +52,7 @@ def request_budget_s(value: str | None, default_s: float) -> float:
         return default_s
     text = value.strip()
     if not text.isdigit() or not 1 <= int(text) <= MAX_TIMEOUT_MS:
-        raise InvalidMediaError(
+        raise InvalidRequestError(
             f"{TIMEOUT_HEADER} must be whole milliseconds in 1..{MAX_TIMEOUT_MS}, got {value!r}",
             reason=Reason.BAD_REQUEST,
         )
@@ -68,19 +68,19 @@ class EncodeBody(BaseModel):
 
 
 def decode_image_field(value: str, index: int) -> bytes:
-    """base64 (standard or URL-safe) or `data:<mime>;base64,<...>` -> bytes; InvalidMediaError otherwise."""
+    """base64 (standard or URL-safe) or `data:<mime>;base64,<...>` -> bytes; InvalidRequestError otherwise."""
     payload = value
     if value.startswith("data:"):
         header, sep, payload = value.partition(",")
         if not sep or not header.endswith(";base64"):
-            raise InvalidMediaError("data: URI must be base64-encoded", reason=Reason.BAD_REQUEST, index=index)
+            raise InvalidRequestError("data: URI must be base64-encoded", reason=Reason.BAD_REQUEST, index=index)
     payload = payload.strip()
     try:
         if "-" in payload or "_" in payload:
             return base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
         return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError):
-        raise InvalidMediaError("image is not valid base64", reason=Reason.BAD_REQUEST, index=index) from None
+        raise InvalidRequestError("image is not valid base64", reason=Reason.BAD_REQUEST, index=index) from None
 
 
 REQUEST_ID_KEY = "mmproc.request_id"  # where the request's id is kept in the ASGI scope, for every layer to use
@@ -156,7 +156,7 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
     async def bad_body(request: Request, exc: RequestValidationError) -> JSONResponse:
         problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
         return refusal(
-            request, InvalidMediaError(f"malformed request body: {problems}", reason=Reason.BAD_REQUEST), metrics
+            request, InvalidRequestError(f"malformed request body: {problems}", reason=Reason.BAD_REQUEST), metrics
         )
 
     @app.middleware("http")
@@ -165,10 +165,10 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
         mark_started(request)
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > max_body_bytes:
-            exc = InvalidMediaError(f"request body over {max_body_bytes} bytes", reason=Reason.REQUEST_TOO_LARGE)
+            exc = InvalidRequestError(f"request body over {max_body_bytes} bytes", reason=Reason.REQUEST_TOO_LARGE)
             return refusal(request, exc, metrics)
         if length is None and request.method in ("POST", "PUT", "PATCH"):  # chunked: no size to check up front
-            exc = InvalidMediaError("a Content-Length header is required", reason=Reason.BAD_REQUEST)
+            exc = InvalidRequestError("a Content-Length header is required", reason=Reason.BAD_REQUEST)
             return refusal(request, exc, metrics)
         return await call_next(request)
 

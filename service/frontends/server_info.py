@@ -25,7 +25,7 @@ def build_server_info(settings: ServerSettings, engine: Engine) -> pb.ServerInfo
     return pb.ServerInfo(
         version=mmproc.__version__,
         model_name=cfg.name,
-        model_layout=cfg.family,
+        model_layout=cfg.family,  # deprecated alias of family (protos/mmproc/v1/encoder.proto)
         hidden_size=encoder.output_dim,
         vision_hidden_size=cfg.hidden_size,
         dtype=NAME_TO_PB[settings.torch_dtype_name],

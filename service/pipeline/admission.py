@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mmproc.errors import InvalidMediaError, Reason
+from mmproc.errors import InvalidMediaError, InvalidRequestError, Reason
 from mmproc.media.formats import peek_size, sniff_format
 from mmproc.preprocess import PreprocessConfig, target_grid
 
@@ -39,7 +39,7 @@ def check_patch_budget(images: Sequence[bytes], config: PreprocessConfig, max_pa
     for data in images:
         total += header_patches(data, config)
         if total > max_patches:
-            raise InvalidMediaError(
+            raise InvalidRequestError(
                 f"request needs at least {total} patches (from the image headers), limit {max_patches}",
                 reason=Reason.TOO_MANY_PATCHES,
             )

@@ -46,58 +46,23 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
-from typing import Literal
 
 from mmproc.errors import ConfigError, DeadlineExceededError, InvalidMediaError, Reason, UnavailableError
 from mmproc.media import MediaLimits
 from mmproc.preprocess import PreprocessConfig
 from mmproc.units import MiB
 from service.pipeline import decode_video_worker, decode_worker
+from service.pipeline.decode_config import DecodePoolConfig
 from service.pipeline.decode_jobs import VideoJob, _ImageJob
 from service.pipeline.decode_transfer import Shipped, make_transfer_dir, remove_transfer_dir
 from service.pipeline.decode_video_worker import ShippedVideo
-from service.pipeline.decode_worker import DecodeBudget, Prepared, init_worker, run_task, warm_up
+from service.pipeline.decode_worker import Prepared, init_worker, run_task, warm_up
 from service.pipeline.fair_share import FairShare
 from service.process.logs import REQUEST_ID
 
 logger = logging.getLogger(__name__)
 
-Isolation = Literal["process", "thread"]
 Task = Callable[[bytes, MediaLimits, PreprocessConfig], Prepared]
-
-
-@dataclass(frozen=True)
-class DecodePoolConfig:
-    """isolation: "process" (crash/memory isolation) or "thread". workers: parallel decodes.
-    worker_memory_mb: address space a process worker may add after start-up (0: no cap).
-    timeout_s: the most wall-clock time one process worker may spend on one image (also caps its budget).
-    budget_base_s, budget_per_mp_s: one image's CPU time budget, base + per declared megapixel (process mode).
-    log_level, log_json: how process workers log (to the inherited stderr), as the server does.
-    normalize: normalize the patches here (a CPU encoder); False leaves the uint8 bytes to the device (a CUDA
-    encoder: a quarter of the bytes to hold and ship, and the CPU's most expensive pass moved to the GPU)."""
-
-    isolation: Isolation = "process"
-    workers: int = 2
-    worker_memory_mb: int = 1024
-    timeout_s: float = 30.0
-    budget_base_s: float = 0.5
-    budget_per_mp_s: float = 0.2
-    log_level: str = "WARNING"
-    log_json: bool = False
-    normalize: bool = True
-
-    def __post_init__(self) -> None:
-        if self.isolation not in ("process", "thread"):
-            raise ConfigError(f"decode_isolation must be 'process' or 'thread', got {self.isolation!r}")
-        if self.workers < 1 or self.worker_memory_mb < 0 or not self.timeout_s > 0:
-            raise ConfigError(f"bad decode pool config {self}")
-        if not self.budget_base_s > 0 or not self.budget_per_mp_s >= 0:
-            raise ConfigError(f"bad decode time budget in {self}")
-
-    @property
-    def budget(self) -> DecodeBudget:
-        return DecodeBudget(self.budget_base_s, self.budget_per_mp_s, self.timeout_s)
 
 
 class DecodePool:

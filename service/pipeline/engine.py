@@ -19,7 +19,7 @@ import torch
 from mmproc.batching import pixel_transfer_dtype
 from mmproc.errors import (
     DeadlineExceededError,
-    InvalidMediaError,
+    InvalidRequestError,
     Reason,
     ResourceExhaustedError,
     StaleSessionError,
@@ -28,27 +28,22 @@ from mmproc.errors import (
 from mmproc.media import MediaLimits
 from mmproc.models import VisionEncoder
 from mmproc.preprocess import PreprocessConfig, preprocess_image
-from mmproc.runner import BatchStats, EncoderRunner, RunnerConfig
+from mmproc.runner import BatchStats, Runner, RunnerConfig
 from mmproc.transport.ipc_pool import IpcPool, SliceDescriptor
 from mmproc.transport.leases import MAX_READERS, Lease, UnknownSessionError
 from mmproc.types import PreprocessedImage
 from service.cache.cache_key import CacheKeys, model_context
-from service.cache.cached_encode import CachedEncoder
+from service.cache.cached_encode import EmbeddingCache
 from service.cache.embedding_cache import CacheConfig
 from service.pipeline.admission import check_patch_budget
-from service.pipeline.decode_pool import DecodePool, DecodePoolConfig
+from service.pipeline.decode_config import DecodePoolConfig
+from service.pipeline.decode_pool import DecodePool
 from service.pipeline.key_store import KeyStore, KeyStoreConfig, check_keys
 from service.pipeline.overload import OverloadConfig, OverloadGuard
+from service.pipeline.request_limits import RequestLimits
 from service.process.metrics import Metrics
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RequestLimits:
-    max_images: int = 32
-    max_request_bytes: int = 48 << 20
-    max_patches: int = 262_144
 
 
 @dataclass(frozen=True)
@@ -77,7 +72,7 @@ def check_deadline(deadline: float | None, where: str) -> None:
 def check_readers(readers: int) -> None:
     """A request's reader count (1 unless it fans out to tensor-parallel ranks) must be in 1..MAX_READERS."""
     if not 1 <= readers <= MAX_READERS:
-        raise InvalidMediaError(f"readers must be in 1..{MAX_READERS}, got {readers}", reason=Reason.BAD_REQUEST)
+        raise InvalidRequestError(f"readers must be in 1..{MAX_READERS}, got {readers}", reason=Reason.BAD_REQUEST)
 
 
 class Engine:
@@ -107,7 +102,7 @@ class Engine:
         if encoder.device.type != "cuda":  # only a CUDA encoder normalizes the bytes itself (mmproc/preprocess)
             decode = replace(decode, normalize=True)
         self.decode_pool = DecodePool(media_limits, preprocess, decode)
-        self._runner = EncoderRunner(
+        self._runner = Runner(
             encoder,
             runner_config,
             max_patches_per_image=preprocess.max_patches_per_image,
@@ -138,7 +133,7 @@ class Engine:
                 model=encoder.config.name, model_path=None, dtype=str(encoder.dtype), device_type=encoder.device.type,
                 preprocess=preprocess, exif=media_limits.apply_exif_orientation,
             )  # fmt: skip
-        self.cache = CachedEncoder(self, cache, CacheKeys(cache.hash, cache_context)) if cache.enabled else None
+        self.cache = EmbeddingCache(self, cache, CacheKeys(cache.hash, cache_context)) if cache.enabled else None
         self._cached_requests = 0  # requests in the cache's path (a pure hit never enters `_inflight`)
         self.pool: IpcPool | None = None
         self.ipc_fallbacks = 0
@@ -212,9 +207,9 @@ class Engine:
 
     def check_image_count(self, count: int) -> None:
         if count == 0:
-            raise InvalidMediaError("request has no images", reason=Reason.BAD_REQUEST)
+            raise InvalidRequestError("request has no images", reason=Reason.BAD_REQUEST)
         if count > self.request_limits.max_images:
-            raise InvalidMediaError(
+            raise InvalidRequestError(
                 f"{count} images in one request, limit {self.request_limits.max_images}", reason=Reason.TOO_MANY_IMAGES
             )
 
@@ -224,7 +219,7 @@ class Engine:
         self.check_image_count(len(images))
         total = sum(len(data) for data in images)
         if total > limits.max_request_bytes:
-            raise InvalidMediaError(
+            raise InvalidRequestError(
                 f"request carries {total} bytes of images, limit {limits.max_request_bytes}",
                 reason=Reason.REQUEST_TOO_LARGE,
             )
@@ -261,7 +256,7 @@ class Engine:
             finally:
                 self._cached_requests -= 1
         if any(not data for data in images) and any(mm_hashes):
-            raise InvalidMediaError("lookup by mm_hash needs the cache (bypassed or off)", reason=Reason.BAD_REQUEST)
+            raise InvalidRequestError("lookup by mm_hash needs the cache (bypassed or off)", reason=Reason.BAD_REQUEST)
         results = await self._encode_uncached(images, request_id, deadline, ipc_session=ipc_session, readers=readers)
         if self.cache is None:
             return results
@@ -309,7 +304,7 @@ class Engine:
                 prepared = await self._prepare_all(images, deadline)
                 total_patches = sum(p.num_patches for p in prepared)
                 if total_patches > self.request_limits.max_patches:
-                    raise InvalidMediaError(
+                    raise InvalidRequestError(
                         f"request needs {total_patches} patches, limit {self.request_limits.max_patches}",
                         reason=Reason.TOO_MANY_PATCHES,
                     )

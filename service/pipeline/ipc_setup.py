@@ -6,8 +6,8 @@ import logging
 
 from mmproc.errors import ConfigError
 from mmproc.transport.cuda_ipc import ipc_unavailable_reason
-from mmproc.units import MiB
 from service.pipeline.engine import Engine
+from service.process.configs import ipc_pool_config
 from service.process.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
@@ -20,15 +20,10 @@ def setup_ipc(settings: ServerSettings, engine: Engine) -> str:
         return "IPC off (--transport serialized): serialized only"
     reason = "the encoder runs on the CPU" if engine.encoder.device.type != "cuda" else ipc_unavailable_reason()
     if reason is None:
-        from mmproc.transport.ipc_pool import IpcPool, PoolConfig
+        from mmproc.transport.ipc_pool import IpcPool
         from mmproc.transport.ipc_probe import probe_pool
 
-        pool = IpcPool(
-            engine.encoder.device,
-            PoolConfig(
-                pool_bytes=settings.ipc_pool_mb * MiB, num_word_slots=settings.ipc_word_slots, ttl_s=settings.ipc_ttl_s
-            ),
-        )
+        pool = IpcPool(engine.encoder.device, ipc_pool_config(settings))
         reason = probe_pool(pool)
         if reason is None:
             engine.attach_ipc_pool(pool, fallback=settings.ipc_fallback)

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from mmproc.errors import InvalidMediaError, Reason, UnknownKeyError
+from mmproc.errors import InvalidRequestError, Reason, UnknownKeyError
 
 if TYPE_CHECKING:  # service.pipeline.engine owns a KeyStore
     from service.pipeline.engine import EncodedImage
@@ -30,15 +30,15 @@ class KeyStoreConfig:
 def check_keys(keys: list[str], images: int, config: KeyStoreConfig) -> None:
     """Keys of a request, validated before any work: one per image when images come with them, bounded length."""
     if config.max_bytes == 0:
-        raise InvalidMediaError("this server keeps no results by key (key_store_mb = 0)", reason=Reason.BAD_REQUEST)
+        raise InvalidRequestError("this server keeps no results by key (key_store_mb = 0)", reason=Reason.BAD_REQUEST)
     if images and len(keys) != images:
-        raise InvalidMediaError(f"{len(keys)} keys for {images} images", reason=Reason.BAD_REQUEST)
+        raise InvalidRequestError(f"{len(keys)} keys for {images} images", reason=Reason.BAD_REQUEST)
     for i, key in enumerate(keys):
         if not key or len(key) > config.max_key_chars:
             message = f"key must have 1..{config.max_key_chars} characters, got {len(key)}"
-            raise InvalidMediaError(message, reason=Reason.BAD_REQUEST, index=i)
+            raise InvalidRequestError(message, reason=Reason.BAD_REQUEST, index=i)
     if len(set(keys)) != len(keys):
-        raise InvalidMediaError("keys of one request must differ", reason=Reason.BAD_REQUEST)
+        raise InvalidRequestError("keys of one request must differ", reason=Reason.BAD_REQUEST)
 
 
 class KeyStore:

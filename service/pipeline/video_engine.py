@@ -15,25 +15,26 @@ import logging
 import time
 from dataclasses import dataclass
 
-from mmproc.errors import ConfigError, InvalidMediaError, Reason, ResourceExhaustedError, UnavailableError
+from mmproc.errors import (
+    ConfigError,
+    InvalidRequestError,
+    Reason,
+    ResourceExhaustedError,
+    UnavailableError,
+)
 from mmproc.media.video import VideoSampling
 from mmproc.media.video_limits import VideoLimits
 from mmproc.preprocess.video_config import VIDEO_FAMILIES, VideoRules, load_video_rules
 from mmproc.prompt import VIDEO_FRAMINGS
 from mmproc.types import PreprocessedVideo
 from mmproc.v1 import encoder_pb2 as pb
-from service.pipeline.decode_jobs import VideoJob
+from service.pipeline.decode_pool import VideoJob
 from service.pipeline.engine import EncodedImage, Engine, check_readers
+from service.pipeline.request_limits import VideoRequestLimits
+from service.process import configs
 from service.process.settings import ServerSettings
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class VideoRequestLimits:
-    max_videos: int = 4
-    max_request_bytes: int = 48 << 20
-    max_sampled_frames: int = 1024  # over every video of the request
 
 
 @dataclass(frozen=True)
@@ -74,26 +75,26 @@ class VideoService:
         """Count, bytes and sampling overrides, before anything is decoded."""
         limits = self.request_limits
         if not items:
-            raise InvalidMediaError("request has no videos", reason=Reason.BAD_REQUEST)
+            raise InvalidRequestError("request has no videos", reason=Reason.BAD_REQUEST)
         if len(items) > limits.max_videos:
-            raise InvalidMediaError(
+            raise InvalidRequestError(
                 f"{len(items)} videos in one request, limit {limits.max_videos}", reason=Reason.TOO_MANY_IMAGES
             )
         total = sum(len(item.data) for item in items)
         if total > limits.max_request_bytes:
-            raise InvalidMediaError(
+            raise InvalidRequestError(
                 f"request carries {total} bytes of videos, limit {limits.max_request_bytes}",
                 reason=Reason.REQUEST_TOO_LARGE,
             )
         for i, item in enumerate(items):
             if item.fps is not None and item.num_frames is not None:
-                raise InvalidMediaError("give fps or num_frames, not both", reason=Reason.BAD_REQUEST, index=i)
+                raise InvalidRequestError("give fps or num_frames, not both", reason=Reason.BAD_REQUEST, index=i)
             if item.fps is not None and not 0 < item.fps <= self.limits.max_sample_fps:
-                raise InvalidMediaError(
+                raise InvalidRequestError(
                     f"fps {item.fps} is not in (0, {self.limits.max_sample_fps}]", reason=Reason.BAD_REQUEST, index=i
                 )
             if item.num_frames is not None and not 0 < item.num_frames <= self.limits.max_sampled_frames:
-                raise InvalidMediaError(
+                raise InvalidRequestError(
                     f"num_frames {item.num_frames} is not in 1..{self.limits.max_sampled_frames}",
                     reason=Reason.TOO_MANY_FRAMES,
                     index=i,
@@ -144,7 +145,7 @@ class VideoService:
     def _check_decoded(self, videos: list[PreprocessedVideo]) -> list:
         frames = sum(len(video.indices) for video in videos)
         if frames > self.request_limits.max_sampled_frames:
-            raise InvalidMediaError(
+            raise InvalidRequestError(
                 f"request samples {frames} frames, limit {self.request_limits.max_sampled_frames}",
                 reason=Reason.TOO_MANY_FRAMES,
             )
@@ -152,7 +153,7 @@ class VideoService:
         patches = sum(chunk.num_patches for chunk in chunks)
         limit = self.engine.request_limits.max_patches
         if patches > limit:
-            raise InvalidMediaError(
+            raise InvalidRequestError(
                 f"request needs {patches} patches ({frames} frames), limit {limit}", reason=Reason.TOO_MANY_PATCHES
             )
         return chunks
@@ -195,12 +196,7 @@ def build_video_service(settings: ServerSettings, engine: Engine) -> VideoServic
             f"video chunks of {rules.temporal_patch_size} frames, but the tower's time embedding has "
             f"{engine.encoder.config.pos_emb_time} rows (pos_emb_time)"
         )
-    request = VideoRequestLimits(
-        max_videos=settings.max_videos_per_request,
-        max_request_bytes=settings.max_request_mb << 20,
-        max_sampled_frames=settings.max_sampled_frames_per_request,
-    )
-    return VideoService(engine, rules, settings.video_limits(), request)
+    return VideoService(engine, rules, configs.video_limits(settings), configs.video_request_limits(settings))
 
 
 def video_info(videos: VideoService | None) -> pb.VideoInfo:

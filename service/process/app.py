@@ -29,11 +29,11 @@ from service.frontends.auth import BearerToken, require_bearer_token
 from service.frontends.grpc_server import create_server, set_serving
 from service.frontends.http_app import create_http_app
 from service.frontends.server_info import build_server_info
-from service.pipeline.engine import Engine, RequestLimits
+from service.pipeline.engine import Engine
 from service.pipeline.ipc_setup import setup_ipc
-from service.pipeline.key_store import KeyStoreConfig
 from service.pipeline.state import ServingState
 from service.pipeline.video_engine import build_video_service
+from service.process import configs
 from service.process.host_memory import reuse_freed_host_memory, set_torch_threads
 from service.process.metrics import Metrics
 from service.process.settings import ServerSettings
@@ -59,24 +59,16 @@ def build_engine(settings: ServerSettings, metrics: Metrics | None = None) -> En
     engine = Engine(
         encoder,
         preprocess,
-        settings.media_limits(),
-        RequestLimits(
-            max_images=settings.max_images_per_request,
-            max_request_bytes=settings.max_request_mb * MiB,
-            max_patches=settings.max_patches_per_request,
-        ),
-        settings.runner_config(),
+        configs.media_limits(settings),
+        configs.request_limits(settings),
+        configs.runner_config(settings),
         preprocess_workers=settings.decode_workers,
         max_inflight_requests=settings.max_inflight_requests,
         max_inflight_patches=settings.max_inflight_patches,
         metrics=metrics,
-        decode=settings.decode_config(),
-        key_store=KeyStoreConfig(
-            max_bytes=settings.key_store_mb * MiB,
-            ttl_s=settings.key_store_ttl_s,
-            max_keys=settings.key_store_max_keys,
-        ),
-        cache=settings.cache_config(),
+        decode=configs.decode_config(settings),
+        key_store=configs.key_store_config(settings),
+        cache=configs.cache_config(settings),
         cache_context=model_context(
             model=settings.model,
             model_path=settings.model_path,
@@ -85,6 +77,7 @@ def build_engine(settings: ServerSettings, metrics: Metrics | None = None) -> En
             preprocess=preprocess,
             exif=settings.apply_exif_orientation,
         ),
+        overload=configs.overload_config(settings),
     )
     engine.ipc_status = setup_ipc(settings, engine)
     engine.videos = build_video_service(settings, engine)
@@ -102,8 +95,8 @@ class _EmbeddedUvicorn(uvicorn.Server):
 def _http_socket(address: str) -> socket.socket:
     host, _, port = address.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(address_family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind((host, int(port)))
@@ -245,7 +238,7 @@ class Service:
         logger.info(
             "serving %s (%s, %s on %s) after %.1f s; transport %s",
             info.model_name,
-            info.model_layout,
+            info.family,
             self.settings.torch_dtype_name,
             info.device,
             time.monotonic() - started,

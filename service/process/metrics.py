@@ -31,6 +31,8 @@ Families (all defined at start, so that every one is scrapeable with zero values
   mmproc_decode_worker_retirements_total        workers replaced after an image ran out of its CPU-time budget
   mmproc_decode_quarantined_images_total        images retried alone after a crash or a timeout
   mmproc_build_info{version,model,family,layout,dtype,device,transport}   1; the model labels once it is loaded
+                                                (`layout`: deprecated, the same value as `family`, kept for
+                                                existing dashboards)
   mmproc_cache_{hits,misses,coalesced,inserts,evictions}_total{tier}, mmproc_cache_bytes{tier},
   mmproc_cache_capacity_bytes{tier}, mmproc_cache_entries{tier}, mmproc_cache_invalid_replays_total,
   mmproc_cache_bypassed_total     (the embedding cache, docs/cache.md; read from it at scrape time)
@@ -221,7 +223,7 @@ class Metrics:
                 "version": mmproc.__version__,
                 "model": info.model_name,
                 "family": info.family,
-                "layout": info.model_layout,
+                "layout": info.family,  # deprecated alias of family (existing dashboards group by it)
                 "dtype": pb.DType.Name(info.dtype).removeprefix("DTYPE_").lower(),
                 "device": info.device,
                 "transport": "ipc" if pb.TRANSPORT_IPC in info.transports else "serialized",

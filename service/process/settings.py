@@ -11,21 +11,25 @@ import json
 import logging
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from mmproc.errors import ConfigError
+from mmproc.media.limits import MediaLimits
+from mmproc.media.video_limits import VideoLimits
 from mmproc.runner_config import RunnerConfig
+from mmproc.transport.pool_config import PoolConfig
 from mmproc.units import MiB
+from service.cache.embedding_cache import CacheConfig
+from service.pipeline.decode_config import DecodePoolConfig
+from service.pipeline.key_store import KeyStoreConfig
+from service.pipeline.overload import OverloadConfig
+from service.pipeline.request_limits import RequestLimits, VideoRequestLimits
 
-if TYPE_CHECKING:  # imported where used: the settings alone (`mmproc health`, `mmproc config`) need no torch
-    from mmproc.media import MediaLimits
-    from mmproc.media.video_limits import VideoLimits
-    from service.cache.embedding_cache import CacheConfig
-    from service.pipeline.decode_pool import DecodePoolConfig
-    from service.pipeline.overload import OverloadConfig
+# Defaults come from the core's dataclasses (each written once, there); these modules are torch-free, so that the
+# settings alone (`mmproc serve --help`, `mmproc health`, `mmproc config`) load no torch.
 
 
 def _check_host_port(name: str, value: str, form: str) -> str:
@@ -77,41 +81,57 @@ class ServerSettings(BaseSettings):
         description="How embeddings reach a client: CUDA IPC on the same node, serialized bytes, or auto (IPC when it works)",
     )
     ipc_pool_mb: int = Field(
-        512, ge=1, le=1 << 20, description="Size of the one GPU pool that IPC replies are written into"
+        PoolConfig.pool_bytes // MiB,
+        ge=1,
+        le=1 << 20,
+        description="Size of the one GPU pool that IPC replies are written into",
     )
-    ipc_word_slots: int = Field(1024, ge=1, le=1 << 20, description="How many IPC leases may be in flight at once")
-    ipc_ttl_s: float = Field(60.0, gt=0, description="A lease not acked after this long is reclaimed (a backstop)")
+    ipc_word_slots: int = Field(
+        PoolConfig.num_word_slots, ge=1, le=1 << 20, description="How many IPC leases may be in flight at once"
+    )
+    ipc_ttl_s: float = Field(
+        PoolConfig.ttl_s, gt=0, description="A lease not acked after this long is reclaimed (a backstop)"
+    )
     ipc_fallback: bool = Field(
         True, description="When the pool stays full past the wait, reply serialized instead of RESOURCE_EXHAUSTED"
     )
     key_store_mb: int = Field(
-        256,
+        KeyStoreConfig.max_bytes // MiB,
         ge=0,
         le=1 << 20,
         description="Memory for results kept by key for engines (docs/engines.md); 0 refuses keys",
     )
-    key_store_ttl_s: float = Field(120.0, gt=0, le=86_400, description="How long a result stays kept under its key")
-    key_store_max_keys: int = Field(4096, ge=1, le=1 << 20, description="How many keys the key store holds at most")
+    key_store_ttl_s: float = Field(
+        KeyStoreConfig.ttl_s, gt=0, le=86_400, description="How long a result stays kept under its key"
+    )
+    key_store_max_keys: int = Field(
+        KeyStoreConfig.max_keys, ge=1, le=1 << 20, description="How many keys the key store holds at most"
+    )
     cache_mb: int = Field(
-        1024,
+        CacheConfig.host_bytes // MiB,
         ge=0,
         le=1 << 20,
         description="Embedding cache for serialized replies, in host memory (docs/cache.md); 0 turns the cache off",
     )
     cache_ipc_mb: int = Field(
-        0,
+        CacheConfig.pool_bytes // MiB,
         ge=0,
         le=1 << 20,
         description="Embedding cache for IPC replies, inside the IPC pool (at most half of it is sensible); "
         "0, the default until its GPU tests pass on the device (docs/cache.md): IPC requests are not cached",
     )
-    cache_policy: Literal["s3fifo", "lru"] = Field("s3fifo", description="Eviction policy of the embedding cache")
+    cache_policy: Literal["s3fifo", "lru"] = Field(
+        CacheConfig.policy, description="Eviction policy of the embedding cache"
+    )
     cache_hash: Literal["xxh3", "blake3"] = Field(
-        "xxh3",
+        CacheConfig.hash,
         description="Hash of the raw bytes; blake3 (cryptographic) when tenants that do not trust each other share a server",
     )
     cache_invalid_ttl_s: float = Field(
-        30.0, ge=0, le=3600, description="How long an invalid image's error is replayed without decoding it again"
+        CacheConfig.invalid_ttl_s,
+        ge=0,
+        le=3600,
+        description="How long an invalid image's error is replayed without decoding it again",
     )
     max_message_mb: int = Field(64, ge=1, le=2047, description="Largest gRPC message, received or sent")
     stream_chunk_mb: int = Field(4, ge=1, le=64, description="Chunk size of streamed serialized replies")
@@ -129,52 +149,92 @@ class ServerSettings(BaseSettings):
     )
 
     # Request limits (validated before any decoding)
-    max_images_per_request: int = Field(32, ge=1, le=4096, description="Most images one request may carry")
-    max_request_mb: int = Field(48, ge=1, le=2047, description="Most image bytes one request may carry")
-    max_image_mb: int = Field(32, ge=1, le=2047, description="Largest encoded image accepted")
-    max_pixels: int = Field(
-        40_000_000, ge=1, le=89_000_000, description="Most pixels one image may declare (below Pillow's bomb limit)"
+    max_images_per_request: int = Field(
+        RequestLimits.max_images, ge=1, le=4096, description="Most images one request may carry"
     )
-    max_aspect_ratio: float = Field(200.0, ge=1.0, description="Longest side over shortest side allowed")
-    max_patches_per_request: int = Field(262_144, ge=1, description="Most vision patches one request may need")
+    max_request_mb: int = Field(
+        RequestLimits.max_request_bytes // MiB, ge=1, le=2047, description="Most image bytes one request may carry"
+    )
+    max_image_mb: int = Field(
+        MediaLimits.max_image_bytes // MiB, ge=1, le=2047, description="Largest encoded image accepted"
+    )
+    max_pixels: int = Field(
+        MediaLimits.max_pixels,
+        ge=1,
+        le=89_000_000,
+        description="Most pixels one image may declare (below Pillow's bomb limit)",
+    )
+    max_aspect_ratio: float = Field(
+        MediaLimits.max_aspect_ratio, ge=1.0, description="Longest side over shortest side allowed"
+    )
+    max_patches_per_request: int = Field(
+        RequestLimits.max_patches, ge=1, description="Most vision patches one request may need"
+    )
     # Work multipliers counted from the bytes before decoding (docs/reliability.md, "Cost limits")
     max_jpeg_scans: int = Field(
-        100, ge=1, le=1 << 20, description="Most scans (SOS segments) in a JPEG; progressive libjpeg files have 10"
+        MediaLimits.max_jpeg_scans,
+        ge=1,
+        le=1 << 20,
+        description="Most scans (SOS segments) in a JPEG; progressive libjpeg files have 10",
     )
     max_chunks: int = Field(
-        65_536, ge=1, le=1 << 24, description="Most JPEG segments, PNG chunks or GIF blocks before the first image"
+        MediaLimits.max_chunks,
+        ge=1,
+        le=1 << 24,
+        description="Most JPEG segments, PNG chunks or GIF blocks before the first image",
     )
     max_rle_ratio: int = Field(
-        256, ge=1, le=1 << 20, description="Most declared pixels per byte of run-length-encoded BMP data"
+        MediaLimits.max_rle_ratio,
+        ge=1,
+        le=1 << 20,
+        description="Most declared pixels per byte of run-length-encoded BMP data",
     )
     apply_exif_orientation: bool = Field(
-        True, description="Turn images upright from their EXIF orientation (off: as stored, like SGLang's K3 path)"
+        MediaLimits.apply_exif_orientation,
+        description="Turn images upright from their EXIF orientation (off: as stored, like SGLang's K3 path)",
     )
 
     # Video (EncodeVideos, Kimi K2.5; docs/reliability.md): checked from the header and packet index before decoding
-    max_videos_per_request: int = Field(4, ge=1, le=256, description="How many videos one request may carry")
-    max_video_mb: int = Field(32, ge=1, le=2047, description="Largest encoded video, in MiB (at most max_request_mb)")
-    max_video_duration_s: float = Field(600.0, gt=0, le=86_400, description="Longest video, in seconds of its stream")
-    max_video_fps: float = Field(240.0, gt=0, le=10_000, description="Highest frame rate a video stream may declare")
+    max_videos_per_request: int = Field(
+        VideoRequestLimits.max_videos, ge=1, le=256, description="How many videos one request may carry"
+    )
+    max_video_mb: int = Field(
+        VideoLimits.max_video_bytes // MiB,
+        ge=1,
+        le=2047,
+        description="Largest encoded video, in MiB (at most max_request_mb)",
+    )
+    max_video_duration_s: float = Field(
+        VideoLimits.max_duration_s, gt=0, le=86_400, description="Longest video, in seconds of its stream"
+    )
+    max_video_fps: float = Field(
+        VideoLimits.max_fps, gt=0, le=10_000, description="Highest frame rate a video stream may declare"
+    )
     max_video_pixels: int = Field(
-        8_294_400, ge=1, le=89_000_000, description="Largest frame, in pixels (default 3840x2160)"
+        VideoLimits.max_pixels, ge=1, le=89_000_000, description="Largest frame, in pixels (default 3840x2160)"
     )
     max_sampled_frames_per_video: int = Field(
-        512, ge=1, le=100_000, description="Most frames one video may be sampled into"
+        VideoLimits.max_sampled_frames, ge=1, le=100_000, description="Most frames one video may be sampled into"
     )
     max_sampled_frames_per_request: int = Field(
-        1024, ge=1, le=100_000, description="Most sampled frames of all the videos of one request"
+        VideoRequestLimits.max_sampled_frames,
+        ge=1,
+        le=100_000,
+        description="Most sampled frames of all the videos of one request",
     )
     max_video_sample_fps: float = Field(
-        30.0, gt=0, le=1000, description="Highest sampling rate a request may ask for, frames per second"
+        VideoLimits.max_sample_fps,
+        gt=0,
+        le=1000,
+        description="Highest sampling rate a request may ask for, frames per second",
     )
     max_video_decode_megapixels: float = Field(
-        40_000.0,
+        VideoLimits.max_decode_megapixels,
         gt=0,
         description="Frames the sampler must decode times their pixels, planned from the index (bomb guard)",
     )
     video_decode_cpu_s: float = Field(
-        60.0, gt=0, le=3600, description="CPU seconds one video may spend decoding, then 400"
+        VideoLimits.decode_cpu_s, gt=0, le=3600, description="CPU seconds one video may spend decoding, then 400"
     )
 
     # Concurrency and batching
@@ -206,7 +266,7 @@ class ServerSettings(BaseSettings):
         60.0, gt=0, description="Deadline of a request that sets none (gRPC deadline; HTTP header x-mmproc-timeout-ms)"
     )
     max_queue_delay_ms: float = Field(
-        1000.0, ge=0, le=3_600_000,
+        OverloadConfig.max_queue_delay_s * 1000, ge=0, le=3_600_000,
         description="Refuse (429) a request whose estimated time to finish passes this, whatever its deadline; 0: off",
     )  # fmt: skip
     queue_discipline: Literal["fifo", "adaptive_lifo"] = Field(
@@ -219,7 +279,7 @@ class ServerSettings(BaseSettings):
         description="With adaptive_lifo: newest first once the oldest image waited this long",
     )
     max_pending_mb: int = Field(
-        512,
+        OverloadConfig.max_pending_bytes // MiB,
         ge=1,
         le=1 << 20,
         description="Decoded images waiting for the encoder, in MB; past it requests are refused (429)",
@@ -227,7 +287,7 @@ class ServerSettings(BaseSettings):
 
     # Decode isolation (docs/reliability.md): where hostile bytes are decoded
     decode_isolation: Literal["process", "thread"] = Field(
-        "process",
+        DecodePoolConfig.isolation,
         description="Decode in worker processes (a crash or runaway allocation ends a worker, not the service) "
         "or in threads",
     )
@@ -238,13 +298,22 @@ class ServerSettings(BaseSettings):
         description="Address space a decode worker may add; default ~24 B per max pixel; 0: no cap",
     )
     decode_timeout_s: float = Field(
-        30.0, gt=0, le=3600, description="Wall-clock time one image may take in a worker before a 400; caps the budget"
+        DecodePoolConfig.timeout_s,
+        gt=0,
+        le=3600,
+        description="Wall-clock time one image may take in a worker before a 400; caps the budget",
     )
     decode_budget_base_s: float = Field(
-        0.5, gt=0, le=3600, description="An image's decode CPU-time budget: this plus --decode-budget-per-mp-s per MP"
+        DecodePoolConfig.budget_base_s,
+        gt=0,
+        le=3600,
+        description="An image's decode CPU-time budget: this plus --decode-budget-per-mp-s per MP",
     )
     decode_budget_per_mp_s: float = Field(
-        0.2, ge=0, le=3600, description="Budget added per declared megapixel; past the budget: 400 decode_time"
+        DecodePoolConfig.budget_per_mp_s,
+        ge=0,
+        le=3600,
+        description="Budget added per declared megapixel; past the budget: 400 decode_time",
     )
 
     # Security
@@ -335,7 +404,7 @@ class ServerSettings(BaseSettings):
             raise ValueError("max_message_mb must exceed stream_chunk_mb by at least 1 (each chunk carries a header)")
         return self
 
-    # -- derived, plain dataclasses handed to the core ----------------------------------------------
+    # -- derived values (the core's configs are built from these in service/process/configs.py) ------------
 
     @property
     def torch_dtype_name(self) -> str:
@@ -349,82 +418,6 @@ class ServerSettings(BaseSettings):
         from service.process.cpus import usable_cpus
 
         return self.preprocess_workers or min(256, usable_cpus())
-
-    def media_limits(self) -> MediaLimits:
-        from mmproc.media import MediaLimits
-
-        return MediaLimits(
-            max_image_bytes=self.max_image_mb * MiB,
-            max_pixels=self.max_pixels,
-            max_aspect_ratio=self.max_aspect_ratio,
-            max_jpeg_scans=self.max_jpeg_scans,
-            max_chunks=self.max_chunks,
-            max_rle_ratio=self.max_rle_ratio,
-            apply_exif_orientation=self.apply_exif_orientation,
-        )
-
-    def video_limits(self) -> VideoLimits:
-        from mmproc.media.video_limits import VideoLimits
-
-        return VideoLimits(
-            max_video_bytes=min(self.max_video_mb, self.max_request_mb) * MiB,  # a video is one request at most
-            max_duration_s=self.max_video_duration_s,
-            max_fps=self.max_video_fps,
-            max_pixels=self.max_video_pixels,
-            max_sampled_frames=self.max_sampled_frames_per_video,
-            max_decode_megapixels=self.max_video_decode_megapixels,
-            decode_cpu_s=self.video_decode_cpu_s,
-            max_sample_fps=self.max_video_sample_fps,
-        )
-
-    def decode_config(self) -> DecodePoolConfig:
-        from service.pipeline.decode_pool import DecodePoolConfig
-
-        memory_mb = self.decode_worker_memory_mb
-        if memory_mb is None:  # peak measured at ~11.5 B per decoded pixel (docs/reliability.md); 2x margin
-            memory_mb = (24 * self.max_pixels) // MiB + 128
-        return DecodePoolConfig(
-            isolation=self.decode_isolation,
-            workers=self.decode_workers,
-            worker_memory_mb=memory_mb,
-            timeout_s=self.decode_timeout_s,
-            budget_base_s=self.decode_budget_base_s,
-            budget_per_mp_s=self.decode_budget_per_mp_s,
-            log_level=self.log_level,
-            log_json=self.log_json,
-            normalize=not (self.gpu_preprocess and self.device.startswith("cuda")),
-        )
-
-    def cache_config(self) -> CacheConfig:
-        from service.cache.embedding_cache import CacheConfig
-
-        if self.cache_mb == 0:  # --cache-mb 0: no cache at all
-            return CacheConfig(host_bytes=0, pool_bytes=0)
-        pool_mb = self.cache_ipc_mb
-        return CacheConfig(
-            host_bytes=self.cache_mb * MiB,
-            pool_bytes=pool_mb * MiB,
-            policy=self.cache_policy,
-            hash=self.cache_hash,
-            invalid_ttl_s=self.cache_invalid_ttl_s,
-        )
-
-    def overload_config(self) -> OverloadConfig:
-        from service.pipeline.overload import OverloadConfig
-
-        return OverloadConfig(
-            max_queue_delay_s=self.max_queue_delay_ms / 1000, max_pending_bytes=self.max_pending_mb * MiB
-        )
-
-    def runner_config(self) -> RunnerConfig:
-        return RunnerConfig(
-            max_batch_patches=self.max_batch_patches,
-            max_batch_images=self.max_batch_images,
-            max_wait_ms=self.max_wait_ms,
-            max_queued_images=self.max_queued_images,
-            queue_discipline=self.queue_discipline,
-            lifo_after_ms=self.lifo_after_ms,
-        )
 
 
 def load_settings(config_file: Path | None = None, **overrides: object) -> ServerSettings:

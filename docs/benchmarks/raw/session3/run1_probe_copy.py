@@ -1,6 +1,6 @@
 """Probe (session 3): host copy into fresh bytes, joined vs parallel torch copy, with freed-memory reuse."""
 import ctypes, time, warnings, torch
-from service.host_memory import reuse_freed_host_memory
+from service.process.host_memory import reuse_freed_host_memory
 reuse_freed_host_memory(1 << 30)
 new = ctypes.pythonapi.PyBytes_FromStringAndSize
 new.restype, new.argtypes = ctypes.py_object, (ctypes.c_void_p, ctypes.c_ssize_t)
