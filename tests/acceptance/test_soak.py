@@ -209,7 +209,7 @@ def soak(server: ServiceThread, seconds: float) -> dict[str, object]:
     assert wrong == [], wrong
     assert verified >= 10 and outcomes.get("invalid:INVALID_ARGUMENT", 0) >= 5, summary
     assert final < baseline * 1.05, summary
-    assert pool.crashes == 0 and os.listdir(pool._transfer_dir) == []
+    assert pool.crashes == 0 and os.listdir(pool.transfer_dir) == []
     return summary
 
 

@@ -71,7 +71,7 @@ def test_one_input(data: bytes) -> None:
 
 
 def _cost_seeds() -> list[bytes]:
-    from tests import cost_samples as cost
+    from tests.support import cost_samples as cost
 
     seeds = []
     for count in (LIMITS.max_chunks - 8, LIMITS.max_chunks + 8):

@@ -187,9 +187,9 @@ def test_pos_emb_cache_is_bounded():
     module = Learnable2DInterpPosEmb(64, 64, 8, max_cache_entries=3, max_cache_bytes=10_000)
     for h in range(2, 12, 2):
         module([(h, 6)])
-    assert len(module._cache) <= 3 and module._cache_bytes <= 10_000
+    assert module.cache_entries <= 3 and module.cache_bytes <= 10_000
     module([(100, 100)])  # 320 kB: larger than the byte bound, computed but not cached
-    assert module._cache_bytes <= 10_000
+    assert module.cache_bytes <= 10_000
 
 
 def test_pos_emb_cache_keeps_part_of_a_batch_larger_than_itself(monkeypatch):
@@ -207,11 +207,11 @@ def test_pos_emb_cache_keeps_part_of_a_batch_larger_than_itself(monkeypatch):
         module.weight.normal_()
     grids = [(2, 4), (4, 4), (6, 4), (8, 4), (10, 4), (4, 4)]
     first = module(grids)
-    assert len(computed) == 5 and len(module._cache) <= 3
+    assert len(computed) == 5 and module.cache_entries <= 3
     computed.clear()
     torch.testing.assert_close(module(grids), first, atol=0, rtol=0)
     assert len(computed) == 2, "three of the five sizes should have stayed cached"
-    assert len(module._cache) <= 3
+    assert module.cache_entries <= 3
 
 
 @torch.inference_mode()

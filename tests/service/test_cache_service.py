@@ -6,6 +6,7 @@ import asyncio
 import base64
 import logging
 
+import grpc
 import httpx
 import pytest
 import torch
@@ -13,6 +14,7 @@ import torch
 from mmproc.client import EncoderClient
 from mmproc.errors import InvalidMediaError, UnknownKeyError
 from mmproc.v1 import encoder_pb2 as pb
+from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from service.app import build_engine
 from service.engine import Engine
 from tests.support.media_samples import make_image_bytes
@@ -151,8 +153,8 @@ def test_over_grpc_a_hit_is_bit_identical_and_logged(caplog: pytest.LogCaptureFi
         metrics = httpx.get(f"{server.http_url}/metrics", timeout=10).text
         assert 'mmproc_cache_hits_total{tier="host"} 3.0' in metrics and "mmproc_cache_bypassed_total 3.0" in metrics
         request = pb.EncodeImagesRequest(images=[b""], mm_hashes=[cold[1].mm_hash], headers_only=True)
-        with EncoderClient(server.grpc_target) as client:
-            header = client._stub.EncodeImages(request, timeout=30).embeddings[0]
+        with grpc.insecure_channel(server.grpc_target) as channel:
+            header = pb_grpc.EncoderStub(channel).EncodeImages(request, timeout=30).embeddings[0]
         assert header.cache == pb.CACHE_HIT and header.num_tokens == cold[1].num_tokens
     finally:
         server.stop()

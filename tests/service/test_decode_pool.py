@@ -58,7 +58,7 @@ def test_process_results_equal_thread_results_bit_for_bit(pool: DecodePool) -> N
 
 def test_no_transfer_file_outlives_its_request(pool: DecodePool) -> None:
     run(pool.prepare_all(GOOD * 3))
-    assert os.listdir(pool._transfer_dir) == []
+    assert os.listdir(pool.transfer_dir) == []
 
 
 @pytest.mark.parametrize(
@@ -126,9 +126,9 @@ def test_thread_mode_gives_the_same_answers() -> None:
 
 def test_closed_pool_refuses_and_removes_its_transfer_directory() -> None:
     pool = DecodePool(LIMITS, CONFIG, DecodePoolConfig(workers=1))
-    assert pool._transfer_dir is None  # nothing on /dev/shm until the pool is used
+    assert pool.transfer_dir is None  # nothing on /dev/shm until the pool is used
     pool.start()
-    directory = pool._transfer_dir
+    directory = pool.transfer_dir
     assert directory is not None and os.path.isdir(directory)
     assert oct(os.stat(directory).st_mode & 0o777) == "0o700"
     pool.close()
@@ -161,7 +161,7 @@ def test_fair_share_hands_slots_out_round_robin_by_request() -> None:
         await asyncio.sleep(0)
         tasks[-1].cancel()  # a waiter that gives up leaves no hole
         await asyncio.gather(*tasks, return_exceptions=True)
-        assert share._free == 1 and not share._waiting
+        assert share.free == 1 and share.waiting == 0
 
     run(scenario())
     assert order == ["a1", "a2", "b1", "c1", "a3", "c2"]

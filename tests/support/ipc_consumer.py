@@ -159,7 +159,7 @@ def main(argv: list[str]) -> int:
                     continue
                 reference = reference or got
                 assert got == reference, "a reopened pool returned different values"
-                pool = ipc._ipc.identity.pool_id if ipc._ipc.identity else None
+                pool = ipc.ipc_pool_id
                 if not pools or pools[-1] != pool:
                     pools.append(pool)
                 if done == 0:
