@@ -25,6 +25,7 @@ from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from service.app import build_engine
 from service.decode_pool import DecodePool
+from tests.support.common import wait_until
 from tests.support.decode_faults import CRASH, misbehaving_task
 from tests.support.media_samples import encode_image, make_image_bytes, random_image
 from tests.support.server import ServiceThread, serving, settle, test_settings, wait_inflight
@@ -116,9 +117,7 @@ def test_runner_drops_a_cancelled_requests_queued_images_at_once() -> None:
     runner.start()
     try:
         first = runner.submit([image])
-        deadline = time.monotonic() + 5
-        while runner.queued_images and time.monotonic() < deadline:  # the worker took it and waits at the gate
-            time.sleep(0.001)
+        wait_until(lambda: not runner.queued_images, 5, interval=0.001)  # the worker took it, waits at the gate
         second = runner.submit([image] * 5)
         assert runner.queued_images == 5
         assert second.cancel()

@@ -20,6 +20,7 @@ import pytest
 from mmproc.client import EncoderClient
 from mmproc.errors import InvalidMediaError, Reason, ResourceExhaustedError
 from mmproc.media.formats import JPEG, peek_size
+from tests.support.common import wait_until
 from tests.support.cost_samples import (
     bmp_rle_eol_bomb,
     bmp_rle_slow,
@@ -88,9 +89,7 @@ def test_a_decode_over_budget_retires_its_workers_and_spares_other_requests(serv
         error, _ = timed_refusal(client, [SLOW])
         assert error.reason == "decode_time"
         assert all(len(good.result(30)) == 2 for good in goods)
-    deadline = time.monotonic() + 60  # fresh workers are started in the background, then swapped in
-    while pool.retired == retired and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: pool.retired != retired, 60)  # fresh workers are started in the background, then swapped in
     assert pool.retired > retired and pool.crashes == crashes  # recycled gracefully, no crash, nobody else failed
     with EncoderClient(server.grpc_target) as client:
         assert len(client.encode_images([GOOD])) == 1

@@ -19,6 +19,7 @@ from mmproc.client.retry import NO_RETRY
 from mmproc.errors import ConfigError, UnavailableError
 from service.app import build_engine, serve
 from service.cli import main
+from tests.support.common import wait_until
 from tests.support.media_samples import make_image_bytes
 from tests.support.server import ServiceThread, test_settings
 
@@ -32,10 +33,7 @@ def health(target: str) -> int:
 
 
 def until(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition never became true"
-        time.sleep(0.01)
+    assert wait_until(predicate, timeout, interval=0.01), "condition never became true"
 
 
 def slow_forward_factory(delay_s: float):
