@@ -84,7 +84,7 @@ def test_the_store_never_exceeds_its_byte_bound(policy: str, max_bytes: int, ops
         assert kept or nbytes > max_bytes or evicted
         assert store.nbytes <= max_bytes
         held = {}
-        for entry in store._entries.values():
+        for entry in store.entries():
             held[entry.charge_key] = entry.charge_bytes
         assert store.nbytes == sum(held.values())  # each charge counted once
     store.clear()
