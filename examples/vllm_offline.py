@@ -57,7 +57,7 @@ def main() -> None:
 
     from mmproc.client import EncoderClient
     from mmproc.engines.vllm import keep_images, vllm_inputs
-    from tests.media_samples import make_image_bytes
+    from tests.support.media_samples import make_image_bytes
 
     model = args.model
     if model is None:

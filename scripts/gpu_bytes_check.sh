@@ -17,7 +17,7 @@ else
   export PYTHONPATH="."
 fi
 echo "# gpu_bytes_check $(date -u +%Y-%m-%dT%H:%M:%SZ) commit=${MMPROC_COMMIT:-unknown} cpus=$(nproc)"
-python3 -m pytest -q -rs --noconftest -p no:cacheprovider -m cuda tests/test_gpu_encoder.py 2>&1 | tail -4
+python3 -m pytest -q -rs -p no:cacheprovider -m cuda tests/model/test_gpu.py 2>&1 | tail -4
 # The encoder alone on the same images (its capacity for the e2e figures below)
 python3 -m mmproc.bench.forward --workloads 512x4 512x32 --no-baseline --reps 5 --warmup 2 2>&1 | grep -E "512x"
 

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The embedding cache on the GPU host (issue 23, docs/cache.md). Run from the repo root with the wheels in .whl/
 # (see docs/benchmarks/README.md; add xxhash's cp312 wheel, and blake3's for the blake3 test); output in $OUT:
-#   cache_tests.log     the cache's CPU tests, its pool-tier CUDA tests (tests/test_ipc_cache_gpu.py) and the IPC
-#                       transport tests whose read path it changed (tests/test_ipc_gpu.py, tests/test_fanout.py)
+#   cache_tests.log     the cache's CPU tests, its pool-tier CUDA tests (tests/transport/test_ipc_cache_gpu.py) and the IPC
+#                       transport tests whose read path it changed (tests/transport/test_ipc_gpu.py, tests/transport/test_fanout.py)
 #   cache_bench.log/.json/.md  a kimi-k2.5-shaped server (random weights, bf16, IPC, 2 GiB pool, cache on), then
 #                       `mmproc bench serve --repeat-ratio 0,0.5,0.9 --transport ipc` (cache on/off in ABBA order,
 #                       then a hit-only pass)
@@ -29,9 +29,9 @@ LOG="$OUT/cache_tests.log"
 } 2>&1 | tee "$LOG"
 python3 -c "import xxhash" 2>/dev/null || { echo "xxhash is missing: put its cp312 wheel in .whl/" | tee -a "$LOG"; exit 1; }
 
-python3 -m pytest -q -rs -p no:cacheprovider tests/test_leases_shared.py tests/test_embedding_cache.py \
-  tests/test_cache_service.py tests/test_client_ipc_leases.py tests/test_ipc_cache_gpu.py tests/test_ipc_gpu.py \
-  tests/test_fanout.py 2>&1 | tee -a "$LOG"
+python3 -m pytest -q -rs -p no:cacheprovider tests/transport/test_leases_shared.py tests/service/test_embedding_cache.py \
+  tests/service/test_cache_service.py tests/client/test_ipc_leases.py tests/transport/test_ipc_cache_gpu.py tests/transport/test_ipc_gpu.py \
+  tests/transport/test_fanout.py 2>&1 | tee -a "$LOG"
 tests_rc=${PIPESTATUS[0]}
 
 PORT=${PORT:-50161}

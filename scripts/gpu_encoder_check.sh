@@ -21,10 +21,9 @@ say "## rope check rc=$rope_rc (full log: $OUT/rope_check.log)"
 grep -E "passed|failed|error| 4096 " "$OUT/rope_check.log" | tee -a "$LOG"
 
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
-# --noconftest: tests/conftest.py starts the gRPC service, which these tests do not need.
-say "## pytest tests/test_gpu_encoder.py tests/test_add_norm_triton.py tests/test_model.py -m cuda"
-python3 -m pytest -q -rs --noconftest -p no:cacheprovider -m cuda tests/test_gpu_encoder.py tests/test_add_norm_triton.py \
-  tests/test_model.py 2>&1 \
+say "## pytest tests/model/test_gpu.py tests/model/test_add_norm_triton.py tests/model/test_moonvit.py -m cuda"
+python3 -m pytest -q -rs -p no:cacheprovider -m cuda tests/model/test_gpu.py tests/model/test_add_norm_triton.py \
+  tests/model/test_moonvit.py 2>&1 \
   | tee -a "$LOG"
 tests_rc=$?
 

@@ -17,8 +17,8 @@ python3 -m service.process.cli health --target 127.0.0.1:$PORT || { echo "K3 ser
 common=(--target 127.0.0.1:$PORT --device cuda:0 --images-per-request 1 --resolutions 448x448 --format jpeg
         --requests 300 --warmup 30 --concurrency 1 --quiet)
 python3 -m mmproc.bench.serve "${common[@]}" --compare transport --rounds 2 --json "$OUT/k3_serve_1x448.json"
-for size in 448 1024; do python3 -m tests.ipc_consumer fetch 127.0.0.1:$PORT 50 $size; done | tee "$OUT/fetch.jsonl"
+for size in 448 1024; do python3 -m tests.support.ipc_consumer fetch 127.0.0.1:$PORT 50 $size; done | tee "$OUT/fetch.jsonl"
 grep -E "family|kernels|IPC|graph|ERROR|Traceback" "$OUT/k3_server.log" | head -20
 kill -TERM $server; wait $server; trap - EXIT
-python3 -m pytest -q -rs -p no:cacheprovider tests/test_ipc_gpu.py -k "fetch or bit_for_bit or reports" 2>&1 | tail -5
+python3 -m pytest -q -rs -p no:cacheprovider tests/transport/test_ipc_gpu.py -k "fetch or bit_for_bit or reports" 2>&1 | tail -5
 python3 -m benchmarks.gpu_preprocess --batch 16 --reps 3 --json "$OUT/gpu_preprocess.json"

@@ -14,7 +14,7 @@ fi
   python3 -c "import torch, cupy, google.protobuf, grpc; print('torch', torch.__version__, 'cupy', cupy.__version__, 'protobuf', google.protobuf.__version__, 'grpc', grpc.__version__)"
   python3 -c "from cuda.bindings import driver; print('cuda-python driver bindings: ok')" || echo "no cuda-python: consumers poll the ready word"
 } 2>&1 | tee "$OUT/ipc_tests.log"
-python3 -m pytest -q -p no:cacheprovider tests/test_ipc_gpu.py 2>&1 | tee -a "$OUT/ipc_tests.log"
+python3 -m pytest -q -p no:cacheprovider tests/transport/test_ipc_gpu.py 2>&1 | tee -a "$OUT/ipc_tests.log"
 tests_rc=${PIPESTATUS[0]}
 if [ -f mmproc/bench/serve.py ]; then
   bash scripts/gpu_serve_bench.sh 2>&1 | tee "$OUT/serve_bench.log"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Multi-GPU fan-out on an nvidia-h200-x2 / -x4 host, one command: cross-GPU tests (tests/test_multi_gpu.py and the
-# CPU-side tests/test_fanout.py), the P2P / IPC open-close microbench, and the handle-cache A/B at TP2 (and TP4
+# Multi-GPU fan-out on an nvidia-h200-x2 / -x4 host, one command: cross-GPU tests (tests/transport/test_multi_gpu.py and the
+# CPU-side tests/transport/test_fanout.py), the P2P / IPC open-close microbench, and the handle-cache A/B at TP2 (and TP4
 # with >= 4 GPUs) against a kimi-k2.5-shaped server on GPU 0. Run from the repo root with the wheels in .whl/ (see
 # docs/benchmarks/README.md). Output, 5 files in $OUT: multi_gpu.log, p2p.json, server.log, fanout_tp2.json,
 # fanout_tp4.json. QUICK=1: fewer requests. Record the results in docs/benchmarks/multi-gpu.md.
@@ -24,7 +24,7 @@ GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")
 } > "$LOG" 2>&1
 rc=0
 echo "== tests" >> "$LOG"
-timeout 300 python3 -m pytest -q -rs -p no:cacheprovider tests/test_multi_gpu.py tests/test_fanout.py >> "$LOG" 2>&1 || rc=1
+timeout 300 python3 -m pytest -q -rs -p no:cacheprovider tests/transport/test_multi_gpu.py tests/transport/test_fanout.py >> "$LOG" 2>&1 || rc=1
 echo "== P2P microbench" >> "$LOG"
 timeout 180 python3 -m benchmarks.fanout --p2p --src 0 --mb 256 --reps 20 --json "$OUT/p2p.json" >> "$LOG" 2>&1 || rc=1
 

@@ -12,9 +12,9 @@ export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=".:/tmp/site"
 echo "# gpu_regression_check $(date -u +%Y-%m-%dT%H:%M:%SZ) commit=${MMPROC_COMMIT:-unknown}"
-python3 -m pytest -q -rs -p no:cacheprovider -m cuda tests/test_gpu_encoder.py tests/test_preprocess_device.py \
-  tests/test_rope_triton.py tests/test_add_norm_triton.py tests/test_ipc_gpu.py tests/test_ipc_cache_gpu.py \
-  tests/test_video_model.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -8
+python3 -m pytest -q -rs -p no:cacheprovider -m cuda tests/model/test_gpu.py tests/preprocess/test_device.py \
+  tests/model/test_rope_triton.py tests/model/test_add_norm_triton.py tests/transport/test_ipc_gpu.py tests/transport/test_ipc_cache_gpu.py \
+  tests/model/test_video.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -8
 python3 -m service.process.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto \
   --grpc-address 127.0.0.1:$PORT --http-address "" --ipc-pool-mb 2048 --cache-mb 0 > "$OUT/bytes_server.log" 2>&1 &
 server=$!

@@ -33,10 +33,10 @@ if ! python3 -c "import safetensors" 2>/dev/null; then
 fi
 export PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
 
-# --noconftest: tests/conftest.py starts the gRPC service (pydantic etc., absent on this host); this file needs
-# none of its fixtures and skips its own CUDA/Triton tests.
-say "## pytest tests/test_rope_triton.py"
-python3 -m pytest -q -rs --noconftest -p no:cacheprovider tests/test_rope_triton.py 2>&1 | tee -a "$LOG"
+# The root conftest imports nothing of the service (pydantic etc. may be absent on this host); this file skips
+# its own CUDA/Triton tests.
+say "## pytest tests/model/test_rope_triton.py"
+python3 -m pytest -q -rs -p no:cacheprovider tests/model/test_rope_triton.py 2>&1 | tee -a "$LOG"
 tests_rc=$?
 say "## python3 -m benchmarks.rope_kernels --sweep --json $OUT/rope.json"
 python3 -m benchmarks.rope_kernels --sweep --json "$OUT/rope.json" 2>&1 | tee -a "$LOG"

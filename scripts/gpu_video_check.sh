@@ -17,7 +17,7 @@ fi
   python3 -c "import torch, av; print('torch', torch.__version__, 'av', av.__version__, av.library_versions['libavcodec'])"
 } 2>&1 | tee "$OUT/video_env.log"
 python3 -c "import av" || { echo "PyAV missing: put its wheel in .whl/"; exit 1; }
-python3 -m pytest -q -p no:cacheprovider tests/test_video_media.py tests/test_video_model.py 2>&1 | tail -3 | tee "$OUT/video_tests.log"
+python3 -m pytest -q -p no:cacheprovider tests/media/test_video.py tests/model/test_video.py 2>&1 | tail -3 | tee "$OUT/video_tests.log"
 python3 -m service.process.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto \
   --grpc-address 127.0.0.1:$PORT --http-address "" --ipc-pool-mb 2048 > "$OUT/video_server.log" 2>&1 &
 server=$!

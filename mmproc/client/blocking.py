@@ -88,6 +88,12 @@ class EncoderClient:
         """Handle-cache and fallback counters (None when IPC is not in use)."""
         return None if self._ipc is None else self._ipc.counters()
 
+    @property
+    def ipc_pool_id(self) -> str | None:
+        """The server's IPC pool this client has open (None before the first IPC reply, or without IPC)."""
+        identity = None if self._ipc is None else self._ipc.identity
+        return None if identity is None else identity.pool_id
+
     def encode_images(
         self, images: Sequence[bytes], *, request_id: str | None = None, timeout: float | None = None
     ) -> list[torch.Tensor]:

@@ -103,6 +103,16 @@ class Learnable2DInterpPosEmb(nn.Module):
         self._cache_stamp: tuple[int, int] | None = None
         self.register_load_state_dict_post_hook(_clear_after_load)
 
+    @property
+    def cache_entries(self) -> int:
+        """Interpolated tables kept (at most `max_cache_entries`)."""
+        return len(self._cache)
+
+    @property
+    def cache_bytes(self) -> int:
+        """Bytes of the interpolated tables kept (at most `max_cache_bytes`)."""
+        return self._cache_bytes
+
     def clear_cache(self) -> None:
         """Forget every interpolated table (call after editing `weight` in place outside load_state_dict)."""
         self._cache.clear()

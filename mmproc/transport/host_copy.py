@@ -47,7 +47,7 @@ def _u8(buffer: bytes | bytearray | memoryview) -> torch.Tensor:
 
 
 # torch warns ONCE per process that a tensor over `bytes` is writable: have that once here, silenced, rather
-# than a warnings context (tens of microseconds) around every message (tests/test_host_copy.py checks it).
+# than a warnings context (tens of microseconds) around every message (tests/transport/test_host_copy.py checks it).
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", UserWarning)
     _u8(b"\0")

@@ -7,7 +7,7 @@ each a varint tag `field_number << 3 | wire_type` followed by the value; a `byte
 tag, the length as a varint, then the raw bytes. Parsers accept fields in any order, and for a singular field
 the last one on the wire wins. So the serialization of a message without `data`, followed by a `data` field
 written by hand, parses to exactly the message with `data` set (and is byte-identical to protobuf's own output,
-which writes fields in number order and `data` has the highest number; tests/test_convert.py checks both).
+which writes fields in number order and `data` has the highest number; tests/service/test_convert.py checks both).
 """
 
 from __future__ import annotations

@@ -85,6 +85,11 @@ class CacheStore:
     def __len__(self) -> int:
         return len(self._entries)
 
+    def entries(self) -> list[Entry]:
+        """A snapshot of the entries held, without touching the policy (a `get` counts as a hit)."""
+        with self._lock:
+            return list(self._entries.values())
+
     def get(self, key: str) -> Entry | None:
         with self._lock:
             entry = self._entries.get(key)

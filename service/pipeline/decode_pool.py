@@ -93,6 +93,7 @@ class DecodePool:
         self.retired = 0  # process executors replaced after an image ran out of its time budget
         self._share = FairShare(config.workers)
         self._request_keys = itertools.count()
+        self._transfer_dir: str | None = None  # made on first use: an engine never started leaves nothing
         if config.isolation == "thread":
             self._executor: Executor = ThreadPoolExecutor(config.workers, thread_name_prefix="mmproc-decode")
             return
@@ -101,7 +102,6 @@ class DecodePool:
         preload = {"service.pipeline.decode_worker", "service.pipeline.decode_video_worker"}
         preload |= {task.__module__} if task is not None else set()
         self._context.set_forkserver_preload(sorted(preload))
-        self._transfer_dir: str | None = None  # made on first use: an engine never started leaves nothing
         self._transfer_made = False
         self._executor = self._new_process_executor(config.workers)
         self._quarantine: ProcessPoolExecutor | None = None
@@ -237,6 +237,11 @@ class DecodePool:
             )
         future.add_done_callback(_materialize)  # before anyone waits: maps and unlinks even if nobody does
         return future
+
+    @property
+    def transfer_dir(self) -> str | None:
+        """The tmpfs directory of large worker results: None until the first process decode (and in thread mode)."""
+        return self._transfer_dir
 
     @property
     def _prepare(self) -> Callable:

@@ -27,6 +27,16 @@ class FairShare:
         finally:
             self.release()
 
+    @property
+    def free(self) -> int:
+        """Slots not handed out."""
+        return self._free
+
+    @property
+    def waiting(self) -> int:
+        """Keys (requests) with a waiter queued for a slot."""
+        return len(self._waiting)
+
     async def acquire(self, key: object) -> None:
         with self._lock:
             if self._free > 0 and not self._waiting:

@@ -1,6 +1,6 @@
 """A tiny Kimi K2.5 checkpoint that BOTH mmproc and vLLM load: random weights in the released key layout.
 
-The vision tower and projector come from tests/checkpoints.py (released names, `vt_*` config keys for mmproc);
+The vision tower and projector come from tests/support/checkpoints.py (released names, `vt_*` config keys for mmproc);
 vision_config also carries transformers' `Kimi_K25VisionConfig` names, which vLLM reads (a missing one silently
 falls back to the full-size default). The language model is a two-layer dense DeepSeek-V3 ("kimi_k2") with a
 word-level tokenizer that knows the media tokens. `in_patch_limit` is small so that modest images get resized.
@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from tests.checkpoints import deep_merge, hf_config, make_vision_tensors, preprocessor_config, vision_spec
+from tests.support.checkpoints import deep_merge, hf_config, make_vision_tensors, preprocessor_config, vision_spec
 
 TEXT_HIDDEN = 256
 IN_PATCH_LIMIT = 1024  # patches per image before a resize: 256 tokens at most

@@ -1,11 +1,14 @@
 """Engine tests skip where the engine is not installed, except under MMPROC_REQUIRE_VLLM=1 (.ci/run's vLLM venv),
-where a vLLM that fails to import is a failure, not a silent skip."""
+where a vLLM that fails to import is a failure, not a silent skip. The SGLang adapter's test shares the in-process
+tiny server (tests/support/server.py)."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+
+from tests.support.server import tiny_server  # noqa: F401  (the fixture)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

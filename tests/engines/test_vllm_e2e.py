@@ -19,7 +19,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed here (see tests/engine
 from mmproc.client import EncoderClient  # noqa: E402
 from tests.engines.checkpoint import write_k25_engine_checkpoint  # noqa: E402
 from tests.engines.vllm_run import CASES  # noqa: E402
-from tests.test_lifecycle import free_port  # noqa: E402
+from tests.support.common import free_port  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.timeout(900)

@@ -20,7 +20,7 @@ from PIL import Image  # noqa: E402
 
 from mmproc.engines.vllm import MmprocECConnector  # noqa: E402
 from tests.engines.checkpoint import token_id  # noqa: E402
-from tests.media_samples import make_image_bytes  # noqa: E402
+from tests.support.media_samples import make_image_bytes  # noqa: E402
 
 # (width, height): padded only, resized (over the checkpoint's 1024-patch limit), portrait, resized again
 SIZES = {"pad": (100, 80), "resize": (1000, 300), "tall": (64, 200), "big": (600, 500)}

@@ -3,7 +3,7 @@
 The property: for any bytes, `decode_image` either returns an RGB image within the limits, which
 `preprocess_image` turns into finite patches of the grid `target_grid` predicts, or raises InvalidMediaError
 with a known reason. Any other exception, a crash or a hang is a finding (libFuzzer saves the input as
-crash-*/timeout-* in the working directory). Seeds: every case of tests/corpus.py up to 64 KiB, plus small
+crash-*/timeout-* in the working directory). Seeds: every case of tests/support/corpus.py up to 64 KiB, plus small
 cost bombs (scans, JPEG segments, PNG chunks, GIF blocks, RLE BMPs) just past the fuzz limits below, so that
 the cost walks (mmproc/media/cost.py) and the paths just under their limits are mutated from the start.
 
@@ -71,7 +71,7 @@ def test_one_input(data: bytes) -> None:
 
 
 def _cost_seeds() -> list[bytes]:
-    from tests import cost_samples as cost
+    from tests.support import cost_samples as cost
 
     seeds = []
     for count in (LIMITS.max_chunks - 8, LIMITS.max_chunks + 8):
@@ -85,7 +85,7 @@ def _cost_seeds() -> list[bytes]:
 
 
 def _seed_directory() -> str:
-    from tests.corpus import build_corpus
+    from tests.support.corpus import build_corpus
 
     directory = Path(tempfile.mkdtemp(prefix="mmproc-fuzz-seeds-"))
     seeds = [case.data for case in build_corpus()] + _cost_seeds()

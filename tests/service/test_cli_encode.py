@@ -1,0 +1,58 @@
+"""`mmproc encode` as an operator uses it: the target from the same settings as the server, JSON lines, one-line
+errors; and secrets from files instead of the process list."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from mmproc.errors import ConfigError
+from service.process.cli import main
+from service.process.settings import load_settings
+from tests.support.media_samples import make_image_bytes
+
+
+def test_encode_takes_the_configured_address_and_prints_json(tiny_server, tmp_path, monkeypatch, capsys) -> None:
+    image = tmp_path / "cat.png"
+    image.write_bytes(make_image_bytes(100, 80, fmt="PNG"))
+    monkeypatch.setenv("MMPROC_GRPC_ADDRESS", tiny_server.grpc_target)  # as `mmproc serve` would read it
+    assert main(["encode", str(image), "--json"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    fields = json.loads(line)
+    assert fields["path"] == str(image) and fields["image_size"] == [100, 80]
+    assert fields["tokens"] == fields["shape"][0] == fields["grid_thw"][1] * fields["grid_thw"][2] // 4
+
+
+def test_encode_of_a_missing_file_is_one_line(capsys) -> None:
+    assert main(["encode", "/nonexistent/cat.jpg", "--target", "127.0.0.1:1"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "mmproc: cannot read /nonexistent/cat.jpg: No such file or directory"
+
+
+def test_the_auth_token_can_come_from_a_file(tmp_path) -> None:
+    secret = tmp_path / "token"
+    secret.write_text("a-long-enough-shared-secret\n")
+    settings = load_settings(None, auth_token_file=str(secret))
+    assert settings.auth_token is not None and settings.auth_token.get_secret_value() == "a-long-enough-shared-secret"
+    with pytest.raises(ConfigError, match="not both"):
+        load_settings(None, auth_token_file=str(secret), auth_token="another-long-enough-secret")
+    with pytest.raises(ConfigError, match="auth_token_file"):
+        load_settings(None, auth_token_file=str(tmp_path / "missing"))
+
+
+def test_encode_reads_the_token_from_a_file(tmp_path, capsys) -> None:
+    from tests.support.server import ServiceThread, test_settings
+
+    token = "a-long-enough-shared-secret"
+    (tmp_path / "token").write_text(token + "\n")
+    image = tmp_path / "cat.png"
+    image.write_bytes(make_image_bytes(64, 64, fmt="PNG"))
+    server = ServiceThread(test_settings(auth_token=token)).start()
+    try:
+        target = ["--target", server.grpc_target]
+        assert main(["encode", str(image), *target, "--token-file", str(tmp_path / "token")]) == 0
+        assert main(["encode", str(image), *target]) == 1  # no token: refused
+    finally:
+        server.stop()
+    assert "UnauthenticatedError" in capsys.readouterr().err

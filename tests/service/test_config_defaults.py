@@ -1,0 +1,110 @@
+"""Each default is written once: a server built from the default settings gets exactly the core dataclasses'
+defaults (a library user and the server agree), and the settings load no torch to get them."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+
+import pytest
+
+from mmproc.media.limits import MediaLimits
+from mmproc.media.video_limits import VideoLimits
+from mmproc.runner_config import RunnerConfig
+from mmproc.transport.pool_config import PoolConfig
+from service.cache.embedding_cache import CacheConfig
+from service.pipeline.decode_config import DecodePoolConfig
+from service.pipeline.key_store import KeyStoreConfig
+from service.pipeline.overload import OverloadConfig
+from service.pipeline.request_limits import RequestLimits, VideoRequestLimits
+from service.process import configs
+from service.process.settings import ServerSettings
+from tests.support.python_subprocess import run_python
+
+
+def default_settings() -> ServerSettings:
+    """The settings' own defaults, whatever MMPROC_* variables the test process has."""
+    return ServerSettings.model_construct(**{name: f.default for name, f in ServerSettings.model_fields.items()})
+
+
+def not_from_a_default(config: DecodePoolConfig, settings: ServerSettings) -> DecodePoolConfig:
+    # Worker count, memory cap, logging and where pixels are normalized follow other settings (the CPUs, max_pixels,
+    # the server's log level, the device), not a default of their own.
+    return replace(
+        DecodePoolConfig(),
+        workers=settings.decode_workers,
+        worker_memory_mb=config.worker_memory_mb,
+        log_level=settings.log_level,
+        log_json=settings.log_json,
+        normalize=config.normalize,
+    )
+
+
+BUILDERS = [
+    (configs.media_limits, MediaLimits),
+    (configs.request_limits, RequestLimits),
+    (configs.video_limits, VideoLimits),
+    (configs.video_request_limits, VideoRequestLimits),
+    (configs.decode_config, DecodePoolConfig),
+    (configs.runner_config, RunnerConfig),
+    (configs.overload_config, OverloadConfig),
+    (configs.key_store_config, KeyStoreConfig),
+    (configs.cache_config, CacheConfig),
+    (configs.ipc_pool_config, PoolConfig),
+]
+
+
+@pytest.mark.parametrize(("build", "config_type"), BUILDERS, ids=[c.__name__ for _, c in BUILDERS])
+def test_default_settings_build_the_dataclass_defaults(build, config_type) -> None:
+    settings = default_settings()
+    built = build(settings)
+    expected = not_from_a_default(built, settings) if config_type is DecodePoolConfig else config_type()
+    differ = [
+        f"{f.name}: settings give {getattr(built, f.name)!r}, the dataclass {getattr(expected, f.name)!r}"
+        for f in fields(config_type)
+        if getattr(built, f.name) != getattr(expected, f.name)
+    ]
+    assert not differ, f"{config_type.__name__}: " + "; ".join(differ)
+
+
+def test_a_changed_setting_reaches_its_config() -> None:
+    """The walk above would pass if a builder ignored its settings; each one must also carry a change through."""
+    changed = ServerSettings(
+        max_image_mb=7, max_images_per_request=3, max_video_mb=5, max_videos_per_request=2, decode_timeout_s=9.0,
+        max_batch_images=5, max_queue_delay_ms=250.0, key_store_max_keys=11, cache_invalid_ttl_s=4.0, ipc_word_slots=8,
+    )  # fmt: skip
+    assert configs.media_limits(changed).max_image_bytes == 7 << 20
+    assert configs.request_limits(changed).max_images == 3
+    assert configs.video_limits(changed).max_video_bytes == 5 << 20
+    assert configs.video_request_limits(changed).max_videos == 2
+    assert configs.decode_config(changed).timeout_s == 9.0
+    assert configs.runner_config(changed).max_batch_images == 5
+    assert configs.overload_config(changed).max_queue_delay_s == 0.25
+    assert configs.key_store_config(changed).max_keys == 11
+    assert configs.cache_config(changed).invalid_ttl_s == 4.0
+    assert configs.ipc_pool_config(changed).num_word_slots == 8
+
+
+def test_settings_and_their_defaults_load_no_torch() -> None:
+    result = run_python(
+        """
+        import sys
+        import service.process.configs, service.process.settings
+        service.process.configs.media_limits(service.process.settings.ServerSettings())
+        assert "torch" not in sys.modules, "torch imported"
+        """
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_overload_settings_reach_the_engine() -> None:
+    """--max-queue-delay-ms and --max-pending-mb bound the engine the server builds (they used to stop at the
+    settings: the engine ran on OverloadConfig's defaults whatever was given)."""
+    from service.process.app import build_engine
+    from tests.support.server import test_settings
+
+    engine = build_engine(test_settings(max_queue_delay_ms=250.0, max_pending_mb=64, decode_isolation="thread"))
+    try:
+        assert engine.overload.config.max_queue_delay_s == 0.25
+        assert engine.overload.config.max_pending_bytes == 64 << 20
+    finally:
+        engine.close()

@@ -1,0 +1,46 @@
+"""The server's staging of serialized replies: per-image readiness (start_staging), and multi-MiB replies still
+carry exactly protobuf's bytes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from mmproc.transport import stage_to_host, start_staging, tensor_to_bytes
+from mmproc.units import MiB
+from mmproc.v1 import encoder_pb2 as pb
+from service.frontends.replies import embedding_header, serialized_payloads, serialized_stream
+from tests.support.encoded import results_of
+
+
+def test_cpu_tensors_pass_through_already_ready() -> None:
+    tensors = [torch.randn(3, 8), torch.randn(0, 8).bfloat16()]
+    staged = start_staging(tensors)
+    assert all(s.ready is None and s.wait() is t for s, t in zip(staged, tensors))
+    assert all(h is t for h, t in zip(stage_to_host(tensors), tensors))
+
+
+@pytest.mark.cuda
+def test_gpu_tensors_land_in_one_pinned_buffer_each_with_its_event() -> None:
+    tensors = [torch.randn(n, 64, device="cuda").bfloat16() for n in (5, 0, 7)] + [torch.randn(2, 64)]
+    staged = start_staging(tensors)
+    assert [s.ready is None for s in staged] == [False, False, False, True]
+    hosts = [s.wait() for s in reversed(staged)][::-1]  # any order: each waits for its own copy
+    assert all(h.device.type == "cpu" and torch.equal(h, t.cpu()) for h, t in zip(hosts, tensors))
+    assert hosts[0].is_pinned() and hosts[0].untyped_storage().data_ptr() == hosts[2].untyped_storage().data_ptr()
+
+
+def test_large_stream_is_protobufs_bytes() -> None:
+    # 300 x 4096 x bf16 = 2.3 MiB per image: two 1 MiB chunks and a tail per image, and an empty image.
+    results = results_of([300, 0, 130], hidden=4096)
+    chunk_bytes = MiB
+    want = []
+    for result in results:
+        data = tensor_to_bytes(result.embedding)
+        for offset in range(0, max(len(data), 1), chunk_bytes):
+            header = embedding_header(result) if offset == 0 else None
+            piece = data[offset : offset + chunk_bytes]
+            want.append(pb.EncodeImagesChunk(request_id="req-big", header=header, index=result.index, offset=offset,
+                                             data=piece).SerializeToString())  # fmt: skip
+    assert serialized_stream("req-big", results, chunk_bytes) == want  # byte for byte
+    assert serialized_payloads(results) == [r.embedding.view(torch.uint8).numpy().tobytes() for r in results]
