@@ -17,6 +17,7 @@ from service.pipeline.decode_pool import DecodePool, DecodePoolConfig, FairShare
 from service.pipeline.decode_transfer import FILE_THRESHOLD
 from service.pipeline.decode_worker import prepare_image
 from service.process.configs import decode_config
+from tests.support.common import wait_until
 from tests.support.decode_faults import BALLOON, BUSY, CRASH, HANG, SEGV, SLOW, SPIN, misbehaving_task
 from tests.support.media_samples import make_image_bytes
 
@@ -90,8 +91,9 @@ def test_a_poisoned_image_is_refused_and_its_neighbours_are_unaffected(pool: Dec
     assert len(first) == 3 and len(last) == 3  # innocent images caught in the crash were retried alone
     for prepared, data in zip(first, GOOD):
         assert torch.equal(prepared.image.patches, prepare_image(data, LIMITS, CONFIG).image.patches)
-    if poison == BUSY:
-        assert (pool.crashes, pool.retired) == (crashes, retired + 1)
+    if poison == BUSY:  # the worn workers are replaced by a background thread once fresh ones are warm
+        assert wait_until(lambda: pool.retired == retired + 1, timeout=60), pool.retired
+        assert pool.crashes == crashes
     else:
         assert pool.crashes == crashes + 1  # out of memory, too: the worker exits and the image is retried alone
     assert len(run(pool.prepare_all(GOOD))) == 3  # the replaced pool serves
