@@ -1,20 +1,10 @@
 """Fused in-place 2D RoPE for MoonViT (the fast path of `mmproc.layers.rope.apply_rope`), as Triton kernels.
 
-Layout (Kimi-VL `Rope2DPosEmb`, see mmproc/layers/rope.py): each head of q/k holds dh/2 interleaved complex pairs
-(x[2j], x[2j+1]); even pairs rotate by the column angle, odd pairs by the row angle. Which axis a pair follows
-lives entirely in the per-token cos/sin (L, dh/2) float32 rows, so this kernel is a plain per-pair rotation:
-
-    (x0, x1) -> (x0 * c - x1 * s, x0 * s + x1 * c)      with (c, s) = (cos[l, j], sin[l, j])
-
-One launch rotates q and k together, in place, in one memory-bound pass: every element is read once and
-written once, math in float32, stored in the input dtype. q and k may be any (L, H, dh) views whose last dim
-is contiguous, notably `qkv.view(L, 3, H, dh)[:, 0]` / `[:, 1]` straight out of the fused wqkv projection, so
-the split copies, the float32 upcast and the complex-multiply temporaries of the plain path all disappear.
-
-CUDA-graph safe: the launch does no host sync, no allocation and derives the grid from shapes only. The first
-call per (dtype, dh, H, stride alignment) compiles the kernel, so warm it up before capturing a graph.
-
-Triton is optional: this module imports cleanly without it (or without CUDA); call `available()` first.
+The pair layout lives in the per-token cos/sin rows (see rope.py), so the kernel is a plain per-pair rotation of
+q and k together, in place, in one memory-bound pass, math in float32. q and k may be strided views straight out
+of the fused wqkv, so the plain path's split copies and upcasts disappear. CUDA-graph safe (no sync, no
+allocation), but the first call per (dtype, dh, H, alignment) compiles: warm up before capture. Triton is
+optional: call `available()` first.
 """
 
 from __future__ import annotations
