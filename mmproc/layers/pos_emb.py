@@ -65,8 +65,8 @@ def interpolate_pos_emb(table: Tensor, h: int, w: int, mode: str = "bicubic") ->
 
     Identity when (h, w) == (H0, W0); otherwise `mode` ("bicubic" or "bilinear") with align_corners=False (the
     reference's `F.interpolate(..., mode=mode)`), computed as two float64 matmuls because both resizes are
-    separable: rows first, then columns. On a GPU that is ~0.1 ms for a 110 x 110 grid of width 1152, where torch's bicubic
-    kernel (one thread per output pixel, looping over all channels) takes milliseconds.
+    separable: rows first, then columns (torch's bicubic kernel loops over all channels per output pixel; figures
+    in docs/benchmarks/encoder.md).
     """
     h0, w0, dim = table.shape
     if (h, w) == (h0, w0):

@@ -105,7 +105,7 @@ class OpenedPool:
 @dataclass
 class HandleCache:
     """Opened pools by (pool id, epoch, consumer GPU uuid). `enabled=False` opens and closes per request
-    (only for the A/B benchmark: it is what the peers shipped)."""
+    (only for the A/B benchmark of the cache)."""
 
     enabled: bool = True
     stats: HandleCacheStats = field(default_factory=HandleCacheStats)
