@@ -117,7 +117,7 @@ class _Lookup:
 
 
 class MmprocECConnector(ECConnectorBase):
-    """Consumer-side EC connector whose "cache" is mmproc's key store (see the module docstring)."""
+    """Consumer-side EC connector whose "cache" is mmproc's key store (the flow: docs/engines.md)."""
 
     def __init__(self, vllm_config: VllmConfig, role: ECConnectorRole) -> None:
         super().__init__(vllm_config=vllm_config, role=role)

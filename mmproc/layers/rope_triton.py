@@ -22,16 +22,12 @@ except ImportError:  # pragma: no cover - depends on the environment
 __all__ = ["apply_rope_", "apply_rope_qkv_", "available"]
 
 _MAX_HEAD_DIM = 256
-# Tile of one program, in padded lanes per tensor. For MoonViT (H=16, dh=72 padded to 128) that is 2 tokens x
-# 16 heads of q and of k: enough programs in flight per SM to hide memory latency (the register and occupancy
-# figures are in docs/benchmarks/rope.md). `python -m benchmarks.rope_kernels --sweep` times the neighbouring
-# tiles/warp counts; change these two constants if it finds a clearly faster one.
+# Tile of one program, in padded lanes per tensor (MoonViT: 2 tokens x 16 heads): enough programs per SM to hide
+# memory latency (docs/benchmarks/rope.md); `python -m benchmarks.rope_kernels --sweep` times the neighbours.
 _TILE = 4096
 _NUM_WARPS = 4
-# How the interleaved pairs are read. Reshape (default): one contiguous (rows, dh) tile per tensor, 16-byte
-# vector accesses (sm_90 PTX: 8 ld.global.v4 + 8 st.global.v4 per thread for q+k), pairs separated in registers
-# by reshape(..., dh/2, 2) + split. Stride-2: separate even/odd pointers, no vectorisation possible (64 scalar
-# 2-byte loads + 64 stores per thread): 8x the memory instructions for the same bytes. Both are in the sweep.
+# How the interleaved pairs are read. Reshape (default): contiguous tiles with 16-byte vector accesses, pairs split
+# in registers. Stride-2: even/odd pointers, scalar accesses only (8x the memory instructions). Both are swept.
 PAIRS_RESHAPE = 0
 PAIRS_STRIDED = 1
 

@@ -39,7 +39,7 @@ _BOMB_ERRORS = (Image.DecompressionBombError, Image.DecompressionBombWarning)
 
 
 def decode_image(data: bytes, limits: MediaLimits, *, keep_alpha: bool = False) -> DecodedImage:
-    """Validate and decode one image; see the module docstring for the order of checks.
+    """Validate and decode one image; the order of checks: docs/media.md.
 
     Returns a `DecodedImage` whose `image` is a fully loaded mode-"RGB" image (or "RGBA" for a transparent
     image when `keep_alpha`: see `convert.to_rgb_keeping_alpha`), upright, without metadata,

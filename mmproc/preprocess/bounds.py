@@ -9,7 +9,7 @@ from __future__ import annotations
 
 
 def max_patches_bound(limit: int, kernel: tuple[int, int], max_grid_hw: tuple[int, int]) -> int:
-    """Largest `grid_h * grid_w` an accepted image can reach (see the module docstring for the proof).
+    """Largest `grid_h * grid_w` an accepted image can reach (the proof: docs/media.md, "The patch bound").
 
     limit: the patch-count limit of the resize rule (Kimi-VL `in_token_limit`, K2.5 `in_patch_limit`).
     kernel: (kh, kw) merge kernel; grid sides are multiples of it.
