@@ -1,26 +1,10 @@
 """`python -m benchmarks.fanout`: one encoder's output read by the N ranks of a tensor-parallel group, and
 the handle-cache A/B at TP >= 2; `--p2p`: peer-to-peer bandwidth and IPC open/close cost across GPUs.
 
-Fan-out: `--tp` rank processes (spawned here) form one torch.distributed gloo group, like an LLM engine's TP
-group; rank r's client runs on `--devices[r]`. Per request, rank 0 calls `encode_images_shared(images,
-readers=tp)` and broadcasts `shared.to_bytes()` (a gloo broadcast of a uint8 CPU tensor: the engine's own
-channel), every rank reads with `read_shared(shared, rank)`, copies its views (what an engine does into its
-input embeddings) and synchronizes its stream, then all meet at a barrier. Latency runs from rank 0 sending the
-request to that barrier (every rank has its copy); `read` is one rank's time from having the bytes to its copy
-done (pool open when not cached + ready wait + peer copy). `--compare handle-cache` runs cache on / cache off
-(a pool open and close per request in every rank) in `--rounds` passes ordered A B B A; target: cache on
->= 2.5x the throughput of cache off at TP >= 2 (SGLang's TP4 figure was 2.7x).
-
-`--p2p`: this process allocates an exportable buffer on `--src` (as the encoder's pool is); a child process per
-GPU opens it on its own device and measures the first open (peer access enabled lazily), then open and close
-of a warm mapping, and read/write bandwidth through the mapping; torch's in-process device-to-device copy is
-the yardstick.
-
-    python -m benchmarks.fanout --target 127.0.0.1:50051 --tp 2 --devices 0,1 --compare handle-cache \\
-        --requests 200 --json tp2.json
-    python -m benchmarks.fanout --p2p --src 0 --mb 256 --reps 20 --json p2p.json
-
-Exit status: 0 when every request succeeded on every rank, 1 otherwise, 2 for bad flags.
+`--tp` spawned rank processes form a gloo group; rank 0 encodes with `readers=tp` and broadcasts the descriptor,
+every rank reads and copies its views, then all meet at a barrier (the latency's end). `--compare handle-cache`
+runs A B B A passes. What each figure counts: docs/bench.md. Exit status: 0 when every request succeeded on
+every rank, 1 otherwise, 2 for bad flags.
 """
 
 from __future__ import annotations

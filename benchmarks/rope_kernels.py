@@ -1,17 +1,8 @@
 """`mmproc bench rope`: per-layer Q/K rotation time of MoonViT's 2D RoPE, plain vs fused (Triton, in place).
 
-Paths, all on the (L, 3*H*dh) output of the fused wqkv projection (viewed as (L, 3, H, dh)):
-  plain      split copies q/k `.contiguous()`, then `mmproc.layers.rope.apply_rope` (float32 upcast, new outputs)
-  plain-view `apply_rope` straight on the q/k views (what the encoder's fallback does; reference only)
-  fused      `rope_triton.apply_rope_` in place on contiguous q, k
-  fused-qkv  `rope_triton.apply_rope_qkv_` in place on the strided q/k views of qkv (no copies)
-
-Each figure is the median of `triton.testing.do_bench` (warm-up, L2 flushed before every call) while cycling
-through several input buffers. GB/s counts only the bytes a rotation must move: q and k read and written once
-plus the cos/sin rows read once. Speedups are against `plain` measured in the same run.
-
-    python -m benchmarks.rope_kernels [--tokens 256 1024 4096 8192] [--heads 16] [--head-dim 72] [--dtype bfloat16]
-                                 [--sweep] [--json PATH]
+Paths plain, plain-view, fused and fused-qkv on the fused wqkv's output; medians of `triton.testing.do_bench`
+with L2 flushed, GB/s of the bytes a rotation must move, speedups against `plain` in the same run
+(docs/bench.md).
 """
 
 from __future__ import annotations

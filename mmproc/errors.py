@@ -1,10 +1,7 @@
 """Typed errors. Every failure a caller can see is one of these, and each class names its HTTP status and gRPC
-status code here, the one table: `service/frontends/error_mapping.py` maps exceptions to statuses with it and `mmproc.client`
-maps statuses back to these classes with it.
-
-Client-side, `mmproc.client` raises the same classes, so an LLM worker catches `InvalidMediaError`
-(a `ValueError`) for bad input and never has to parse status strings; `InvalidRequestError`, a subclass, when the
-request itself is at fault rather than an image or video in it.
+code here, the one table: `service/frontends/error_mapping.py` maps exceptions to statuses with it and
+`mmproc.client` maps statuses back to the same classes, so a worker catches `InvalidMediaError` (a `ValueError`)
+and never parses status strings.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """Which queued images the runner's next batch takes: FIFO, or adaptive LIFO under overload.
 
-fifo           oldest first (the default): with admission bounding the queue by time (service/pipeline/overload.py) no
-               image waits longer than that bound, and none is ever starved.
-adaptive_lifo  oldest first until the oldest live image has waited `lifo_after_s`; then newest request first
-               (Facebook's Wangle / "Fail at Scale"): the fresh requests, whose clients still wait, are served,
-               and the old ones run out their deadline in the queue and are dropped unrun.
-docs/benchmarks/overload.md has the measurement that picked the default.
-
-Both keep a request's images together and in order within a batch (the runner writes each request's rows as one
-contiguous run) and take at least one image, whatever the budget.
+fifo (default): oldest first; admission bounds the wait by time, so none starves. adaptive_lifo: once the oldest
+live image has waited `lifo_after_s`, newest request first ("Fail at Scale"): fresh clients are served, stale
+requests expire unrun. Why the default: docs/benchmarks/overload.md. Both keep a request's images together and
+in order, and take at least one image.
 """
 
 from __future__ import annotations

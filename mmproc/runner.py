@@ -1,13 +1,8 @@
 """The one thread that owns the device: dynamic batching of concurrent requests into packed forwards.
 
-Requests are queued image by image in arrival order; the worker takes images from the head (FIFO; or, with
-`queue_discipline="adaptive_lifo"` under overload, newest request first: mmproc/queue_discipline.py) until
-the next one would overflow the patch budget or the batch is full, waiting at most `max_wait_ms` for
-more work to arrive after the first image. With FIFO, as every image fits the budget on its own (checked at
-construction), no request is ever starved.
-
-Everything is bounded: the queue (`max_queued_images`, a full queue is a ResourceExhaustedError at
-submit time, never a wait), the batch (`max_batch_patches`), and the wait for more work.
+Images queue in arrival order; a batch takes from the head (mmproc/queue_discipline.py) until the patch budget
+or batch size is reached, waiting at most `max_wait_ms` for company. Every image fits the budget alone, so FIFO
+never starves one. Bounded: the queue (full = ResourceExhaustedError at submit), the batch, the wait.
 """
 
 from __future__ import annotations

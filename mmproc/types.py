@@ -1,6 +1,5 @@
-"""Dataclasses handed from one stage to the next (media -> preprocess -> batching -> model -> transport).
-
-They live here so that every stage imports them from one place and no stage imports a later one.
+"""Dataclasses handed from one stage to the next (media -> preprocess -> batching -> model -> transport), here so
+that no stage imports a later one.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """`mmproc bench encoder`: packed MoonViT + projector throughput on CUDA vs the eager per-image baseline.
 
-Full-size model from a preset (default `kimi-k2.5`: 27 layers, width 1152, 16 heads, mlp 4304, projector to
-7168) with random weights in the dtype the server would use on that device (bf16 on CUDA, fp32 on the CPU). Inputs are random pixel patches packed straight into a pinned `PackedBatch` in the
-dtype the service packs them in (`pixel_transfer_dtype`: the model dtype for a bf16/fp16 CUDA model; no JPEG
-decode); the timed region is one whole forward, H2D copy of the pixels included. Each figure is the median of
-`--reps` forwards timed with CUDA events after `--warmup` forwards. FLOPs are counted exactly: 2*M*N*K per matmul
-plus 4*L^2*D per image per layer for attention; MFU is against the peak measured on the device used
-(mmproc/bench/peaks.py) or `--peak` TFLOP/s, and left out when neither is known (a CPU, an unmeasured GPU).
-
-    python -m mmproc.bench.forward [--preset kimi-k2.5] [--workloads 448x64 1024x16 mixed48]
-                                    [--reps 10] [--warmup 3] [--variants] [--profile] [--no-baseline] [--json PATH]
-                                    [--plot PATH.png] [--quiet]
-
-`--profile` adds, per workload, a torch.profiler breakdown of one warm forward (mmproc/bench/profile.py).
-`--plot` draws img/s per workload and implementation, and MFU per workload. `--device cpu` (with `--preset tiny`) runs the same code on the CPU with wall-clock timing: a
-smoke test of the bench itself, not a measurement.
+A full-size preset with random weights, random patches packed in the service's dtype; one whole forward timed
+(H2D included), median of `--reps` with CUDA events; FLOPs counted exactly, MFU only against a measured peak.
+Method: docs/bench.md; `--device cpu` is a smoke test of the bench, not a measurement.
 """
 
 from __future__ import annotations

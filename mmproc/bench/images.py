@@ -1,14 +1,8 @@
 """Seeded benchmark images: the same bytes for the same (seed, request index, image index), in every process.
 
-Each image draws from its own `numpy.random.Generator(PCG64)` seeded with SeedSequence([seed, request, image]),
-so request 7 is identical whether it is generated first, last, alone or in a thread pool, and changing the
-number of requests never changes the earlier ones. Content is "smooth-ish": three octaves of value noise
-(coarse noise upsampled bicubically) for brightness, a slower colour tint and a little per-pixel grain, so JPEG/PNG/WebP sizes look like photos
-rather than like pure noise (incompressible) or flat colour (nearly free).
-
-    from mmproc.bench.images import ImageSpec, request_images
-    spec = ImageSpec(resolutions=((448, 448), (1024, 768)), fmt="jpeg")
-    images = request_images(seed=0, request_index=3, count=2, spec=spec)   # tuple[bytes, bytes]
+Each image has its own PCG64 generator seeded with [seed, request, image], so request 7 is the same however
+many requests are made and in which order. Smooth value noise plus tint and grain, so encoded sizes look like
+photos rather than noise or flat colour.
 """
 
 from __future__ import annotations

@@ -1,29 +1,9 @@
 """`mmproc bench serve`: a load generator, in its own process, against a running `mmproc serve`.
 
-Every request's images are generated before the clock starts, from `--seed` and the request index (see
-mmproc/bench/images.py), so a workload is the same bytes on every run. `--concurrency` worker threads each own
-one `EncoderClient` (in a CUDA process: one IPC session and handle cache per client). Modes:
-  burst  all `--requests` as fast as the workers go;
-  rate   open-loop arrivals at `--rate` per second (Poisson or uniform); an arrival that finds every worker
-         busy is dropped (counted), one dispatched more than `--late-ms` after its time is counted late.
-  open   overload: capacity C, then open-loop arrivals at `--rate` (or `--overload` x C) with no in-flight cap,
-         gRPC and HTTP, then recovery; goodput vs C (mmproc/bench/serve_open.py).
-Latency runs from sending the request to "embeddings ready in the consumer": copied (`--consume copy`, what
-`encode_images` does) or just handed over as views (`--consume view`) and, on CUDA, the consumer's stream
-synchronized. Stages, from the client side:
-  send->reply   RPC round trip (server queue + decode + preprocess + encode + reply on the wire)
-  reply->ready  transport: IPC pool open + stream wait + copy, or bytes->tensor (+ H2D) for serialized
-  release       ack + lease release after the consumer is done (not part of latency)
-`--compare handle-cache|transport` runs the same workload on both sides (cache on/off; ipc/serialized), in
-`--rounds` passes ordered A B B A ... so that drift cancels, and prints the A/B ratios of throughput and mean
-latency. `--transport-microbench` (CUDA only) measures pinned and pageable D2H (and H2D) of a 20 MB tensor,
-the yardstick for the serialized path (target: >= 50% of pinned D2H). Exit status: 0 when every request sent
-succeeded (drops in rate mode are not failures), 1 otherwise, 2 for bad flags or a refused target.
-
-    mmproc bench serve --target 127.0.0.1:50051 --device cuda:0 --transport ipc --compare handle-cache \
-        --requests 512 --concurrency 8 --images-per-request 4 --resolutions 448x448,1024x768 --json out.json
-
-`--workload video` sends videos instead (mmproc/bench/serve_video.py, its own flags).
+Images are generated before the clock starts, from `--seed` and the request index; `--concurrency` threads each
+own one `EncoderClient`. Modes: burst, rate (open loop, drops counted), open (overload: serve_open.py);
+`--compare` runs A B B A passes and prints ratios. Latency runs to "embeddings ready in the consumer". Modes,
+stages and exit status: docs/bench.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
 """`mmproc bench serve --mode open`: goodput under overload, against a running `mmproc serve` (gRPC + HTTP).
 
-One run, three phases, all on one asyncio loop in this process:
-  capacity  closed loop: `--concurrency` Python clients back to back for `--capacity-seconds` -> C images/s;
-  load      open loop: Poisson arrivals at `--rate` (or `--overload` x C) for `--duration` s, one image each,
-            in turn from the Python client (AsyncEncoderClient, `--deadline-s`), a raw gRPC stub (same
-            deadline) and HTTP (/v1/encode; no deadline header unless `--http-timeout-ms`);
-  recovery  closed loop again, started the moment arrivals stop: the time until a 1 s window is back at
-            >= 90% of C.
-It prints goodput (images answered OK, within their deadline) vs C overall and per 5 s window, refusal latency,
-success latency vs the deadline, server RSS (main process + decode workers, from /metrics) peak over idle,
-recovery time, the server's counts of DEADLINE_EXCEEDED / CANCELLED / RESOURCE_EXHAUSTED next to the clients',
-and the ERROR lines the server logged meanwhile (`--server-log`). Every image is unique (a JPEG comment carries
-the request index), so no cache can answer for the encoder. docs/benchmarks/overload.md has the figures.
+Three phases on one asyncio loop: capacity C (closed loop), open-loop load at `--rate` or `--overload` x C from
+the Python client, a raw stub and HTTP, then recovery to 90% of C. Every image is unique, so no cache answers.
+What it prints: docs/bench.md; figures: docs/benchmarks/overload.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,7 @@
 """`mmproc bench serve --workload video`: video requests against a running `mmproc serve` (a K2.5 model), and the
 CPU cost of decoding per sampled frame against FFmpeg's own decode floor, on the same files, in this process.
 
-Served: `--requests` requests of one seeded video each (`--distinct` different files, cycled), `--concurrency`
-client threads; reported: video seconds encoded per wall second, sampled frames and tokens per second, latency.
-Decode cost (one thread, CPU time, best of `--decode-reps`), per sampled frame:
-  mmproc        mmproc.media.video.decode_video: index, plan, seek, decode what the plan needs, RGB of the
-                sampled frames (what a decode worker does before preprocessing)
-  every frame   PyAV decoding every frame up to the last sampled one, RGB of the sampled ones (transformers'
-                read_video_pyav)
-  floor         PyAV decoding every frame of the stream, nothing converted: FFmpeg's own decode cost
-  preprocess    mmproc.preprocess.video.preprocess_video (resize, normalize, patchify)
-
-    mmproc bench serve --workload video --target 127.0.0.1:50051 --requests 16 --concurrency 2 \
-        --video-seconds 10 --video-resolution 1280x720 --json video.json
+What each decode figure counts: docs/bench.md.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
 """SGLang 0.5.23 takes mmproc's embeddings as one `precomputed_embedding` image item (docs/engines.md).
 
-    with EncoderClient(target) as client:
-        results = client.encode(images)                       # ImageEmbedding: tensor, grid_thw, tokens, size
-        info = client.server_info()
-    prompt = expand_prompt(["Describe ", " and ", "."], results, framing(info.family))
+    results = client.encode(images)
+    prompt = expand_prompt(["Describe ", " and ", "."], results, framing(client.server_info().family))
     engine.generate(prompt=prompt, image_data=[precomputed_item(results)])
 
-Facts from SGLang 0.5.23's sources this follows (srt/multimodal/processors/): one item per modality when it is
-preprocessed (base_processor `_validate_one_modality`); the item's `feature` holds every image's rows back to back
-and `image_grid_thw` one (t, h, w) per image (kimi_common `_item_grid_thw`); each image takes
-(h * w) // (merge_h * merge_w) placeholder tokens (kimi_common `_num_image_tokens_from_grid`), `<|media_pad|>` =
-config.json's media_placeholder_token_id (kimi_vl.py, kimi_k25.py); Kimi refuses caller-supplied identities, so the
-item carries no `hash`, `pad_value(s)` or `identity` (kimi_common `reject_caller_image_identity`).
+One item per modality, every image's rows back to back with one (t, h, w) each, no caller-supplied identity
+(Kimi refuses it): SGLang 0.5.23's srt/multimodal/processors/, kimi_common.
 """
 
 from __future__ import annotations

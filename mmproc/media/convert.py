@@ -1,30 +1,7 @@
-"""Every Pillow mode to 8-bit RGB, deterministically.
+"""Every Pillow mode to 8-bit RGB, deterministically, as the reference processors' `convert("RGB")` does.
 
-The rule (faithfulness to how the model was trained beats prettiness):
-
-- RGB: copied as is.
-- L, P, 1, CMYK, YCbCr, LAB, HSV, RGBX and any other mode Pillow converts: `convert("RGB")`. CMYK uses
-  Pillow's plain formula (no ICC colour management; no embedded ICC profile is applied for any mode,
-  like the reference processors).
-- P with a "transparency" entry: `convert("RGBA")` first, then alpha is dropped. The colour channels are
-  the palette colours either way; going through RGBA is the path Pillow asks for (a direct P -> RGB with a
-  per-index transparency table emits "Palette images with Transparency ... should be converted to RGBA").
-- Alpha modes (RGBA, LA, PA): alpha is dropped and the colour stored under transparent pixels is kept,
-  exactly what the reference Kimi-VL / Kimi K2.5 processors get from `image.convert("RGB")`; no
-  compositing onto white or black. Premultiplied modes (RGBa, La) are un-premultiplied by Pillow first.
-- 16-bit integer modes (I;16, I;16L, I;16B, I;16N: 16-bit greyscale PNGs): Pillow's own `convert("RGB")`,
-  which clips each value at 255 (Pillow 12.3 and 13.0 alike), because that is what the reference Kimi
-  processors and transformers get from `image.convert("RGB")` on the image as opened. Most 16-bit photos
-  come out nearly white; matching the training-time pixels beats a prettier rule. (16-bit RGB/RGBA/LA PNGs
-  never get here: Pillow's PNG decoder already keeps their high bytes.)
-- 32-bit integer I (no allowed format opens as I): clipped to 0..65535, then the high byte, as grey.
-- F (32-bit float): NaN -> 0, clipped to 0..255, truncated toward zero (as Pillow's F -> L does), as grey.
-
-`to_rgb_keeping_alpha` is the same rule for a model whose processor composites transparent pixels itself
-(Kimi K3): an image with an alpha band or a palette "transparency" entry becomes straight-alpha "RGBA"
-(as the reference's `convert("RGBA")`), every other one "RGB" as above.
-
-Pure functions, no shared state: safe from any thread.
+Alpha is dropped, not composited; 16-bit greyscale clips at 255 like Pillow; `to_rgb_keeping_alpha` keeps
+straight alpha for a family that composites itself (Kimi K3). The rule per mode: docs/media.md. Pure functions.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Work a file asks for beyond its pixel count, counted from its bytes before any decoder runs.
 
-The pixel limits bound what a decoded image costs per pixel; these bound the multipliers on top, each one a
-pattern no encoder writes but a hostile file can repeat for free:
-
-- JPEG scans: a progressive decoder passes over every coefficient block once per scan, so thousands of tiny
-  scans cost minutes (libjpeg-turbo's advice for untrusted input is the same scan limit: djpeg -maxscans,
-  TJPARAM_SCANLIMIT). Also the marker segments, which Pillow's header parser walks in Python.
-- PNG chunks, GIF extension (sub-)blocks before the first image: each is a Python round trip in Pillow.
-- BMP RLE4/RLE8 data that declares far more pixels than its runs can code: Pillow's RLE decoder is Python and
-  pads rows cut short by end-of-line codes one pixel at a time.
-
-Each walk is bounded by the limit it checks (it stops one past it) and does its byte searches in C.
+Multipliers no encoder writes but a hostile file repeats for free: JPEG scans (one pass over all coefficients
+each; libjpeg-turbo's scan limit) and segments, PNG chunks and GIF blocks (a Python round trip each in Pillow),
+BMP RLE declaring more pixels than its runs code. Each walk stops one past its limit and searches in C.
 """
 
 from __future__ import annotations

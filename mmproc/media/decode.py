@@ -1,31 +1,9 @@
 """Bytes -> validated, upright RGB image: every check that can refuse an image runs before its raster is decoded.
 
-Order, cheapest first (each refusal is an `InvalidMediaError` with index -1; the caller adds the index):
-
-1. empty -> EMPTY; over `max_image_bytes` -> TOO_LARGE.
-2. magic bytes not naming an allowed format -> UNSUPPORTED_FORMAT. Pillow is then told to try that one
-   format only, so TIFF, PSD, EPS, PDF, SVG, ICO ... are never parsed, whatever Pillow has plugins for.
-3. Size as declared by the header, peeked without Pillow (`formats.peek_size`; for GIF the larger of the
-   logical screen and the first frame's extent): a side < `min_side` -> TOO_SMALL, width * height over
-   the pixel limit -> TOO_MANY_PIXELS, long / short side over `max_aspect_ratio` -> ASPECT_RATIO.
-4. Work multipliers counted from the bytes (`cost.check_cost`): JPEG scans over `max_jpeg_scans` ->
-   TOO_MANY_SCANS; JPEG segments, PNG chunks or GIF blocks over `max_chunks` -> TOO_MANY_CHUNKS; an RLE BMP
-   declaring more than `max_rle_ratio` pixels per byte of runs -> COMPRESSION_RATIO.
-5. `Image.open` (header only) with the one sniffed format; the same three checks on Pillow's size, in case
-   the peek found nothing. Pillow's own DecompressionBombError (and its warning, where the process turns
-   warnings into errors) -> TOO_MANY_PIXELS.
-6. Decode the first frame only (animated GIF / WebP / APNG). Decoder failures map to TRUNCATED when Pillow
-   says the data ended (EOFError, struct.error, "truncated" messages) or when the container visibly ends
-   early (no JPEG EOI, PNG IEND or GIF trailer; WebP/BMP shorter than their header says), else UNDECODABLE.
-7. EXIF orientation (JPEG, PNG, WebP) read defensively and applied (unless `apply_exif_orientation` is off); mode converted to RGB (see `convert`).
-
-Why no `warnings.catch_warnings()` around Pillow: it swaps the process-wide filter list and is not
-thread-safe (two overlapping threads can leave an "error" filter installed forever). It is not needed either:
-`MediaLimits.max_pixels` is capped below Pillow's warning threshold and we also honour a lowered
-`Image.MAX_IMAGE_PIXELS`, so every image Pillow warns about is refused by our own check as TOO_MANY_PIXELS.
-Likewise `Image.MAX_IMAGE_PIXELS` and `ImageFile.LOAD_TRUNCATED_IMAGES` are never written.
-
-Thread-safe: no module state besides constants; every call works on its own BytesIO and image objects.
+Cheapest first: size, magic bytes (Pillow then tries that one format only), the header's declared size, work
+multipliers (`cost`), Pillow's header, the first frame, EXIF orientation, RGB. The order and each refusal's
+reason: docs/media.md. No `warnings.catch_warnings()` (it is not thread-safe): our pixel cap sits below Pillow's
+warning threshold, and Pillow's globals are never written. No module state: safe from any thread.
 """
 
 from __future__ import annotations
@@ -61,7 +39,7 @@ _BOMB_ERRORS = (Image.DecompressionBombError, Image.DecompressionBombWarning)
 
 
 def decode_image(data: bytes, limits: MediaLimits, *, keep_alpha: bool = False) -> DecodedImage:
-    """Validate and decode one image; see the module docstring for the order of checks.
+    """Validate and decode one image; the order of checks: docs/media.md.
 
     Returns a `DecodedImage` whose `image` is a fully loaded mode-"RGB" image (or "RGBA" for a transparent
     image when `keep_alpha`: see `convert.to_rgb_keeping_alpha`), upright, without metadata,

@@ -1,14 +1,8 @@
 """Image formats known by their magic bytes, and canvas sizes peeked from headers without Pillow.
 
-Why sniff ourselves instead of letting Pillow identify the data: Pillow knows ~40 formats, several of them
-with a long history of parser bugs (TIFF, PSD, EPS through Ghostscript, ICO, PCX ...). We accept five, pick
-the one the magic bytes name, and later tell Pillow to try that one only (`Image.open(..., formats=[...])`).
-
-Why peek at sizes ourselves: so that the size checks run before Pillow touches the data at all. Pillow's
-`Image.open` is not always header-only: libwebp's animation decoder allocates the canvas when Pillow merely
-opens a WebP, and for a GIF Pillow may allocate a disposal buffer the size of the first frame. It also
-emits DecompressionBombWarning for sizes we refuse anyway. Each peek reads a few fixed fields; the JPEG one
-walks marker segments by their lengths up to the first SOF, skipping junk between segments as libjpeg does.
+We sniff ourselves so Pillow is only ever asked for one of our five formats (several of its ~40 have a long
+history of parser bugs), and peek sizes ourselves because `Image.open` is not always header-only (animated WebP
+and GIF allocate canvases). Each peek reads a few fixed fields; JPEG's walks segments to the first SOF.
 """
 
 from __future__ import annotations

@@ -25,38 +25,18 @@ def _is_int(value: object) -> bool:
 
 @dataclass(frozen=True)
 class MediaLimits:
-    """Per-image limits, checked cheapest first (see `decode_image`).
+    """Per-image limits, checked cheapest first (see `decode_image`); the work multipliers are counted from the
+    bytes before decoding (`cost.check_cost`, docs/reliability.md)."""
 
-    max_image_bytes: encoded size of one image; default 32 MiB.
-    max_pixels: width * height as declared by the header; default 40_000_000 (a 40 MP photo, 120 MB as
-        RGB). Must be in 1..89_000_000, below Pillow's decompression-bomb threshold; cannot be disabled.
-    min_side: shortest side in pixels; default 1 (zero-sized images are always refused).
-    max_aspect_ratio: long side / short side; default 200.0 (Qwen2-VL's `smart_resize` refuses
-        the same); extreme strips waste patches on padding.
-    allowed_formats: formats by magic bytes, a subset of {"jpeg", "png", "webp", "gif", "bmp"}; default all.
-        Given as any iterable of names (case-insensitive); stored as a frozenset.
-
-    Work multipliers, counted from the bytes before decoding (`cost.check_cost`, docs/reliability.md):
-    max_jpeg_scans: SOS segments of one JPEG; default 100 (libjpeg writes 10 for a progressive colour image;
-        each scan is a pass over every coefficient block, so a scan bomb costs scans x pixels).
-    max_chunks: marker segments of a JPEG, chunks of a PNG, extension blocks and sub-blocks before a GIF's
-        first image; default 65_536 (real files have tens to a few thousand; Pillow parses each in Python).
-    max_rle_ratio: declared pixels per byte of a BMP's RLE4/RLE8 data; default 256 (a run codes at most 255
-        pixels in 2 bytes); past it the rows are mostly end-of-line padding, which Pillow fills pixel by pixel.
-
-    apply_exif_orientation: turn JPEG/PNG/WebP images upright from their EXIF orientation; default True (what
-        the Kimi-VL and K2.5 processors see after `exif_transpose`; SGLang's K3 path leaves them as stored).
-    """
-
-    max_image_bytes: int = 32 * MiB
-    max_pixels: int = 40_000_000
-    min_side: int = 1
-    max_aspect_ratio: float = 200.0
-    allowed_formats: frozenset[str] = SUPPORTED_FORMATS
-    max_jpeg_scans: int = 100
-    max_chunks: int = 65_536
-    max_rle_ratio: int = 256
-    apply_exif_orientation: bool = True
+    max_image_bytes: int = 32 * MiB  # encoded size of one image
+    max_pixels: int = 40_000_000  # width * height as declared; at most PILLOW_SAFE_MAX_PIXELS, never disabled
+    min_side: int = 1  # zero-sized images are always refused
+    max_aspect_ratio: float = 200.0  # as Qwen2-VL's `smart_resize`: extreme strips waste patches on padding
+    allowed_formats: frozenset[str] = SUPPORTED_FORMATS  # any iterable of names (case-insensitive)
+    max_jpeg_scans: int = 100  # libjpeg writes 10 for progressive colour; each scan passes over every block
+    max_chunks: int = 65_536  # JPEG segments, PNG chunks, GIF blocks before frame 0: Pillow parses each in Python
+    max_rle_ratio: int = 256  # declared pixels per byte of BMP RLE data (a run codes at most 255 in 2 bytes)
+    apply_exif_orientation: bool = True  # what the Kimi-VL / K2.5 processors see after `exif_transpose`
 
     def __post_init__(self) -> None:
         for name in ("max_jpeg_scans", "max_chunks", "max_rle_ratio"):

@@ -1,23 +1,8 @@
 """Video bytes -> the sampled RGB frames, with every refusal decided before a frame is decoded (PyAV = FFmpeg).
 
-Order, cheapest first (each refusal an `InvalidMediaError` with index -1; the caller adds the index):
-
-1. empty -> EMPTY; over `max_video_bytes` -> TOO_LARGE.
-2. magic bytes not an allowed container -> UNSUPPORTED_FORMAT; FFmpeg is then opened with that one demuxer.
-3. The header: no video stream -> NO_VIDEO_STREAM; codec not allowed -> UNSUPPORTED_CODEC; width * height over
-   `max_pixels` -> TOO_MANY_PIXELS; frame rate over `max_fps` -> FRAME_RATE.
-4. The packet index (demuxing only): more than `max_stream_frames` packets or a duration (the larger of the
-   header's and the packets') over `max_duration_s` -> VIDEO_TOO_LONG; no frame -> EMPTY; fewer frames than
-   the MP4 sample table lists, or frames ending well before the declared duration of a one-stream file ->
-   TRUNCATED (a file cut short is refused, not served as a shorter video).
-5. Sampling (`sample_indices`, Kimi_K25VideoProcessor's rule) and the decode plan: sampled frames over
-   `max_sampled_frames` -> TOO_MANY_FRAMES; frames to decode x pixels over `max_decode_megapixels` -> DECODE_COST.
-6. Decoding within `decode_cpu_s` of CPU time (DECODE_TIME), seeking to a keyframe when one lies between the
-   decoder's position and the next sampled frame and skipping frames that nothing refers to and nobody sampled;
-   a stream that ends early or fails -> TRUNCATED / UNDECODABLE.
-
-Frame i is the i-th frame in presentation order, as transformers' `read_video_pyav` counts (the i-th frame its
-decoder outputs); frames are converted with `to_ndarray(format="rgb24")`, the reference's conversion.
+Cheapest first: size, container magic (one demuxer), the header, the packet index, the sampling plan, then a
+decode bounded in CPU time that seeks and skips what nobody sampled; the order and the refusals: docs/media.md.
+Frame i is the i-th in presentation order, converted with `to_ndarray(format="rgb24")`, as the reference does.
 """
 
 from __future__ import annotations

@@ -26,35 +26,21 @@ def _positive(name: str, value: object, kind: type = int) -> None:
 
 @dataclass(frozen=True)
 class VideoLimits:
-    """Per-video limits, all checked from the container's header and packet index (no frame decoded).
+    """Per-video limits, all checked from the container's header and packet index (no frame decoded)."""
 
-    max_video_bytes: encoded size; default 32 MiB (what the server serves; it caps this at its request size).
-    allowed_containers / allowed_codecs: subsets of CONTAINERS / CODECS; default all.
-    max_duration_s: the larger of the header's and the packets' duration; default 600 s.
-    max_fps: the stream's average frame rate; default 240.
-    max_pixels: width * height of a frame; default 8_294_400 (3840 x 2160).
-    max_stream_frames: video packets in the stream; default 144_000 (600 s at 240 fps).
-    max_sampled_frames: frames one video may contribute after sampling; default 512 (256 s at 2 fps).
-    max_decode_megapixels: frames the sampler must decode (from a keyframe to each sampled frame, as planned
-        from the index) x pixels per frame, in megapixels; default 40_000 (10 min of 1080p at 30 fps decoded
-        whole). A decoder bomb (a tiny file of many large, cheap-to-code frames) is refused by it up front.
-    decode_cpu_s: CPU seconds one video may spend decoding; default 60 (DECODE_TIME past it).
-    max_sample_fps: the largest sampling rate a request may ask for; default 30.
-    decode_threads: FFmpeg threads per video decoder; default 1 (the decode workers give the parallelism).
-    """
-
-    max_video_bytes: int = 32 * MiB
+    max_video_bytes: int = 32 * MiB  # the server caps it at its request size
     allowed_containers: frozenset[str] = frozenset(CONTAINERS)
     allowed_codecs: frozenset[str] = CODECS
-    max_duration_s: float = 600.0
-    max_fps: float = 240.0
-    max_pixels: int = 3840 * 2160
-    max_stream_frames: int = 144_000
-    max_sampled_frames: int = 512
-    max_decode_megapixels: float = 40_000.0
-    decode_cpu_s: float = 60.0
-    max_sample_fps: float = 30.0
-    decode_threads: int = 1
+    max_duration_s: float = 600.0  # the larger of the header's and the packets' duration
+    max_fps: float = 240.0  # the stream's average frame rate
+    max_pixels: int = 3840 * 2160  # per frame
+    max_stream_frames: int = 144_000  # video packets (600 s at 240 fps)
+    max_sampled_frames: int = 512  # per video, after sampling (256 s at 2 fps)
+    # Frames the plan must decode (keyframe to each sampled frame) x pixels, in MP: refuses decoder bombs up front.
+    max_decode_megapixels: float = 40_000.0  # 10 min of 1080p at 30 fps decoded whole
+    decode_cpu_s: float = 60.0  # CPU seconds of decoding per video (DECODE_TIME past it)
+    max_sample_fps: float = 30.0  # the largest sampling rate a request may ask for
+    decode_threads: int = 1  # FFmpeg threads per decoder: the decode workers give the parallelism
 
     def __post_init__(self) -> None:
         for name in ("max_video_bytes", "max_pixels", "max_stream_frames", "max_sampled_frames", "decode_threads"):

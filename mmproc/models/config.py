@@ -23,7 +23,7 @@ class VisionConfig:
     merger and the projector to the LLM width.
 
     family: the model family that parsed it ("kimi_vl", "kimi_k25", "kimi_k3"); checkpoint names and the
-        preprocessing rule follow from it (mmproc/families.py).
+        preprocessing rule follow from it (mmproc/models/registry.py).
     qkv_hidden_size: attention width (3 x it out of wqkv); head_dim = qkv_hidden_size / num_heads. None = hidden.
     norm / norm_eps: the blocks' and final norm; eps None = LayerNorm's 1e-5, or RMSNorm's dtype eps.
     attn_bias / mlp_bias / patch_embed_bias: whether those linears carry a bias (K3: none).

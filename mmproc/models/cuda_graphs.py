@@ -1,16 +1,9 @@
-"""CUDA graphs for small batches: a forward of a few hundred patches is a few hundred short kernels, and on an idle
-GPU their launches, not their math, set the latency. A batch whose exact grids were seen `min_hits` times is
-captured once and then replayed: one launch for the whole tower and projector.
+"""CUDA graphs for small batches, whose latency is set by kernel launches, not math: a batch whose exact grids were
+seen `min_hits` times is captured once and replayed as one launch.
 
-Keyed by the exact per-image grids (plus the pixel dtype and the tower's kernel options), not by padded length
-buckets: the batching pads nothing, and a padded bucket would change the attention segments and position
-tables. The common small requests repeat their sizes (thumbnails, screenshots, one camera), so the few keys
-that matter are captured; every other batch runs eagerly as before.
-
-Bounded: at most `capacity` graphs (least recently used first out), only batches up to `max_patches` patches,
-a bounded table of sightings, and after a failed capture (an op this build cannot capture) no more captures. All graphs share one memory
-pool: they replay one at a time on the caller's stream and each result is copied out right after its replay, so
-one graph's intermediates may reuse another's.
+Keyed by exact grids (not padded buckets: padding would change attention segments and position tables). Bounded:
+`capacity` graphs (LRU), `max_patches`, a bounded sighting table, no captures after one fails. One shared memory
+pool is safe because graphs replay one at a time and each result is copied out at once.
 """
 
 from __future__ import annotations

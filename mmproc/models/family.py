@@ -1,6 +1,6 @@
 """What a model family tells the rest of mmproc: how to recognise its `config.json`, how to parse it, which
 checkpoint tensor names it uses, and its presets. One `ModelFamily` per module (moonvit.py, moonvit3d.py);
-mmproc/families.py lists them.
+mmproc/models/registry.py lists them.
 """
 
 from __future__ import annotations

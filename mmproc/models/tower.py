@@ -1,17 +1,9 @@
 """The MoonViT vision tower over a packed batch, for every family (Kimi-VL `MoonVitPretrainedModel`, K2.5 and K3
 `MoonViT3d` for t == 1); what differs between families is read from `VisionConfig`.
 
-Parameter names equal the checkpoint's `vision_tower.*` names: patch_embed.proj / patch_embed.pos_emb,
-encoder.blocks.{i}.{norm0,norm1,wqkv,wo,mlp.fc0,mlp.fc1}, encoder.final_layernorm.
-
-Per block (pre-norm: LayerNorm eps 1e-5, or RMSNorm for K3):
-    x = x + wo(attn(rope(wqkv(norm0(x)))))        wqkv output viewed as (L, 3, H, dh), dh = qkv width / H
-    x = x + mlp.fc1(act(mlp.fc0(norm1(x))))        act = GELU(tanh) unless the config says exact GELU
-and `final_layernorm(x)` after the last block. The code computes the same thing with every residual add paired
-with the norm that reads its result: (x, h) = add_norm(x, wo(...), norm1), then the MLP residual with the
-NEXT block's norm0 (or final_layernorm), so a block takes and returns (x, norm(x)).
-
-Optional fast paths: see mmproc/layers/kernels.py.
+Parameter names equal the checkpoint's `vision_tower.*` names. Pre-norm blocks; each residual add is paired with
+the norm that reads its result (the MLP's with the NEXT block's norm0), so a block takes and returns
+(x, norm(x)). Fast paths: mmproc/layers/kernels.py.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """`VisionEncoder`: MoonViT tower + patch merger + projector as one module over a `PackedBatch`.
 
-State-dict names: `tower.*` (the checkpoint's `vision_tower.*`) and `projector.{pre_norm,linear_1,linear_2}.*`
-(K3: `projector.{linear_1,linear_2,post_norm}.*`); each family's `CheckpointLayout` maps its checkpoints onto them.
-
-Host -> device traffic per forward: one non_blocking copy of `pixel_values` (uint8 bytes that one gather through
-the batch's normalization table turns into the model dtype on the device, or packed in the model dtype for a
-bf16/fp16 CUDA model, see `mmproc.batching.pixel_transfer_dtype`; any other dtype is cast on the device) and one
-non_blocking copy of a single int64 buffer holding every index (RoPE rows, merge gather, cu_seqlens), built on
-the CPU from the batch's Python ints, both on a side stream that overlaps the previous forward's compute.
-Nothing is read back from the device.
+State-dict names: `tower.*` (the checkpoint's `vision_tower.*`) and `projector.*`; each family's
+`CheckpointLayout` maps its checkpoints onto them. Per forward, two non_blocking H2D copies on a side stream
+(the pixels, and one int64 buffer of every index built on the CPU) overlap the previous forward; nothing is
+read back.
 """
 
 from __future__ import annotations

@@ -1,12 +1,7 @@
 """`PreprocessConfig`: the image-processor settings of a checkpoint, parsed once from preprocessor_config.json.
 
-Two layouts exist:
-
-- Kimi-VL (`"image_processor_type": "KimiVLImageProcessor"`, keys at the top level). Keys missing from the
-  file take the defaults of `KimiVLImageProcessor.__init__` (pad_input False, the OpenAI CLIP mean/std), as
-  transformers would; `PreprocessConfig.kimi_vl()` is the file shipped with Kimi-VL-A3B instead.
-- Kimi K2.5 (a `"media_proc_cfg"` object, read by `KimiK25VisionProcessor`). Missing keys take the values
-  of Kimi K2.5's own file (`PreprocessConfig.kimi_k25()`); video keys are ignored (we serve images only).
+Two layouts: Kimi-VL (top-level keys; missing ones take `KimiVLImageProcessor.__init__`'s defaults, as
+transformers would) and K2.5 (`media_proc_cfg`; missing ones take K2.5's own file; video keys ignored).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Kimi-VL image rules: KimiVLImageProcessor (image_processing_kimi_vl.py of Kimi-VL-A3B), reproduced exactly.
 
-Reference pipeline: `rescale` (BICUBIC shrink under `in_token_limit`, then pad right/bottom to the merge
-kernel with black), `to_tensor` (torchvision: uint8 -> float32, / 255), `normalize` (torchvision:
-`(x - mean) / std` in float32), `patchify`.
-
-One deliberate difference: with `pad_input: false` the reference center-crops to a multiple of the *patch*
-size, which can leave a grid that the patch merger cannot divide by the kernel (and loses border pixels).
-We instead resize (BICUBIC, once, from the original) down to the largest multiple of the kernel in
-pixels, never below one kernel. Released Kimi-VL checkpoints use `pad_input: true`, where we match exactly.
+One deliberate difference: with `pad_input: false` the reference center-crops to the patch size, which can
+leave a grid the merger cannot divide; we resize down to a multiple of the kernel instead. Released checkpoints
+use `pad_input: true`, where we match exactly.
 """
 
 from __future__ import annotations

@@ -1,14 +1,9 @@
 """The pixel work both families share: resize -> RGB uint8 -> normalize + pad -> patches.
 
-For a CUDA encoder the normalization is left to the device (`normalize=False`): the patches stay uint8 bytes
-(a quarter of the float32 bytes to hold, ship and upload) and carry the table the device gathers them through
-(`mmproc.types.apply_lut`, the same values bit for bit). On a CPU encoder numpy's gather here is the fast one.
-
-Normalization goes through a per-channel 256-entry lookup table. Both reference processors normalize
-uint8 pixels elementwise, so every output value is a function of (channel, byte) only; each family builds
-its table with exactly the reference's arithmetic (dtype, order of operations, float64 vs float32), which
-makes the result bit-identical to the reference for any mean/std while costing one gather per value.
-The padding is the table's entry for byte 0: both references pad with black bytes *before* normalizing.
+Normalization is a per-channel 256-entry lookup table built with each reference's exact arithmetic, so the
+result is bit-identical for any mean/std; padding is the entry for byte 0 (the references pad black before
+normalizing). For a CUDA encoder the patches stay uint8 (a quarter of the bytes) and the device gathers them
+through the same table (`mmproc.types.apply_lut`).
 """
 
 from __future__ import annotations

@@ -1,20 +1,10 @@
 """Pillow's BICUBIC resize of 8-bit images, bit for bit, as torch ops that run on the CPU or on a GPU.
 
-The checkpoints' processors resize with `PIL.Image.resize(size, BICUBIC)`; a GPU pipeline must give the same bytes,
-or the embeddings drift from what the model was trained on. Pillow (libImaging/Resample.c) resamples in two
-separable passes, each rounding to uint8, horizontal first (Pillow 13 runs the vertical pass first when the height
-shrinks by more than twice as many pixels as the width; the order follows the installed Pillow, so the GPU path
-equals the CPU one):
-
-- per output index i: center = (i + 0.5) * scale with scale = in / out; support = 2 * max(scale, 1) (the cubic
-  widened when shrinking: antialiasing); taps xmin..xmax = int(center -/+ support + 0.5) clamped to the input;
-  weight of tap x = cubic((x - center + 0.5) / max(scale, 1)), Keys' cubic with a = -0.5; weights normalised to
-  sum 1, then made fixed point with 22 fractional bits (round half away from zero);
-- per pixel: acc = 2**21 + sum(byte * weight) in integers, out = clamp(acc >> 22, 0, 255).
-
-The weights are computed here in Python floats (C doubles, the same expressions), so they are Pillow's to the
-bit; the accumulation is exact integer arithmetic in int32 (|acc| < 2**31 for any 8-bit input), so its order
-does not matter. Images with alpha are not handled here: Pillow premultiplies them first.
+The checkpoints' processors use `PIL.Image.resize(size, BICUBIC)`, so a GPU pipeline must give the same bytes.
+As libImaging/Resample.c: two separable passes, each rounding to uint8, in the installed Pillow's order; Keys'
+cubic (a = -0.5) widened by max(scale, 1) when shrinking; weights computed in Python floats (C doubles) and made
+fixed point with 22 fractional bits; exact int32 accumulation, so order does not matter. No alpha here
+(Pillow premultiplies it first).
 """
 
 from __future__ import annotations

@@ -1,24 +1,7 @@
 """Slice allocator of the CUDA IPC pool: byte ranges of one fixed region, host-side bookkeeping only.
 
-The pool is one device allocation, exported once and never grown (DESIGN.md, "CUDA IPC transport"); this
-module only decides *which* byte range of it each image's embeddings go to. Offsets are relative to the
-start of the region handed to the allocator (the pool's owner adds its own base, e.g. past the ready/ack
-word array that lives at the start of the pool).
-
-Policy: best fit over a free list sorted by (size, offset), searched with `bisect`. Embedding sizes vary
-by two orders of magnitude (a thumbnail is ~100 tokens, a 4K screenshot ~16k), and leases are short-lived.
-First fit would carve small slices out of the first big hole it meets and soon leave no hole for a large
-image even with plenty of bytes free; best fit takes the smallest hole that fits, so big holes stay whole
-for big images. Best fit is also among the lowest-fragmentation policies measured on real traces
-(Wilson et al., "Dynamic Storage Allocation: A Survey and Critical Review", 1995). Ties go to the lowest
-offset, which keeps the allocator deterministic. Freed ranges coalesce with both free neighbours at once,
-so the free list only ever holds maximal free ranges and at most `num_slices + 1` of them.
-
-Cost: `allocate`/`free` are O(log n) searches plus O(n) list inserts/deletes (memmove of a few thousand
-tuples at most, n <= max_slices + 1): microseconds, far below one encoder forward.
-
-Not thread-safe: the caller serializes access (`mmproc.transport.leases.LeaseTable` holds one lock around
-every call), which avoids taking two locks per lease.
+Best fit over a free list sorted by (size, offset), ties to the lowest offset; freed ranges coalesce at once.
+Why best fit, and the pool's layout: docs/ipc.md. Not thread-safe: `LeaseTable` calls it under its lock.
 """
 
 from __future__ import annotations

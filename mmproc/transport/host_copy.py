@@ -1,9 +1,7 @@
 """The one host copy of a serialized payload: into a `bytes` object allocated uninitialized, by torch's threads.
 
-The serialized transport copies every payload byte exactly once, from the pinned staging buffer into the
-`bytes` of the message handed to gRPC. `b"".join` does that copy on one core under the GIL; one torch `copy_` of
-the same bytes releases the GIL and runs on torch's intra-op threads (OpenMP) with no Python per piece, 2-3x
-faster (docs/benchmarks/transport.md); `mmproc serve`'s `torch_threads` sets how many.
+`b"".join` copies on one core under the GIL; a torch `copy_` releases it and uses the intra-op threads
+(`torch_threads`); figures in docs/benchmarks/transport.md.
 """
 
 from __future__ import annotations

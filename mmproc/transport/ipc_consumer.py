@@ -1,14 +1,7 @@
 """The consumer side of the CUDA IPC transport: the handle cache and stream-ordered read/ack.
 
-A consumer process opens the producer's pool once per (pool id, epoch, its own GPU) and keeps the mapping:
-opening costs ~0.1 ms on one GPU and ~9 ms across GPUs, and per-request opens cut SGLang's TP4 throughput
-2.7x. The pool is opened on the consumer's own device (never the producer's index, which may not even
-mean the same GPU here). A new pool id or epoch (the producer restarted) misses the cache; the old
-mapping is closed.
-
-Fan-out: every tensor-parallel rank of an LLM engine opens the pool on its own GPU through this cache and
-reads the same slice; reader r acks in its own word (`ack(desc, stream, reader=r)`), so the producer frees the
-slice only after every rank's stream has finished reading it.
+The pool is opened once per (pool id, epoch, own GPU), on the consumer's own device; reader r acks in its own
+word. Protocol: docs/ipc.md.
 """
 
 from __future__ import annotations
@@ -112,7 +105,7 @@ class OpenedPool:
 @dataclass
 class HandleCache:
     """Opened pools by (pool id, epoch, consumer GPU uuid). `enabled=False` opens and closes per request
-    (only for the A/B benchmark: it is what the peers shipped)."""
+    (only for the A/B benchmark of the cache)."""
 
     enabled: bool = True
     stats: HandleCacheStats = field(default_factory=HandleCacheStats)

@@ -1,24 +1,7 @@
 """The producer side of the CUDA IPC transport: one pool, exported once, handed out in leases.
 
-Layout of the single allocation (`pool_bytes`, never grows):
-
-    [0, words_bytes)            num_word_slots x (ready: int64, ack: int64)
-    [words_bytes, pool_bytes)   data, cut into slices by the SliceAllocator (LeaseTable)
-
-Hand-off of one lease (generation g, word slot s), all ordering on the GPU, none on the host:
-1. The runner writes the request's embeddings into the slice, then `mark_ready` enqueues `ready[s] = g`
-   on the same stream: it lands after the data.
-2. The reply carries (offset, nbytes, s, g). The consumer's stream waits until ready[s] == g, copies (or
-   reads), then writes ack[s] = g on its stream: it lands after its reads.
-3. The consumer's host sends "released" over its session; that alone frees nothing. The reclaimer reads
-   the ack words (one 8 KiB device read on a side stream) and frees a released lease only when
-   ack[s] == g. A consumer process that dies takes its GPU work with it: its session's leases are freed
-   when its session stream ends. A TTL is the last resort.
-
-Fan-out to N readers (tensor-parallel ranks on other GPUs, each mapping the pool on its own device and
-reading the slice through peer access): the lease holds word slots s_0..s_{N-1}; every reader waits on
-ready[s_0] == g and reader r acks in ack[s_r]; the reclaimer frees the lease once the owner released it
-and all N ack words hold g (see mmproc.transport.leases).
+Layout: `num_word_slots` x (ready, ack) int64 words, then the data slices. The hand-off (ready after the data on
+the runner's stream, free only on the device ack) and TP fan-out: docs/ipc.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Serialized transport: embeddings as raw little-endian bytes plus dtype and shape. No pickle on any wire.
 
-Producer: `start_staging` copies a request's embeddings to the CPU together (one pinned buffer, non-blocking
-D2H, a CUDA event after each tensor's copy, so each can be read as soon as its own copy has landed);
-`stage_to_host` does the same and waits for all of them. `tensor_bytes_view` exposes a staged tensor as raw
-bytes without copying, and `tensor_to_bytes` copies it into a bytes object (the one copy into what protobuf /
-gRPC sends, by torch's threads: host_copy).
-Consumer: `bytes_to_tensor` views the received bytes as a tensor and copies it once to its device.
+Producer: `start_staging` copies a request's embeddings into one pinned buffer (non-blocking D2H, an event per
+tensor so each is readable once its own copy lands); `tensor_to_bytes` makes the one copy gRPC sends (host_copy).
+Consumer: `bytes_to_tensor` views the received bytes and copies them once to its device.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """The streamed reply's framing, both ways: the server writes each EncodeImagesChunk by hand around its payload
-(one copy of the payload, into the bytes handed to gRPC) and the client reads it back leaving the payload in the
-bytes gRPC received (copied once more, into its destination).
+(one copy, into the bytes handed to gRPC) and the client reads it back leaving the payload in place.
 
-Protobuf wire format (https://protobuf.dev/programming-guides/encoding/): a message is a sequence of fields,
-each a varint tag `field_number << 3 | wire_type` followed by the value; a `bytes` field has wire type 2 (LEN):
-tag, the length as a varint, then the raw bytes. Parsers accept fields in any order, and for a singular field
-the last one on the wire wins. So the serialization of a message without `data`, followed by a `data` field
-written by hand, parses to exactly the message with `data` set (and is byte-identical to protobuf's own output,
-which writes fields in number order and `data` has the highest number; tests/service/test_convert.py checks both).
+Valid because a message without `data` followed by a hand-written LEN field 2 parses to the message with `data`
+set (the last singular field wins) and equals protobuf's own bytes (`data` has the highest field number).
 """
 
 from __future__ import annotations

@@ -1,41 +1,8 @@
 """Prometheus metrics of one Service, in its own CollectorRegistry (never the global default registry, so
 that several servers in one process — tests — never collide). Served as `GET /metrics` on the HTTP address.
 
-Families (all defined at start, so that every one is scrapeable with zero values before traffic):
-  mmproc_requests_total{method,code}            finished RPCs/HTTP calls by final gRPC code name
-  mmproc_request_duration_seconds{method}       end-to-end latency as the server saw it
-  mmproc_rejections_total{reason}               refused requests: an InvalidMediaError reason (each one present
-                                                from the start), an overload refusal's cause (queue_delay,
-                                                deadline, pending_bytes: service/pipeline/overload.py), or the code name
-                                                (resource_exhausted, unavailable, deadline_exceeded, cancelled,
-                                                internal)
-  mmproc_images_encoded_total, mmproc_tokens_encoded_total
-  mmproc_stage_duration_seconds{stage}          decode (validate + decode, per image), preprocess (per image),
-                                                queue (oldest image's wait for its batch), forward (per batch),
-                                                transport (serialize/stage the reply, per request)
-  mmproc_batch_images, mmproc_batch_patches     size of every packed forward
-  mmproc_queue_images                           images waiting for the encoder (the autoscaling signal)
-  mmproc_inflight_requests, mmproc_ready
-  mmproc_dropped_images_total{stage}            images of expired/cancelled requests dropped before their work:
-                                                decode, batching, queue (before the forward), delivery; late:
-                                                encoded for a caller that gave up during the forward
-  mmproc_pending_bytes                          decoded pixels of admitted requests not yet encoded (bounded)
-  mmproc_estimated_wait_seconds                 encoder work admitted ahead of a request arriving now (overload.py)
-  mmproc_decode_workers_resident_bytes          RSS of the decode worker processes (the server's own is
-                                                process_resident_memory_bytes)
-  mmproc_ipc_pool_bytes_in_use, mmproc_ipc_pool_capacity_bytes, mmproc_ipc_leases,
-  mmproc_ipc_fallbacks_total, mmproc_ipc_sessions_opened_total   (updated by the IPC transport)
-  mmproc_decode_worker_crashes_total{pool}      decode workers that died (crash, signal, memory cap, wall-clock
-                                                cap): pool "shared" (all its workers replaced) or "quarantine"
-                                                (an image retried alone killed its worker too: refused)
-  mmproc_decode_worker_retirements_total        workers replaced after an image ran out of its CPU-time budget
-  mmproc_decode_quarantined_images_total        images retried alone after a crash or a timeout
-  mmproc_build_info{version,model,family,layout,dtype,device,transport}   1; the model labels once it is loaded
-                                                (`layout`: deprecated, the same value as `family`, kept for
-                                                existing dashboards)
-  mmproc_cache_{hits,misses,coalesced,inserts,evictions}_total{tier}, mmproc_cache_bytes{tier},
-  mmproc_cache_capacity_bytes{tier}, mmproc_cache_entries{tier}, mmproc_cache_invalid_replays_total,
-  mmproc_cache_bypassed_total     (the embedding cache, docs/cache.md; read from it at scrape time)
+Every family is defined at start, so each is scrapeable with zero values before traffic; the list with
+meanings: docs/deploy.md, "Metric families".
 """
 
 from __future__ import annotations
