@@ -26,8 +26,8 @@ def _config_file(args: argparse.Namespace) -> Path | None:
 
 
 def _settings(args: argparse.Namespace):
+    from service.process.config_sources import load_settings
     from service.process.flags import setting_overrides
-    from service.process.settings import load_settings
 
     return load_settings(_config_file(args), **setting_overrides(args))
 
@@ -81,7 +81,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
 
 def _target(args: argparse.Namespace) -> str:
     """--target, else the configured gRPC address (flags file / MMPROC_GRPC_ADDRESS) dialled on loopback."""
-    from service.process.settings import load_settings
+    from service.process.config_sources import load_settings
 
     return args.target or local_target(load_settings(_config_file(args)).grpc_address)
 

@@ -9,7 +9,7 @@ import pytest
 
 from mmproc.errors import ConfigError
 from service.process.cli import main
-from service.process.settings import load_settings
+from service.process.config_sources import load_settings
 from tests.support.media_samples import make_image_bytes
 
 

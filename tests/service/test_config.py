@@ -12,7 +12,8 @@ import pytest
 
 from mmproc.errors import ConfigError
 from service.process.cli import build_parser, main
-from service.process.settings import ServerSettings, load_settings
+from service.process.config_sources import load_settings
+from service.process.settings import ServerSettings
 
 
 @pytest.fixture(autouse=True)

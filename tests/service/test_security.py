@@ -23,7 +23,8 @@ from mmproc.client import AsyncEncoderClient, EncoderClient
 from mmproc.errors import ConfigError, InvalidMediaError, UnauthenticatedError
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
-from service.process.settings import ServerSettings, load_settings
+from service.process.config_sources import load_settings
+from service.process.settings import ServerSettings
 from tests.support.media_samples import make_image_bytes
 from tests.support.server import ServiceThread, serving, test_settings
 

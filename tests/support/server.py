@@ -13,7 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 from service.process.app import EngineFactory, Service, build_engine
-from service.process.settings import ServerSettings, load_settings
+from service.process.config_sources import load_settings
+from service.process.settings import ServerSettings
 from tests.support.common import wait_until
 
 
