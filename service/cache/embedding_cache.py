@@ -24,7 +24,7 @@ from mmproc.transport.leases import Hold
 from service.cache.cache_policy import make_policy
 
 if TYPE_CHECKING:  # service.pipeline.engine owns the cache
-    from service.pipeline.engine import EncodedImage
+    from service.pipeline.encoded import EncodedImage
 
 TIERS = ("host", "pool")
 

@@ -28,7 +28,8 @@ from service.frontends.replies import (
     stream_response_serializer,
 )
 from service.frontends.session import run_session
-from service.pipeline.engine import EncodedImage, Engine
+from service.pipeline.encoded import EncodedImage
+from service.pipeline.engine import Engine
 from service.pipeline.state import ServingState
 
 logger = logging.getLogger(__name__)

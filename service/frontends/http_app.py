@@ -35,7 +35,7 @@ from mmproc.transport import DTYPE_NAMES
 from service.frontends.error_mapping import map_error
 from service.frontends.info_json import server_info_json
 from service.frontends.replies import serialized_payloads
-from service.pipeline.engine import EncodedImage
+from service.pipeline.encoded import EncodedImage
 from service.pipeline.state import ServingState
 from service.process.logs import REQUEST_ID_HEADER, client_request_id, log_access, request_context
 

@@ -8,7 +8,7 @@ from mmproc.transport import DTYPE_NAMES, concat_bytes, start_staging, tensor_by
 from mmproc.transport.ipc_pool import PoolIdentity
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire import NAME_TO_PB, chunk_wire
-from service.pipeline.engine import EncodedImage
+from service.pipeline.encoded import EncodedImage
 
 CACHE_TO_PB = {
     "": pb.CACHE_STATUS_UNSPECIFIED,

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from mmproc.errors import InvalidRequestError, Reason, UnknownKeyError
 
 if TYPE_CHECKING:  # service.pipeline.engine owns a KeyStore
-    from service.pipeline.engine import EncodedImage
+    from service.pipeline.encoded import EncodedImage
 
 
 @dataclass(frozen=True)

@@ -20,3 +20,11 @@ class VideoRequestLimits:
     max_videos: int = 4
     max_request_bytes: int = 48 * MiB
     max_sampled_frames: int = 1024  # over every video of the request
+
+
+@dataclass(frozen=True)
+class InflightLimits:
+    """What all admitted requests may hold at once; more are refused with RESOURCE_EXHAUSTED."""
+
+    max_requests: int = 256
+    max_patches: int = 2_097_152  # from the headers, then as decoded: bounds the decoded pixels held at once

@@ -12,24 +12,23 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mmproc.errors import (
     ConfigError,
     InvalidRequestError,
     Reason,
-    ResourceExhaustedError,
-    UnavailableError,
 )
 from mmproc.media.video import VideoSampling
 from mmproc.media.video_limits import VideoLimits
 from mmproc.preprocess.video_config import VIDEO_FAMILIES, VideoRules, load_video_rules
 from mmproc.prompt import VIDEO_FRAMINGS
-from mmproc.types import PreprocessedVideo
+from mmproc.types import PreprocessedImage, PreprocessedVideo
 from mmproc.v1 import encoder_pb2 as pb
+from service.pipeline.admission import check_readers
 from service.pipeline.decode_pool import VideoJob
-from service.pipeline.engine import EncodedImage, Engine, check_readers
+from service.pipeline.encoded import EncodedImage
+from service.pipeline.engine import Engine
 from service.pipeline.request_limits import VideoRequestLimits
 from service.process import configs
 from service.process.settings import ServerSettings
@@ -109,40 +108,27 @@ class VideoService:
         ipc_session: str | None = None,
         readers: int = 1,
     ) -> list[EncodedVideo]:
-        """Encode every video of one request, or raise a typed mmproc error (InvalidMediaError naming the video)."""
-        engine = self.engine
-        if not engine.ready or engine.draining:
-            raise UnavailableError("server is draining" if engine.draining else "server is not ready")
+        """Encode every video of one request, or raise a typed mmproc error (InvalidMediaError naming the video).
+        The image pipeline's steps (service/pipeline/engine.py), with the video's own checks around decoding."""
+        engine, admission = self.engine, self.engine.admission
+        admission.check_open()
         check_readers(readers)
         self.check_request(items)
-        if engine._inflight >= engine._max_inflight:
-            raise ResourceExhaustedError(f"too many requests in flight (limit {engine._max_inflight})")
-        engine._inflight += 1
-        admitted = 0
-        try:
+        # Patches are known only once decoded, and chunks only then take queue slots (the runner's own bound).
+        with admission.admit(0, len(items), deadline, reserve=0) as admitted:
             jobs = [
                 VideoJob(item.data, self.limits, self.rules, VideoSampling(item.fps, item.num_frames)) for item in items
             ]
-            started = time.perf_counter()
-            shipped = await engine.decode_pool.prepare_videos(jobs, deadline)
-            engine.metrics.stage("decode").observe(time.perf_counter() - started)
-            videos = [s.to_video() for s in shipped]
+            videos = await engine.decode.videos(jobs, deadline)
             chunks = self._check_decoded(videos)
-            admitted = engine._admit_decoded(sum(chunk.num_patches for chunk in chunks))
-            lease = await engine._lease(ipc_session, chunks, deadline, readers) if ipc_session else None
-            try:
-                embeddings = await engine._run(chunks, deadline, request_id, lease)
-            except BaseException:
-                if lease is not None:
-                    engine.pool.leases.abandon(lease)
-                raise
-            descriptors = engine._descriptors(chunks, lease) if lease is not None else [None] * len(chunks)
-            return self._results(videos, embeddings, descriptors)
-        finally:
-            engine._inflight -= 1
-            engine._inflight_patches -= admitted
+            admission.decoded(admitted, chunks)
+            rows = sum(chunk.num_tokens for chunk in chunks)
+            destination = await engine.delivery.destination(ipc_session, rows, deadline, readers)
+            admission.handed_over(admitted)  # the run step submits next, with no await in between
+            embeddings = await engine.run(chunks, deadline, request_id, destination)
+            return self._results(videos, destination.deliver(chunks, embeddings))
 
-    def _check_decoded(self, videos: list[PreprocessedVideo]) -> list:
+    def _check_decoded(self, videos: list[PreprocessedVideo]) -> list[PreprocessedImage]:
         frames = sum(len(video.indices) for video in videos)
         if frames > self.request_limits.max_sampled_frames:
             raise InvalidRequestError(
@@ -159,15 +145,13 @@ class VideoService:
         return chunks
 
     @staticmethod
-    def _results(videos: list[PreprocessedVideo], embeddings: list, descriptors: list) -> list[EncodedVideo]:
+    def _results(videos: list[PreprocessedVideo], delivered: list[EncodedImage]) -> list[EncodedVideo]:
+        """Each video's chunks, numbered within the video, sized as the video's frames."""
         out, at = [], 0
         for index, video in enumerate(videos):
             chunks = []
-            for i, chunk in enumerate(video.chunks):
-                encoded = EncodedImage(
-                    i, chunk.grid_hw, chunk.num_tokens, embeddings[at], descriptors[at], video.source_size
-                )
-                chunks.append(encoded)
+            for i in range(len(video.chunks)):
+                chunks.append(replace(delivered[at], index=i, image_size=video.source_size, lease=None))
                 at += 1
             out.append(
                 EncodedVideo(

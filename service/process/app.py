@@ -56,29 +56,15 @@ def load_model(settings: ServerSettings) -> tuple[VisionEncoder, PreprocessConfi
 
 def build_engine(settings: ServerSettings, metrics: Metrics | None = None) -> Engine:
     encoder, preprocess = load_model(settings)
-    engine = Engine(
-        encoder,
-        preprocess,
-        configs.media_limits(settings),
-        configs.request_limits(settings),
-        configs.runner_config(settings),
-        preprocess_workers=settings.decode_workers,
-        max_inflight_requests=settings.max_inflight_requests,
-        max_inflight_patches=settings.max_inflight_patches,
-        metrics=metrics,
-        decode=configs.decode_config(settings),
-        key_store=configs.key_store_config(settings),
-        cache=configs.cache_config(settings),
-        cache_context=model_context(
-            model=settings.model,
-            model_path=settings.model_path,
-            dtype=settings.torch_dtype_name,
-            device_type=encoder.device.type,
-            preprocess=preprocess,
-            exif=settings.apply_exif_orientation,
-        ),
-        overload=configs.overload_config(settings),
+    context = model_context(
+        model=settings.model,
+        model_path=settings.model_path,
+        dtype=settings.torch_dtype_name,
+        device_type=encoder.device.type,
+        preprocess=preprocess,
+        exif=settings.apply_exif_orientation,
     )
+    engine = Engine(encoder, preprocess, configs.engine_config(settings, cache_context=context), metrics)
     engine.ipc_status = setup_ipc(settings, engine)
     engine.videos = build_video_service(settings, engine)
     return engine

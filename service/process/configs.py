@@ -11,9 +11,10 @@ from mmproc.transport.pool_config import PoolConfig
 from mmproc.units import MiB
 from service.cache.embedding_cache import CacheConfig
 from service.pipeline.decode_config import DecodePoolConfig
+from service.pipeline.engine_config import EngineConfig
 from service.pipeline.key_store import KeyStoreConfig
 from service.pipeline.overload import OverloadConfig
-from service.pipeline.request_limits import RequestLimits, VideoRequestLimits
+from service.pipeline.request_limits import InflightLimits, RequestLimits, VideoRequestLimits
 from service.process.settings import ServerSettings
 
 
@@ -35,6 +36,10 @@ def request_limits(s: ServerSettings) -> RequestLimits:
         max_request_bytes=s.max_request_mb * MiB,
         max_patches=s.max_patches_per_request,
     )
+
+
+def inflight_limits(s: ServerSettings) -> InflightLimits:
+    return InflightLimits(max_requests=s.max_inflight_requests, max_patches=s.max_inflight_patches)
 
 
 def video_limits(s: ServerSettings) -> VideoLimits:
@@ -108,3 +113,18 @@ def cache_config(s: ServerSettings) -> CacheConfig:
 
 def ipc_pool_config(s: ServerSettings) -> PoolConfig:
     return PoolConfig(pool_bytes=s.ipc_pool_mb * MiB, num_word_slots=s.ipc_word_slots, ttl_s=s.ipc_ttl_s)
+
+
+def engine_config(s: ServerSettings, *, cache_context: str) -> EngineConfig:
+    """Everything the engine takes besides its model; `cache_context` needs the loaded model (service/process/app.py)."""
+    return EngineConfig(
+        media=media_limits(s),
+        request=request_limits(s),
+        inflight=inflight_limits(s),
+        runner=runner_config(s),
+        decode=decode_config(s),
+        key_store=key_store_config(s),
+        cache=cache_config(s),
+        overload=overload_config(s),
+        cache_context=cache_context,
+    )

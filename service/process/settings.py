@@ -22,7 +22,7 @@ from service.cache.embedding_cache import CacheConfig
 from service.pipeline.decode_config import DecodePoolConfig
 from service.pipeline.key_store import KeyStoreConfig
 from service.pipeline.overload import OverloadConfig
-from service.pipeline.request_limits import RequestLimits, VideoRequestLimits
+from service.pipeline.request_limits import InflightLimits, RequestLimits, VideoRequestLimits
 
 # Defaults come from the core's dataclasses (each written once, there); these modules are torch-free, so that the
 # settings alone (`mmproc serve --help`, `mmproc health`, `mmproc config`) load no torch.
@@ -241,10 +241,15 @@ class ServerSettings(BaseSettings):
         description="How many images are decoded at once; default: the CPUs this process may use (affinity, cgroup)",
     )
     max_inflight_requests: int = Field(
-        256, ge=1, le=100_000, description="Requests admitted at once; more are refused with RESOURCE_EXHAUSTED"
+        InflightLimits.max_requests,
+        ge=1,
+        le=100_000,
+        description="Requests admitted at once; more are refused with RESOURCE_EXHAUSTED",
     )
     max_inflight_patches: int = Field(
-        2_097_152, ge=1, description="Patches (from the headers) of all requests in flight; ~2.4 KB each once decoded"
+        InflightLimits.max_patches,
+        ge=1,
+        description="Patches (from the headers) of all requests in flight; ~2.4 KB each once decoded",
     )
     max_batch_patches: int = Field(
         RunnerConfig.max_batch_patches, ge=1, description="Most patches packed into one forward"

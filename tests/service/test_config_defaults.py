@@ -15,7 +15,7 @@ from service.cache.embedding_cache import CacheConfig
 from service.pipeline.decode_config import DecodePoolConfig
 from service.pipeline.key_store import KeyStoreConfig
 from service.pipeline.overload import OverloadConfig
-from service.pipeline.request_limits import RequestLimits, VideoRequestLimits
+from service.pipeline.request_limits import InflightLimits, RequestLimits, VideoRequestLimits
 from service.process import configs
 from service.process.settings import ServerSettings
 from tests.support.python_subprocess import run_python
@@ -42,6 +42,7 @@ def not_from_a_default(config: DecodePoolConfig, settings: ServerSettings) -> De
 BUILDERS = [
     (configs.media_limits, MediaLimits),
     (configs.request_limits, RequestLimits),
+    (configs.inflight_limits, InflightLimits),
     (configs.video_limits, VideoLimits),
     (configs.video_request_limits, VideoRequestLimits),
     (configs.decode_config, DecodePoolConfig),

@@ -39,8 +39,8 @@ HEAVY = [encode_image(random_image(64, 64, seed=i).resize((1024, 1024)), "JPEG")
 def crashable_engine(settings, metrics):
     """The normal engine, its decode workers running `misbehaving_task` (SIGKILL on the CRASH magic)."""
     engine = build_engine(settings, metrics)
-    engine.decode_pool.close()
-    engine.decode_pool = DecodePool(
+    engine.decode.pool.close()
+    engine.decode.pool = DecodePool(
         engine.media_limits, engine.preprocess, decode_config(settings), task=misbehaving_task
     )
     return engine

@@ -1,0 +1,42 @@
+"""The decode step: a request's bytes through the decode pool (isolated workers, service/pipeline/decode_pool.py),
+its stage times observed, its queue reservation given back however it ends."""
+
+from __future__ import annotations
+
+import time
+
+from mmproc.errors import DeadlineExceededError
+from mmproc.types import PreprocessedImage, PreprocessedVideo
+from service.pipeline.admission import Admission, Admitted
+from service.pipeline.decode_pool import DecodePool, VideoJob
+from service.pipeline.run_step import count_dropped
+from service.process.metrics import Metrics
+
+
+class DecodeStep:
+    """`pool` is public: a test may put a pool of misbehaving workers in its place (tests/service/test_faults.py)."""
+
+    def __init__(self, pool: DecodePool, admission: Admission, metrics: Metrics) -> None:
+        self.pool = pool
+        self._admission = admission
+        self._metrics = metrics
+
+    async def images(self, images: list[bytes], deadline: float | None, admitted: Admitted) -> list[PreprocessedImage]:
+        try:
+            results = await self.pool.prepare_all(images, deadline)  # the first bad image, by position
+        except DeadlineExceededError:
+            count_dropped(self._metrics, "decode", len(images))
+            raise
+        finally:
+            self._admission.unreserve(admitted)
+        decode, preprocess = self._metrics.stage("decode"), self._metrics.stage("preprocess")
+        for result in results:
+            decode.observe(result.decode_s)
+            preprocess.observe(result.preprocess_s)
+        return [result.image for result in results]
+
+    async def videos(self, jobs: list[VideoJob], deadline: float | None) -> list[PreprocessedVideo]:
+        started = time.perf_counter()
+        shipped = await self.pool.prepare_videos(jobs, deadline)
+        self._metrics.stage("decode").observe(time.perf_counter() - started)
+        return [s.to_video() for s in shipped]

@@ -1,0 +1,30 @@
+"""Everything `Engine` is built from besides its model, torch-free so that service/process/configs.py builds it
+from the settings; each default is the core dataclass's own (written once)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from mmproc.media.limits import MediaLimits
+from mmproc.runner_config import RunnerConfig
+from service.cache.embedding_cache import CacheConfig
+from service.pipeline.decode_config import DecodePoolConfig
+from service.pipeline.key_store import KeyStoreConfig
+from service.pipeline.overload import OverloadConfig
+from service.pipeline.request_limits import InflightLimits, RequestLimits
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """cache_context: what the cache key binds besides the bytes (service/cache/cache_key.py: model_context);
+    None: derived from the model object itself (a library user or a test without settings)."""
+
+    media: MediaLimits = field(default_factory=MediaLimits)
+    request: RequestLimits = field(default_factory=RequestLimits)
+    inflight: InflightLimits = field(default_factory=InflightLimits)
+    runner: RunnerConfig = field(default_factory=RunnerConfig)
+    decode: DecodePoolConfig = field(default_factory=DecodePoolConfig)
+    key_store: KeyStoreConfig = field(default_factory=KeyStoreConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    overload: OverloadConfig = field(default_factory=OverloadConfig)
+    cache_context: str | None = None
