@@ -211,6 +211,23 @@ def server_codes(before: dict[str, float], after: dict[str, float]) -> Counter:
     return out
 
 
+def loop_lag_ms(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
+    """The server's event-loop lag between two scrapes, p50 and p99 as the upper bounds of their histogram buckets
+    (mmproc_event_loop_lag_seconds); None where the server does not export it."""
+    pattern = re.compile(r'mmproc_event_loop_lag_seconds_bucket\{le="([^"]+)"\}')
+    buckets = sorted(
+        (float(m.group(1)), value - before.get(key, 0.0))
+        for key, value in after.items()
+        if (m := pattern.fullmatch(key))
+    )
+    total = buckets[-1][1] if buckets else 0.0
+    quantiles: dict[str, float | None] = {}
+    for name, q in (("p50", 0.5), ("p99", 0.99)):
+        bound = next((le for le, count in buckets if total and count >= q * total), None)
+        quantiles[name] = None if bound is None else bound * 1000
+    return quantiles
+
+
 def _recovery_s(samples: list[Outcome], t_stop: float, capacity: float) -> float | None:
     """Seconds from `t_stop` to the end of the first 1 s window of >= RECOVERED x capacity OK completions."""
     ends = sorted(s.end - t_stop for s in samples if s.code == "OK")
@@ -340,6 +357,11 @@ async def run(args, argv: Sequence[str] | None) -> int:
                           server_codes(before, after), _error_lines(args.server_log, log_offset))  # fmt: skip
     record = {"bench": "serve.open", "environment": environment(argv, "cpu"), "target": args.target,
               "http_target": args.http_target, **record}  # fmt: skip
+    lag = record["loop_lag_ms"] = loop_lag_ms(before, after)
+    if lag["p99"] is not None:
+        text += (
+            f"server event-loop lag under load: p50 <= {lag['p50']:g} ms, p99 <= {lag['p99']:g} ms (bucket bounds)\n"
+        )
     print(text, end="")
     if args.json is not None:
         args.json.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")

@@ -35,6 +35,7 @@ from service.pipeline.state import ServingState
 from service.pipeline.video_engine import build_video_service
 from service.process import configs
 from service.process.host_memory import reuse_freed_host_memory, set_torch_threads
+from service.process.loop_lag import watch_loop_lag
 from service.process.metrics import Metrics
 from service.process.settings import ServerSettings
 
@@ -156,6 +157,7 @@ class Service:
         self._loading: asyncio.Task | None = None
         self._http: _EmbeddedUvicorn | None = None
         self._http_task: asyncio.Task | None = None
+        self._loop_lag: asyncio.Task | None = None
 
     @property
     def engine(self) -> Engine:
@@ -206,6 +208,7 @@ class Service:
             listening_address(s.http_address, self.http_port) if s.http_address else "off",
         )
         self._loading = asyncio.create_task(self._load())
+        self._loop_lag = asyncio.create_task(watch_loop_lag(self.metrics.loop_lag.observe))
 
     async def _load(self) -> None:
         def build_and_warm_up() -> Engine:
@@ -298,6 +301,8 @@ class Service:
         if self._http is not None and self._http_task is not None:
             self._http.should_exit = True
             await self._http_task
+        if self._loop_lag is not None:
+            self._loop_lag.cancel()
         if engine is not None:  # a forward still running past the grace period is left to the process exit
             left = max(0.5, grace - (time.monotonic() - started))
             with contextlib.suppress(asyncio.TimeoutError):

@@ -38,6 +38,7 @@ _CACHE_COUNTERS = ("hits", "misses", "coalesced", "inserts", "evictions")
 STAGES = ("decode", "preprocess", "queue", "forward", "transport")
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 IMAGE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+LOOP_LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 PATCH_BUCKETS = (256, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144)
 
 
@@ -98,6 +99,10 @@ class Metrics:
         self.rejections = Counter("mmproc_rejections", "Refused requests by reason.", ["reason"], registry=r)
         for reason in Reason:  # every client-error reason scrapeable at 0 before its first refusal
             self.rejections.labels(reason.value)
+        self.loop_lag = Histogram(
+            "mmproc_event_loop_lag_seconds", "How late the event loop ran a due timer (every request waits as long).",
+            buckets=LOOP_LAG_BUCKETS, registry=r,
+        )  # fmt: skip
         self.images = Counter("mmproc_images_encoded", "Images run through the encoder.", registry=r)
         self.tokens = Counter("mmproc_tokens_encoded", "Embedding tokens produced.", registry=r)
         self.stage_seconds = Histogram(

@@ -140,3 +140,15 @@ def test_transport_microbench_skips_cleanly_without_cuda(capsys: pytest.CaptureF
         pytest.skip("has CUDA: the microbench really runs")
     assert serve.main(["--transport-microbench"]) == 0
     assert "skipped" in capsys.readouterr().err
+
+
+def test_open_loop_report_reads_the_servers_loop_lag_between_two_scrapes() -> None:
+    from mmproc.bench.serve_open import loop_lag_ms
+
+    def scrape(cumulative: dict[str, float]) -> dict[str, float]:
+        return {f'mmproc_event_loop_lag_seconds_bucket{{le="{le}"}}': n for le, n in cumulative.items()}
+
+    before = scrape({"0.001": 10, "0.01": 10, "0.5": 10, "+Inf": 10})
+    after = scrape({"0.001": 100, "0.01": 108, "0.5": 110, "+Inf": 110})  # 100 new samples: 90 <= 1 ms, 2 slow
+    assert loop_lag_ms(before, after) == {"p50": 1.0, "p99": 500.0}
+    assert loop_lag_ms({}, {"process_resident_memory_bytes": 1.0}) == {"p50": None, "p99": None}

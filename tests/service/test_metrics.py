@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import time
 
 import httpx
 import pytest
@@ -12,6 +13,7 @@ import mmproc
 from mmproc.client import EncoderClient
 from mmproc.errors import InvalidMediaError
 from service.process.metrics import STAGES
+from tests.support.common import wait_until
 from tests.support.media_samples import make_image_bytes
 
 Samples = dict[tuple[str, frozenset], float]
@@ -113,3 +115,15 @@ def test_build_info_names_the_version_and_the_model_served(tiny_server) -> None:
     }  # fmt: skip
     assert value(samples, "mmproc_build_info", **labels) == 1.0
     assert value(samples, "mmproc_decode_worker_crashes_total", pool="shared") == 0.0
+
+
+def test_a_stalled_event_loop_shows_in_the_loop_lag_histogram(tiny_server) -> None:
+    # A handler that blocks the loop for 0.3 s delays every other request by as much: the lag metric must say so.
+    def slow_bucket_count() -> float:
+        samples, _ = scrape(tiny_server)
+        total = value(samples, "mmproc_event_loop_lag_seconds_count")
+        return total - value(samples, "mmproc_event_loop_lag_seconds_bucket", le="0.1")
+
+    before = slow_bucket_count()
+    tiny_server.on_loop(lambda: time.sleep(0.3))
+    assert wait_until(lambda: slow_bucket_count() > before, timeout=10)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -65,6 +65,11 @@ class ServiceThread:
     def http_url(self) -> str:
         assert self.service is not None
         return f"http://127.0.0.1:{self.service.http_port}"
+
+    def on_loop(self, fn: Callable[[], object]) -> None:
+        """Run `fn` on the service's event loop (soon, from this thread)."""
+        assert self._loop is not None
+        self._loop.call_soon_threadsafe(fn)
 
     def begin_stop(self) -> None:
         """Ask the service to stop (drain, then exit) without waiting for it, as SIGTERM does."""
