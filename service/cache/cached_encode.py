@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from mmproc.errors import (
@@ -37,6 +37,22 @@ from service.pipeline.encoded import EncodedImage
 # What a leader hands its followers: the entry (or the unkept result) made, the image's own error, or None
 # ("encode it yourself": the leader failed for a reason not this image's).
 Outcome = Entry | InvalidMediaError | None
+
+
+@dataclass
+class _Call:
+    """One request through the cache: what it asked for, where its entries live, what it has so far."""
+
+    images: list[bytes]
+    keys: list[str]
+    store: CacheStore
+    request_id: str
+    deadline: float | None
+    session: str | None
+    readers: int
+    lookup_only: bool
+    out: list[EncodedImage | None]
+    leases: list[Lease] = field(default_factory=list)  # every lease taken for it: abandoned if it fails
 
 
 class EncodeSteps(Protocol):
@@ -113,39 +129,24 @@ class EmbeddingCache:
             return [replace(r, mm_hash=h) for r, h in zip(results, hashes)]
         use_pool = store.tier == "pool"
         keys = [self.keys.key(h) for h in hashes]
-        out: list[EncodedImage | None] = [None] * len(images)
-        leases: list[Lease] = []
+        call = _Call(images, keys, store, request_id, deadline, ipc_session, readers, lookup_only, [None] * len(images))
         try:
             for round_ in range(2):
-                todo = [i for i, r in enumerate(out) if r is None]
+                todo = [i for i, r in enumerate(call.out) if r is None]
                 if not todo:
                     break
-                await self._round(todo, round_, images, keys, out, store, request_id, deadline, ipc_session, readers,
-                                  leases, lookup_only)  # fmt: skip
-            results = [replace(r, mm_hash=h) for r, h in zip(out, hashes)]  # type: ignore[arg-type]
-            if use_pool and any(r.descriptor is None for r in results) and leases:
-                results = await self.tiers.without_leases(results, leases)  # the misses fell back to serialized
+                await self._round(call, todo, round_)
+            results = [replace(r, mm_hash=h) for r, h in zip(call.out, hashes)]  # type: ignore[arg-type]
+            if use_pool and any(r.descriptor is None for r in results) and call.leases:
+                results = await self.tiers.without_leases(results, call.leases)  # the misses fell back to serialized
             return results
         except BaseException:
             if use_pool:
-                self.tiers.abandon(leases)
+                self.tiers.abandon(call.leases)
             raise
 
-    async def _round(
-        self,
-        todo: list[int],
-        round_: int,
-        images: list[bytes],
-        keys: list[str],
-        out: list[EncodedImage | None],
-        store: CacheStore,
-        request_id: str,
-        deadline: float | None,
-        session: str | None,
-        readers: int,
-        leases: list[Lease],
-        lookup_only: bool,
-    ) -> None:
+    async def _round(self, call: _Call, todo: list[int], round_: int) -> None:
+        images, keys, out, store = call.images, call.keys, call.out, call.store
         waits: dict[int, asyncio.Future[Outcome]] = {}
         leaders: dict[str, list[int]] = {}  # key -> this request's images of it (encoded once)
         mine: dict[str, asyncio.Future[Outcome]] = {}  # the in-flight futures this request resolves
@@ -159,7 +160,7 @@ class EmbeddingCache:
                     continue
                 entry = store.get(key)
                 if entry is not None:
-                    served = await self.tiers.serve(entry, i, session, readers, deadline, leases)
+                    served = await self.tiers.serve(entry, i, call.session, call.readers, call.deadline, call.leases)
                     if served is not None:
                         store.stats.hits += 1
                         out[i] = replace(served, cache="hit")
@@ -170,7 +171,7 @@ class EmbeddingCache:
                     continue
                 if not images[i]:  # asked by mm_hash alone, and not here
                     store.stats.misses += 1
-                    if not lookup_only:
+                    if not call.lookup_only:
                         raise UnknownKeyError("no cached embedding for this mm_hash: send the image bytes", index=i)
                     out[i] = self.tiers.absent(i)
                     continue
@@ -182,12 +183,10 @@ class EmbeddingCache:
             raise
         misses = None
         if leaders:
-            misses = asyncio.ensure_future(
-                self._encode_misses(images, leaders, mine, store, request_id, deadline, session, readers, leases)
-            )
+            misses = asyncio.ensure_future(self._encode_misses(call, leaders, mine))
         try:
             followed = await asyncio.gather(
-                *(self._follow(i, f, session, readers, deadline, leases) for i, f in waits.items()),
+                *(self._follow(call, i, f) for i, f in waits.items()),
                 return_exceptions=True,
             )
             encoded = (await asyncio.gather(misses, return_exceptions=True))[0] if misses is not None else {}
@@ -208,26 +207,19 @@ class EmbeddingCache:
             out[i] = result
 
     async def _encode_misses(
-        self,
-        images: list[bytes],
-        leaders: dict[str, list[int]],
-        mine: dict[str, asyncio.Future[Outcome]],
-        store: CacheStore,
-        request_id: str,
-        deadline: float | None,
-        session: str | None,
-        readers: int,
-        leases: list[Lease],
+        self, call: _Call, leaders: dict[str, list[int]], mine: dict[str, asyncio.Future[Outcome]]
     ) -> dict[int, EncodedImage]:
+        store = call.store
         order = list(leaders)
         first = [leaders[key][0] for key in order]
         outcomes: dict[str, Outcome] = {}
         try:
             results = await self._steps(
-                [images[i] for i in first], request_id, deadline, ipc_session=session, readers=readers
-            )
+                [call.images[i] for i in first], call.request_id, call.deadline, ipc_session=call.session,
+                readers=call.readers,
+            )  # fmt: skip
             if results[0].lease is not None:
-                leases.append(results[0].lease)
+                call.leases.append(results[0].lease)
             out = {}
             for key, result in zip(order, results):
                 outcomes[key] = await self.tiers.keep(store, key, result)
@@ -257,16 +249,8 @@ class EmbeddingCache:
             if not future.done():
                 future.set_result(outcomes.get(key))
 
-    async def _follow(
-        self,
-        i: int,
-        future: asyncio.Future[Outcome],
-        session: str | None,
-        readers: int,
-        deadline: float | None,
-        leases: list[Lease],
-    ) -> EncodedImage | None:
-        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+    async def _follow(self, call: _Call, i: int, future: asyncio.Future[Outcome]) -> EncodedImage | None:
+        timeout = None if call.deadline is None else max(0.0, call.deadline - time.monotonic())
         try:
             outcome = await asyncio.wait_for(asyncio.shield(future), timeout)
         except asyncio.TimeoutError:
@@ -277,7 +261,7 @@ class EmbeddingCache:
             raise outcome.at_index(i)
         if outcome is None:
             return None
-        served = await self.tiers.serve(outcome, i, session, readers, deadline, leases)
+        served = await self.tiers.serve(outcome, i, call.session, call.readers, call.deadline, call.leases)
         return None if served is None else replace(served, cache="coalesced")
 
     def _hashes(self, images: list[bytes], mm_hashes: Sequence[str]) -> list[str]:
