@@ -50,8 +50,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--requests", type=int, default=64, help="measured requests (all generated up front)")
     add("--concurrency", type=int, default=4, help="worker threads, one client each (the in-flight cap)")
     add("--clients", type=int, default=1,
-        help="client processes, each with --concurrency threads and its share of the requests (one Python process "
-             "has one GIL: what one engine worker process can drive, vs several)")  # fmt: skip
+        help="client processes, each with --concurrency threads and its share of the requests (burst) or of the "
+             "offered rate (open) (one Python process has one GIL: what one engine worker process can drive, vs "
+             "several)")  # fmt: skip
     add("--rate", type=float, default=None, help="rate mode: arrivals per second")
     add("--arrivals", choices=["poisson", "uniform"], default="poisson")
     add("--overload", type=float, default=None, help="open mode: offered load as a multiple of the measured C")
@@ -107,8 +108,8 @@ def _check_args(args: argparse.Namespace) -> str | None:
         return f"--concurrency must be in 1..{MAX_CONCURRENCY}"
     if not 1 <= args.clients <= MAX_CLIENT_PROCESSES:
         return f"--clients must be in 1..{MAX_CLIENT_PROCESSES}"
-    if args.clients > 1 and args.mode != "burst":
-        return "--clients > 1 needs --mode burst"
+    if args.clients > 1 and args.mode == "rate":
+        return "--clients > 1 needs --mode burst or open"
     if args.images_per_request < 1 or args.warmup < 0 or args.max_seconds <= 0 or args.timeout <= 0:
         return "--images-per-request >= 1, --warmup >= 0, --max-seconds > 0 and --timeout > 0 are required"
     if args.mode == "rate" and not (args.rate and args.rate > 0):

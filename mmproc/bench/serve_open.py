@@ -64,8 +64,12 @@ class Load:
         self.client = AsyncEncoderClient(args.target, transport="serialized", timeout=args.deadline_s)
         self.channel = grpc.aio.insecure_channel(args.target, options=[("grpc.max_receive_message_length", 64 << 20)])
         self.stub = pb_grpc.EncoderStub(self.channel)
+        self.http = self.http_address(args)
+
+    @staticmethod
+    def http_address(args) -> tuple[str, int]:
         host, _, port = args.http_target.removeprefix("http://").rpartition(":")
-        self.http = (host, int(port))
+        return host, int(port)
 
     async def close(self) -> None:
         await self.client.close()
@@ -285,7 +289,7 @@ def report(args, capacity: float, load: list[Outcome], recovery: list[Outcome], 
         "error_lines": errors,
     }
     lines = [
-        f"capacity C (closed loop, {args.concurrency} clients): {capacity:.1f} images/s",
+        f"capacity C (closed loop, {args.clients} process(es) x {args.concurrency} clients): {capacity:.1f} images/s",
         f"offered: {args.rate:.1f} req/s ({args.rate / capacity:.2f} x C) for {duration:.1f} s, "
         f"{len(load)} requests ({', '.join(KINDS)} in turn); gRPC deadline {args.deadline_s} s, HTTP "
         + (f"x-mmproc-timeout-ms {args.http_timeout_ms}" if args.http_timeout_ms else "no deadline header"),
@@ -315,40 +319,43 @@ def _ms(stats: dict | None, *keys: str) -> str:
     return "-" if stats is None else "/".join(f"{stats[k]:.0f}" for k in keys)
 
 
-async def run(args, argv: Sequence[str] | None) -> int:
+def base_images(args) -> list[bytes]:
+    """The run's 32 source JPEGs (seeded); every request sends one of them made unique (`unique_jpeg`)."""
     spec = ImageSpec(args.resolutions, "cycle", "jpeg", args.quality)
-    base = [p[0] for p in generate_requests(args.seed, range(32), 1, spec, max_bytes=1 << 30)]
-    load = Load(args)
-    scraper = Scraper(load.http)
+    return [p[0] for p in generate_requests(args.seed, range(32), 1, spec, max_bytes=1 << 30)]
+
+
+async def run(args, argv: Sequence[str] | None) -> int:
+    from mmproc.bench.serve_open_phases import LocalPhases, ProcessPhases  # they build on this module
+
+    phases = LocalPhases(args) if args.clients == 1 else ProcessPhases(args, args.clients)
+    scraper = Scraper(Load.http_address(args))
     log_offset = args.server_log.stat().st_size if args.server_log and args.server_log.exists() else 0
+    await phases.start()
     try:
-        await closed_loop(load, base, 0, 2.0, args.concurrency)  # warm-up; each phase its own indices: no cache hits
+        await phases.closed(0, 2.0)  # warm-up; each phase its own image indices (10**8 apart): no cache hits
         await asyncio.sleep(0.5)
         await scraper.scrape()
         first = scraper.split[-1]
-        capacity_samples = await closed_loop(load, base, 10**6, args.capacity_seconds, args.concurrency)
+        capacity_samples = await phases.closed(10**8, args.capacity_seconds)
         ok = [s for s in capacity_samples if s.code == "OK"]
         capacity = len(ok) / args.capacity_seconds
         if capacity <= 0:
             print("mmproc bench serve --mode open: no request succeeded in the capacity phase", file=sys.stderr)
             return 1
         args.rate = args.rate or args.overload * capacity
-        arrivals = int(args.rate * args.duration * 1.2) + 100  # Poisson: room for more than the mean
-        load_images = [unique_jpeg(base[i % len(base)], 10**7 + i) for i in range(arrivals)]  # every one unique
         await asyncio.sleep(1.0)
         before = await scraper.scrape()
         rss_idle, idle = scraper.rss[-1][1], scraper.split[-1]
         scraper.start()
-        t0 = time.perf_counter()
-        tasks = await open_loop(load, load_images, args.rate, args.duration, args.seed)
-        t_stop = time.perf_counter()
-        recovery = await closed_loop(load, base, 2 * 10**6, args.recovery_seconds, args.concurrency)
-        outcomes = list(await asyncio.gather(*tasks))
+        t0 = time.perf_counter()  # the processes start START_MARGIN_S later: t0 is set from their first arrival
+        outcomes, recovery, t_stop = await phases.open_then_recover(2 * 10**8, args.rate, args.duration, 3 * 10**8)
+        t0 = min((o.start for o in outcomes), default=t0)
         await asyncio.sleep(0.5)
         await scraper.stop()
         after = await scraper.scrape()
     finally:
-        await load.close()
+        await phases.close()
     rss_peak = max(r for t, r in scraper.rss if t >= t0)
     loaded = scraper.split[len(scraper.split) - sum(1 for t, _ in scraper.rss if t >= t0) :]
     mb = [round(v / 2**20) for v in (*first, *idle, max(m for m, _ in loaded), max(w for _, w in loaded))]

@@ -152,3 +152,33 @@ def test_open_loop_report_reads_the_servers_loop_lag_between_two_scrapes() -> No
     after = scrape({"0.001": 100, "0.01": 108, "0.5": 110, "+Inf": 110})  # 100 new samples: 90 <= 1 ms, 2 slow
     assert loop_lag_ms(before, after) == {"p50": 1.0, "p99": 500.0}
     assert loop_lag_ms({}, {"process_resident_memory_bytes": 1.0}) == {"p50": None, "p99": None}
+
+
+def test_open_mode_phases_run_in_client_processes_on_one_clock(tiny_server) -> None:
+    import argparse
+    import asyncio
+
+    from mmproc.bench.serve_open_phases import ProcessPhases
+
+    args = argparse.Namespace(target=tiny_server.grpc_target, http_target=tiny_server.http_url, deadline_s=10.0,
+                              http_timeout_ms=0, http_wait_s=30.0, concurrency=1, recovery_seconds=0.5, seed=3,
+                              resolutions=((64, 48),), quality=90)  # fmt: skip
+
+    async def drive() -> tuple[float, list, list, list, float]:
+        phases = ProcessPhases(args, 2)
+        await phases.start()
+        try:
+            asked = time.perf_counter()
+            closed = await phases.closed(0, 1.0)
+            load, recovery, t_stop = await phases.open_then_recover(10**8, 6.0, 1.0, 2 * 10**8)
+        finally:
+            await phases.close()
+        return asked, closed, load, recovery, t_stop
+
+    asked, closed, load, recovery, t_stop = asyncio.run(drive())
+    assert closed and all(o.code == "OK" and o.kind == "client" for o in closed)
+    assert min(o.start for o in closed) >= asked  # this process's clock: every start after the command was sent
+    assert {o.kind for o in load} <= {"client", "stub", "http"} and all(o.code == "OK" for o in load + recovery)
+    # One clock across the processes (started together within START_MARGIN_S): arrivals stop at t_stop, then the
+    # recovery probe begins, in every process.
+    assert load and max(o.start for o in load) < t_stop + 0.25 and min(o.start for o in recovery) > t_stop - 0.25
