@@ -53,7 +53,7 @@ class Delivery:
 
 
 def assembled(chunks: Iterator, count: int, device: torch.device) -> Delivery:
-    """A streamed serialized reply as tensors (the sync and async serialized readers share this)."""
+    """A streamed serialized reply as tensors (`AsyncSerializedReader.read` does the same with `async for`)."""
     assembler = Assembler(count, device)
     for chunk in chunks:
         assembler.add(chunk)
