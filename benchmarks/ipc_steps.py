@@ -77,7 +77,7 @@ def read_steps(client: EncoderClient, images: list[bytes], timeout: float) -> tu
     assert ipc is not None
     device, stream = client.device, torch.cuda.current_stream(client.device)
     laps = Laps()
-    reply = client._ipc_request(images, uuid.uuid4().hex[:16], timeout)
+    reply = client._reader.request(images, uuid.uuid4().hex[:16], timeout)
     assert reply is not None and reply.transport == pb.TRANSPORT_IPC, "the server did not answer over IPC"
     laps.lap("reply")
     cpu_probe()

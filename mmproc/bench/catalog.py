@@ -14,6 +14,7 @@ INSTALLED = {
     "encoder": "mmproc.bench.forward",
     "serve": "mmproc.bench.serve",
     "cpu_preprocess": "mmproc.bench.cpu_preprocess",
+    "client": "mmproc.bench.client",
 }
 CHECKOUT = {
     "decode": "decode_isolation",
@@ -27,6 +28,7 @@ CHECKOUT = {
 BENCHMARKS = (
     "encoder",
     "serve",
+    "client",
     "decode",
     "cpu_preprocess",
     "rope",

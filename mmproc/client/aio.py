@@ -1,27 +1,21 @@
-"""`AsyncEncoderClient`: the asyncio client (grpc.aio); over CUDA IPC it runs the blocking client in a thread."""
+"""`AsyncEncoderClient`: the asyncio client (grpc.aio); its reader (mmproc/client/readers.py) is chosen once: the
+blocking client's IPC reader in a worker thread, or serialized replies over grpc.aio."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 
 import grpc
 import torch
 
 from mmproc.client.auth import aio_bearer
-from mmproc.client.blocking import EncoderClient, ipc_wanted
+from mmproc.client.blocking import EncoderClient, new_request_id
+from mmproc.client.readers import AsyncSerializedReader, IpcReader, ThreadedIpcReader, ipc_wanted
 from mmproc.client.results import ImageEmbedding, from_header
 from mmproc.client.retry import RetryPolicy
-from mmproc.client.rpc import (
-    TRANSPORTS,
-    Assembler,
-    channel_options,
-    check_images,
-    check_keys,
-    make_request,
-)
+from mmproc.client.rpc import TRANSPORTS, channel_options, check_images, check_keys, make_request
 from mmproc.client.targets import Targets
-from mmproc.client.video import VideoEmbedding, VideoInput, make_video_request, read_serialized
+from mmproc.client.video import VideoEmbedding, VideoInput
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 
@@ -59,12 +53,16 @@ class AsyncEncoderClient:
         interceptors = aio_bearer(token)
         channel = lambda t: grpc.aio.insecure_channel(t, options=options, interceptors=interceptors)  # noqa: E731
         self._targets = Targets(target, channel, retry)
-        self._ipc: EncoderClient | None = None
+        serialized = AsyncSerializedReader(self._targets, self.device, self._cache_bypass)
+        self._reader: ThreadedIpcReader | AsyncSerializedReader = serialized
+        self._ipc: EncoderClient | None = None  # owns the IPC session and its (blocking) channels
         if ipc_wanted(transport, self.device):
             self._ipc = EncoderClient(
                 target, device=self.device, transport=transport, timeout=timeout,
                 max_message_bytes=max_message_bytes, handle_cache=handle_cache, retry=retry, token=token, cache=cache,
             )  # fmt: skip
+            assert isinstance(self._ipc._reader, IpcReader)  # the same `ipc_wanted` chose it
+            self._reader = ThreadedIpcReader(self._ipc._reader, serialized)
 
     @property
     def ipc_stats(self) -> dict[str, int] | None:
@@ -76,24 +74,10 @@ class AsyncEncoderClient:
     ) -> list[torch.Tensor]:
         """One (tokens_i, hidden) tensor per image, on this client's device, in the server's dtype (the same
         values over either transport)."""
-        images = check_images(images)
-        if self._ipc is not None:
-            ipc, stream = self._ipc, torch.cuda.current_stream(self.device)
-
-            def blocking() -> list[torch.Tensor]:
-                with torch.cuda.stream(stream):  # the copies are ordered on the caller's stream, as in the sync client
-                    return ipc.encode_images(images, request_id=request_id, timeout=timeout)
-
-            return await asyncio.to_thread(blocking)
-        request = make_request(images, request_id, self.transport, cache_bypass=self._cache_bypass)
-
-        async def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> list[torch.Tensor]:
-            assembler = Assembler(len(images), self.device)
-            async for chunk in stub.EncodeImagesStream(request, timeout=seconds):
-                assembler.add(chunk)
-            return assembler.tensors()
-
-        return await self._targets.acall(attempt, timeout or self.timeout)
+        delivery = await self._reader.read(
+            check_images(images), (), request_id or new_request_id(), timeout or self.timeout
+        )
+        return delivery.tensors
 
     async def keep(
         self,
@@ -138,12 +122,7 @@ class AsyncEncoderClient:
         timeout: float | None = None,
     ) -> list[VideoEmbedding]:
         """`EncoderClient.encode_videos`, serialized (one unary reply, at most max_message_bytes)."""
-        request = make_video_request(videos, request_id)
-
-        async def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> list[VideoEmbedding]:
-            return read_serialized(await stub.EncodeVideos(request, timeout=seconds), self.device)
-
-        return await self._targets.acall(attempt, timeout or self.timeout)
+        return await self._reader.videos(videos, request_id or new_request_id(), timeout or self.timeout)
 
     async def server_info(self, timeout: float | None = None) -> pb.ServerInfo:
         request = pb.GetServerInfoRequest()

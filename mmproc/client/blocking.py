@@ -1,9 +1,9 @@
-"""`EncoderClient`: the blocking client, with the serialized and CUDA IPC transports (asyncio: mmproc/client/aio.py)."""
+"""`EncoderClient`: the blocking client (asyncio: mmproc/client/aio.py). How replies arrive, over CUDA IPC or
+serialized, is its reader's business (mmproc/client/readers.py), chosen once here."""
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import uuid
 from collections.abc import Iterator, Sequence
 
@@ -11,41 +11,20 @@ import grpc
 import torch
 
 from mmproc.client.auth import bearer_channel
-from mmproc.client.ipc import IpcClient, clone_views
+from mmproc.client.ipc import IpcClient
+from mmproc.client.readers import Delivery, IpcReader, SerializedReader, choose_reader
 from mmproc.client.results import ImageEmbedding, from_header
 from mmproc.client.retry import RetryPolicy
-from mmproc.client.rpc import (
-    TRANSPORTS,
-    Assembler,
-    channel_options,
-    check_images,
-    check_keys,
-    collect_reply,
-    embedding_from_bytes,
-    error_from_rpc,
-    make_request,
-)
+from mmproc.client.rpc import TRANSPORTS, channel_options, check_images, check_keys, make_request
 from mmproc.client.shared_embeddings import SharedEmbeddings
 from mmproc.client.targets import Targets
-from mmproc.client.video import VideoEmbedding, VideoInput, encode_over_ipc, make_video_request, read_serialized
-from mmproc.errors import StaleSessionError, UnavailableError
-from mmproc.transport.cuda_ipc import ipc_unavailable_reason
+from mmproc.client.video import VideoEmbedding, VideoInput
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 
-logger = logging.getLogger(__name__)
 
-
-def ipc_wanted(transport: str, device: torch.device) -> bool:
-    """Whether a client on `device` should try CUDA IPC; says why not (loudly when "ipc" was asked for)."""
-    if transport == "serialized":
-        return False
-    reason = "the client device is not CUDA" if device.type != "cuda" else ipc_unavailable_reason()
-    if reason is not None:
-        log = logger.warning if transport == "ipc" else logger.debug
-        log("CUDA IPC unavailable in this process (%s): using the serialized transport", reason)
-        return False
-    return True
+def new_request_id() -> str:
+    return uuid.uuid4().hex[:16]
 
 
 class EncoderClient:
@@ -77,11 +56,19 @@ class EncoderClient:
         self.transport = transport
         self.timeout = timeout
         self._cache_bypass = not cache
-        options = channel_options(max_message_bytes)
+        # a streamed reply is read on the calling thread, not on a thread gRPC starts per call (less CPU per request)
+        options = [*channel_options(max_message_bytes), (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
         channel = lambda t: bearer_channel(grpc.insecure_channel(t, options=options), token)  # noqa: E731
         self._targets = Targets(target, channel, retry)
         self._stub = self._targets.stubs[0]  # the IPC session talks to the first target (IPC is same-node)
-        self._ipc = IpcClient(self._stub, self.device, handle_cache) if ipc_wanted(transport, self.device) else None
+        self._reader: IpcReader | SerializedReader = choose_reader(
+            transport, self._targets, self.device, cache_bypass=self._cache_bypass, handle_cache=handle_cache
+        )
+
+    @property
+    def _ipc(self) -> IpcClient | None:
+        """This client's IPC session (None when its reader is the serialized one)."""
+        return self._reader.ipc if isinstance(self._reader, IpcReader) else None
 
     @property
     def ipc_stats(self) -> dict[str, int] | None:
@@ -100,12 +87,8 @@ class EncoderClient:
         """One (tokens_i, hidden) tensor per image, on this client's device, in the server's dtype.
 
         Both transports give the same values bit for bit."""
-        images = check_images(images)
-        if self._ipc is not None:
-            with self._ipc_views(images, request_id, timeout) as (views, in_pool):
-                if views is not None:  # pool views: a stream-ordered copy, the ack follows it; else already fresh
-                    return clone_views(views) if in_pool else views
-        return self._encode_serialized(images, request_id, timeout)
+        with self._read(check_images(images), (), request_id, timeout) as got:
+            return got.owned()  # pool views: a stream-ordered copy, the ack follows it
 
     def encode(
         self,
@@ -119,8 +102,8 @@ class EncoderClient:
 
         keys: one per image; the server also keeps each result under its key for a later `fetch` (within its
         key store's TTL and size, ServerInfo.key_store). Such a reply is serialized (no pool lease)."""
-        images = check_images(images)
-        return self._embeddings(images, check_keys(keys or ()), request_id, timeout)
+        with self._read(check_images(images), check_keys(keys or ()), request_id, timeout) as got:
+            return got.embeddings()
 
     def keep(
         self,
@@ -154,7 +137,8 @@ class EncoderClient:
     ) -> list[ImageEmbedding]:
         """The results kept under `keys`, with tensors on this client's device, over the pool when IPC is on (a
         device-to-device copy of the pool slice), else serialized. UnknownKeyError for a key not kept."""
-        return self._embeddings([], check_keys(keys), request_id, timeout)
+        with self._read([], check_keys(keys), request_id, timeout) as got:
+            return got.embeddings()
 
     def _headers_only(self, request: pb.EncodeImagesRequest, timeout: float | None) -> list[ImageEmbedding]:
         def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> pb.EncodeImagesResponse:
@@ -163,29 +147,10 @@ class EncoderClient:
         reply = self._targets.call(attempt, timeout or self.timeout)
         return [from_header(emb, None) for emb in reply.embeddings]
 
-    def _embeddings(
-        self, images: list[bytes], keys: list[str], request_id: str | None, timeout: float | None
-    ) -> list[ImageEmbedding]:
-        request_id = request_id or uuid.uuid4().hex[:16]
-        if self._ipc is not None:
-            reply = self._ipc_request(images, request_id, timeout, keys=keys)
-            if reply is not None and reply.transport != pb.TRANSPORT_IPC:  # kept results, or the pool was full
-                tensors = [embedding_from_bytes(emb, self.device) for emb in reply.embeddings]
-                return [from_header(emb, t) for emb, t in zip(reply.embeddings, tensors)]
-            if reply is not None:
-                with self._ipc.read(reply, timeout or self.timeout) as views:
-                    if views is not None:
-                        return [from_header(emb, t) for emb, t in zip(reply.embeddings, clone_views(views))]
-        request = make_request(images, request_id, "serialized", cache_bypass=self._cache_bypass, keys=keys)
-
-        def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> list[ImageEmbedding]:
-            assembler = Assembler(len(images) or len(keys), self.device)
-            for chunk in stub.EncodeImagesStream(request, timeout=seconds):
-                assembler.add(chunk)
-            tensors = assembler.tensors()
-            return [from_header(h, t) for h, t in zip(assembler.headers(), tensors)]
-
-        return self._targets.call(attempt, timeout or self.timeout)
+    def _read(
+        self, images: list[bytes], keys: Sequence[str], request_id: str | None, timeout: float | None
+    ) -> contextlib.AbstractContextManager[Delivery]:
+        return self._reader.read(images, keys, request_id or new_request_id(), timeout or self.timeout)
 
     def encode_images_into(
         self,
@@ -217,13 +182,8 @@ class EncoderClient:
         On exit, an ack is enqueued on the current CUDA stream after whatever you enqueued that reads the
         views, and the lease is released. Without IPC the views are ordinary tensors on this device.
         """
-        images = check_images(images)
-        if self._ipc is not None:
-            with self._ipc_views(images, request_id, timeout) as (views, _):
-                if views is not None:
-                    yield views
-                    return
-        yield self._encode_serialized(images, request_id, timeout)
+        with self._read(check_images(images), (), request_id, timeout) as got:
+            yield got.tensors
 
     def encode_images_shared(
         self,
@@ -242,23 +202,7 @@ class EncoderClient:
         travel inside `shared`. readers outside 1..8: InvalidMediaError (INVALID_ARGUMENT) from the server.
         """
         images = check_images(images)
-        request_id = request_id or uuid.uuid4().hex[:16]
-        if self._ipc is not None:
-            reply = self._ipc_request(images, request_id, timeout, readers)
-            if reply is not None:
-                try:
-                    return SharedEmbeddings.from_reply(reply, self._ipc.identity, readers)
-                except ValueError:  # e.g. a server that predates `readers` leased for one reader: unusable
-                    self._ipc.give_back(reply)
-                    raise
-        request = make_request(images, request_id, "serialized", cache_bypass=self._cache_bypass)
-        request.readers = readers
-
-        def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> pb.EncodeImagesResponse:
-            return collect_reply(stub.EncodeImagesStream(request, timeout=seconds), len(images))
-
-        reply = self._targets.call(attempt, timeout or self.timeout)
-        return SharedEmbeddings.from_reply(reply, None, readers)
+        return self._reader.shared(images, readers, request_id or new_request_id(), timeout or self.timeout)
 
     @contextlib.contextmanager
     def read_shared(
@@ -274,68 +218,8 @@ class EncoderClient:
         """
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < shared.readers:
             raise ValueError(f"rank must be in 0..{shared.readers - 1}, got {rank!r}")
-        if shared.transport != "ipc":
-            yield shared.tensors(self.device)
-            return
-        if self._ipc is None:
-            raise UnavailableError(
-                f"shared embeddings are in the server's CUDA IPC pool, but this client (device {self.device}, "
-                f"transport {self.transport}) cannot map it; every rank needs a CUDA device and CuPy"
-            )
-        with self._ipc.read_shared(shared, rank, timeout or self.timeout) as views:
+        with self._reader.read_shared(shared, rank, timeout or self.timeout) as views:
             yield views
-
-    def _ipc_request(
-        self,
-        images: list[bytes],
-        request_id: str,
-        timeout: float | None,
-        readers: int | None = None,
-        keys: Sequence[str] = (),
-    ) -> pb.EncodeImagesResponse | None:
-        """One IPC request, reopening a stale session once; None without a session (refused, no pool)."""
-        assert self._ipc is not None
-        for attempt in (1, 2):
-            try:
-                return self._ipc.request(
-                    images, request_id, timeout or self.timeout, readers=readers, keys=keys,
-                    cache_bypass=self._cache_bypass,
-                )  # fmt: skip
-            except grpc.RpcError as err:
-                error = error_from_rpc(err)
-                if not isinstance(error, StaleSessionError) or attempt == 2:
-                    raise error from None
-                self._ipc.reset()  # the server restarted or dropped our session: open a new one, once
-        raise AssertionError("unreachable")
-
-    @contextlib.contextmanager
-    def _ipc_views(
-        self, images: list[bytes], request_id: str | None, timeout: float | None
-    ) -> Iterator[tuple[list[torch.Tensor] | None, bool]]:
-        """(the embeddings, whether they are views into the server's pool); (None, False) without a session."""
-        assert self._ipc is not None
-        reply = self._ipc_request(images, request_id or uuid.uuid4().hex[:16], timeout)
-        if reply is None:  # no session (refused, or the server has no pool)
-            yield None, False
-            return
-        if reply.transport != pb.TRANSPORT_IPC:  # the server fell back (pool full): fresh tensors from the bytes
-            yield [embedding_from_bytes(emb, self.device) for emb in reply.embeddings], False
-            return
-        with self._ipc.read(reply, timeout or self.timeout) as views:
-            yield views, views is not None
-
-    def _encode_serialized(
-        self, images: list[bytes], request_id: str | None, timeout: float | None
-    ) -> list[torch.Tensor]:
-        request = make_request(images, request_id, "serialized", cache_bypass=self._cache_bypass)
-
-        def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> list[torch.Tensor]:
-            assembler = Assembler(len(images), self.device)
-            for chunk in stub.EncodeImagesStream(request, timeout=seconds):
-                assembler.add(chunk)
-            return assembler.tensors()
-
-        return self._targets.call(attempt, timeout or self.timeout)
 
     def encode_videos(
         self,
@@ -347,21 +231,7 @@ class EncoderClient:
         """One `VideoEmbedding` per video (MP4/MOV/MKV/WebM bytes, or `VideoInput` with fps / num_frames
         overrides): per chunk its (tokens, hidden) tensor on this client's device, grid and timestamp. Over CUDA
         IPC when this client has a session, else serialized (one unary reply: at most max_message_bytes)."""
-        request = make_video_request(videos, request_id)
-        seconds = timeout or self.timeout
-        if self._ipc is not None:
-            try:
-                got = encode_over_ipc(self._ipc, self._stub, request, self.device, seconds)
-            except grpc.RpcError as err:
-                raise error_from_rpc(err) from None
-            if got is not None:
-                return got
-            request = make_video_request(videos, request.request_id)
-
-        def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> list[VideoEmbedding]:
-            return read_serialized(stub.EncodeVideos(request, timeout=seconds), self.device)
-
-        return self._targets.call(attempt, seconds)
+        return self._reader.videos(videos, request_id or new_request_id(), timeout or self.timeout)
 
     def server_info(self, timeout: float | None = None) -> pb.ServerInfo:
         request = pb.GetServerInfoRequest()
@@ -369,8 +239,7 @@ class EncoderClient:
         return self._targets.call(lambda stub, seconds: stub.GetServerInfo(request, timeout=seconds), timeout)
 
     def close(self) -> None:
-        if self._ipc is not None:
-            self._ipc.close()
+        self._reader.close()
         for channel in self._targets.channels:
             channel.close()
 

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Iterable, Sequence
 
 import grpc
-import numpy as np
 import torch
 from google.rpc import error_details_pb2
 from grpc_status import rpc_status
@@ -20,7 +20,7 @@ from mmproc.errors import (
     MmprocError,
     UnavailableError,
 )
-from mmproc.transport import bytes_to_tensor, tensor_nbytes
+from mmproc.transport import bytes_to_tensor
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from mmproc.wire import PB_TO_DTYPE, PB_TO_NAME, StreamChunk, read_chunk
@@ -80,8 +80,10 @@ class Assembler:
 
     def __init__(self, count: int, device: torch.device) -> None:
         self._device = device
+        self._pinned = device.type == "cuda"
         self._headers: list[pb.Embedding | None] = [None] * count
         self._buffers: list[torch.Tensor | None] = [None] * count  # (nbytes,) uint8 on the host
+        self._writers: list[memoryview | None] = [None] * count  # the same memory, written by plain memcpy
         self._received = [0] * count
 
     def add(self, chunk: StreamChunk) -> None:
@@ -91,16 +93,15 @@ class Assembler:
             raise InternalError(f"server sent a chunk for image {index} of {len(self._headers)}")
         if fields.HasField("header"):
             header = fields.header
-            nbytes = tensor_nbytes(tuple(header.shape), PB_TO_DTYPE[header.dtype])
-            pinned = self._device.type == "cuda"
-            self._headers[index] = header
-            self._buffers[index] = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
-        buffer = self._buffers[index]
+            buffer = torch.empty(embedding_nbytes(header), dtype=torch.uint8, pin_memory=self._pinned)
+            self._headers[index], self._buffers[index] = header, buffer
+            self._writers[index] = memoryview(buffer.numpy())
+        writer = self._writers[index]
         size, offset = len(data), fields.offset
-        if buffer is None or offset + size > buffer.numel():
+        if writer is None or offset + size > len(writer):
             raise InternalError(f"malformed stream for image {index}")
         if size:  # the one copy on this side: from the received message into the (pinned) buffer
-            buffer[offset : offset + size].numpy()[:] = np.frombuffer(data, dtype=np.uint8)
+            writer[offset : offset + size] = data
         self._received[index] += size
 
     def headers(self) -> list[pb.Embedding]:
@@ -155,6 +156,11 @@ def check_images(images: Iterable[bytes]) -> list[bytes]:
     return [bytes(data) for data in images]
 
 
+def embedding_nbytes(header: pb.Embedding) -> int:
+    """Bytes of a (tokens, hidden) embedding of `header`'s shape and dtype."""
+    return math.prod(header.shape) * PB_TO_DTYPE[header.dtype].itemsize
+
+
 def embedding_from_bytes(emb: pb.Embedding, device: torch.device) -> torch.Tensor:
     return bytes_to_tensor(emb.data, PB_TO_NAME[emb.dtype], tuple(emb.shape), device)
 
@@ -172,8 +178,7 @@ def collect_reply(chunks: Iterable[StreamChunk], count: int) -> pb.EncodeImagesR
             raise InternalError(f"server sent a chunk for image {index} of {count}")
         if fields.HasField("header"):
             header = fields.header
-            nbytes = tensor_nbytes(tuple(header.shape), PB_TO_DTYPE[header.dtype])
-            headers[index], buffers[index] = header, bytearray(nbytes)
+            headers[index], buffers[index] = header, bytearray(embedding_nbytes(header))
         buffer = buffers[index]
         if buffer is None or fields.offset + len(data) > len(buffer):
             raise InternalError(f"malformed stream for image {index}")

@@ -91,7 +91,7 @@ def read_serialized(reply: pb.EncodeVideosResponse, device: torch.device) -> lis
 
 
 def encode_over_ipc(
-    ipc: IpcClient, stub, request: pb.EncodeVideosRequest, device: torch.device, timeout: float
+    ipc: IpcClient, request: pb.EncodeVideosRequest, device: torch.device, timeout: float
 ) -> list[VideoEmbedding] | None:
     """One EncodeVideos call whose chunks land in the server's pool; None without a session or an openable pool
     (the caller then asks again, serialized)."""
@@ -100,7 +100,7 @@ def encode_over_ipc(
         return None
     request.transport = pb.TRANSPORT_IPC
     request.consumer.CopyFrom(pb.ConsumerInfo(session_id=session, device_uuid=ipc._uuid))
-    reply = stub.EncodeVideos(request, timeout=timeout)
+    reply = ipc._stub.EncodeVideos(request, timeout=timeout)
     if reply.transport != pb.TRANSPORT_IPC:  # the pool was full: the server replied with bytes
         return read_serialized(reply, device)
     with ipc.read(pb.EncodeImagesResponse(embeddings=chunk_headers(reply)), timeout) as views:

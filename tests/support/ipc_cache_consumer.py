@@ -32,7 +32,7 @@ def emit(**event: object) -> None:
 
 def read_ipc(client: EncoderClient, data: list[bytes]) -> tuple[list[torch.Tensor], list[str], list[int]]:
     """Copies of one IPC reply's embeddings, with each image's cache status and lease id."""
-    reply = client._ipc_request(data, f"cache-{time.monotonic_ns()}", 60)
+    reply = client._reader.request(data, f"cache-{time.monotonic_ns()}", 60)
     assert reply is not None and reply.embeddings[0].HasField("ipc"), "no IPC reply"
     with client._ipc.read(reply, 60) as views:
         copies = [v.clone() for v in views]

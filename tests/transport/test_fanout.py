@@ -18,6 +18,7 @@ import torch
 
 from mmproc.client import EncoderClient, SharedEmbeddings
 from mmproc.client.ipc import IpcClient
+from mmproc.client.readers import IpcReader
 from mmproc.errors import InvalidMediaError, StaleSessionError, UnavailableError
 from mmproc.transport.allocator import SliceAllocator
 from mmproc.transport.ipc_pool import PoolIdentity, SliceDescriptor
@@ -198,7 +199,9 @@ def test_single_reader_request_sends_no_readers_field(monkeypatch: pytest.Monkey
 
 def test_a_server_that_ignores_readers_is_detected_and_its_lease_given_back(monkeypatch: pytest.MonkeyPatch) -> None:
     client = EncoderClient.__new__(EncoderClient)
-    client._ipc = rank_client(monkeypatch, "s0", index=0)
+    client._reader = IpcReader(
+        rank_client(monkeypatch, "s0", index=0), SimpleNamespace(device=torch.device("cpu"), cache_bypass=False)
+    )
     client.timeout = 5.0
     old_reply = ipc_shared(readers=1).reply  # one ack word: the server leased for one reader
     client._ipc._stub = SimpleNamespace(EncodeImages=lambda r, timeout: old_reply)

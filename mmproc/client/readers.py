@@ -1,0 +1,259 @@
+"""The client's transport seam: how a request's embeddings reach this process, chosen once per client.
+
+`choose_reader` picks `IpcReader` (the reply names slices of the server's CUDA IPC pool, read in place; any
+request the pool cannot serve falls back to its serialized reader) or `SerializedReader` (the reply is streamed
+as bytes and reassembled here). `EncoderClient` and `AsyncEncoderClient` ask their reader and never test the
+transport themselves; the async client runs the very same `IpcReader` in a worker thread (`ThreadedIpcReader`)
+and reads serialized replies over grpc.aio (`AsyncSerializedReader`).
+One request, serialized: `SerializedReader.read` → `Targets.call` → `EncodeImagesStream` → `Assembler`. Over IPC:
+`IpcReader.read` → `IpcClient.request` (one unary call) → `IpcClient.read` (wait, views, ack, release). The
+protocol of the pool: docs/architecture.md, "The IPC hand-off".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import grpc
+import torch
+
+from mmproc.client.ipc import IpcClient, clone_views
+from mmproc.client.results import ImageEmbedding, from_header
+from mmproc.client.rpc import Assembler, collect_reply, embedding_from_bytes, error_from_rpc, make_request
+from mmproc.client.shared_embeddings import SharedEmbeddings
+from mmproc.client.targets import Targets
+from mmproc.client.video import VideoEmbedding, VideoInput, encode_over_ipc, make_video_request, read_serialized
+from mmproc.errors import StaleSessionError, UnavailableError
+from mmproc.transport.cuda_ipc import ipc_unavailable_reason
+from mmproc.v1 import encoder_pb2 as pb
+from mmproc.v1 import encoder_pb2_grpc as pb_grpc
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """One reply's embeddings: their headers and (tokens_i, hidden) tensors on the client's device. `in_pool`:
+    the tensors are views into the server's pool, valid only inside the reader's `with` (`owned` copies them)."""
+
+    headers: Sequence[pb.Embedding]
+    tensors: list[torch.Tensor]
+    in_pool: bool = False
+
+    def owned(self) -> list[torch.Tensor]:
+        """Tensors the caller may keep: a stream-ordered copy of pool views (before the ack), else as they are."""
+        return clone_views(self.tensors) if self.in_pool else self.tensors
+
+    def embeddings(self) -> list[ImageEmbedding]:
+        return [from_header(h, t) for h, t in zip(self.headers, self.owned())]
+
+
+def assembled(chunks: Iterator, count: int, device: torch.device) -> Delivery:
+    """A streamed serialized reply as tensors (`AsyncSerializedReader.read` does the same with `async for`)."""
+    assembler = Assembler(count, device)
+    for chunk in chunks:
+        assembler.add(chunk)
+    tensors = assembler.tensors()
+    return Delivery(assembler.headers(), tensors)
+
+
+class SerializedReader:
+    """Replies as bytes: streamed (`EncodeImagesStream`, so a reply may exceed one gRPC message), over every
+    target with retries (`Targets`)."""
+
+    def __init__(self, targets: Targets, device: torch.device, cache_bypass: bool, transport: str) -> None:
+        self.targets, self.device, self.cache_bypass = targets, device, cache_bypass
+        self._transport = transport  # what the user asked for: named when an IPC batch cannot be read here
+
+    def request(self, images: Sequence[bytes], keys: Sequence[str], request_id: str) -> pb.EncodeImagesRequest:
+        return make_request(images, request_id, "serialized", cache_bypass=self.cache_bypass, keys=keys)
+
+    @contextlib.contextmanager
+    def read(self, images: list[bytes], keys: Sequence[str], request_id: str, timeout: float) -> Iterator[Delivery]:
+        request, count = self.request(images, keys, request_id), len(images) or len(keys)
+
+        def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> Delivery:
+            return assembled(stub.EncodeImagesStream(request, timeout=seconds), count, self.device)
+
+        yield self.targets.call(attempt, timeout)
+
+    def shared(self, images: list[bytes], readers: int, request_id: str, timeout: float) -> SharedEmbeddings:
+        request = self.request(images, (), request_id)
+        request.readers = readers
+
+        def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> pb.EncodeImagesResponse:
+            return collect_reply(stub.EncodeImagesStream(request, timeout=seconds), len(images))
+
+        return SharedEmbeddings.from_reply(self.targets.call(attempt, timeout), None, readers)
+
+    @contextlib.contextmanager
+    def read_shared(self, shared: SharedEmbeddings, rank: int, timeout: float) -> Iterator[list[torch.Tensor]]:
+        if shared.transport == "ipc":
+            raise UnavailableError(
+                f"shared embeddings are in the server's CUDA IPC pool, but this client (device {self.device}, "
+                f"transport {self._transport}) cannot map it; every rank needs a CUDA device and CuPy"
+            )
+        yield shared.tensors(self.device)
+
+    def videos(self, videos: Sequence[bytes | VideoInput], request_id: str, timeout: float) -> list[VideoEmbedding]:
+        request = make_video_request(videos, request_id)
+
+        def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> list[VideoEmbedding]:
+            return read_serialized(stub.EncodeVideos(request, timeout=seconds), self.device)
+
+        return self.targets.call(attempt, timeout)
+
+    def close(self) -> None:
+        pass
+
+
+class IpcReader:
+    """Replies in the server's CUDA IPC pool (the first target: IPC is same-node), through this process's
+    session (`IpcClient`); without a session, or when the pool cannot be opened, the serialized reader."""
+
+    def __init__(self, ipc: IpcClient, fallback: SerializedReader) -> None:
+        self.ipc, self.fallback, self.device = ipc, fallback, fallback.device
+
+    def request(
+        self,
+        images: list[bytes],
+        request_id: str,
+        timeout: float,
+        *,
+        readers: int | None = None,
+        keys: Sequence[str] = (),
+    ) -> pb.EncodeImagesResponse | None:
+        """One IPC request, reopening a stale session once; None without a session (refused, no pool)."""
+        for attempt in (1, 2):
+            try:
+                return self.ipc.request(
+                    images, request_id, timeout, readers=readers, keys=keys, cache_bypass=self.fallback.cache_bypass
+                )
+            except grpc.RpcError as err:
+                error = error_from_rpc(err)
+                if not isinstance(error, StaleSessionError) or attempt == 2:
+                    raise error from None
+                self.ipc.reset()  # the server restarted or dropped our session: open a new one, once
+        raise AssertionError("unreachable")
+
+    @contextlib.contextmanager
+    def read(self, images: list[bytes], keys: Sequence[str], request_id: str, timeout: float) -> Iterator[Delivery]:
+        reply = self.request(images, request_id, timeout, keys=keys)
+        if reply is not None and reply.transport != pb.TRANSPORT_IPC:  # kept results, or the pool was full
+            yield Delivery(reply.embeddings, [embedding_from_bytes(emb, self.device) for emb in reply.embeddings])
+            return
+        if reply is not None:
+            with self.ipc.read(reply, timeout) as views:  # waits on the ready words; acks + releases on exit
+                if views is not None:
+                    yield Delivery(reply.embeddings, views, in_pool=True)
+                    return
+        with self.fallback.read(images, keys, request_id, timeout) as delivery:  # no session, or no pool mapping
+            yield delivery
+
+    def shared(self, images: list[bytes], readers: int, request_id: str, timeout: float) -> SharedEmbeddings:
+        reply = self.request(images, request_id, timeout, readers=readers)
+        if reply is None:
+            return self.fallback.shared(images, readers, request_id, timeout)
+        try:
+            return SharedEmbeddings.from_reply(reply, self.ipc.identity, readers)
+        except ValueError:  # e.g. a server that predates `readers` leased for one reader: unusable
+            self.ipc.give_back(reply)
+            raise
+
+    @contextlib.contextmanager
+    def read_shared(self, shared: SharedEmbeddings, rank: int, timeout: float) -> Iterator[list[torch.Tensor]]:
+        if shared.transport != "ipc":
+            yield shared.tensors(self.device)
+            return
+        with self.ipc.read_shared(shared, rank, timeout) as views:
+            yield views
+
+    def videos(self, videos: Sequence[bytes | VideoInput], request_id: str, timeout: float) -> list[VideoEmbedding]:
+        request = make_video_request(videos, request_id)
+        try:
+            got = encode_over_ipc(self.ipc, request, self.device, timeout)
+        except grpc.RpcError as err:
+            raise error_from_rpc(err) from None
+        return got if got is not None else self.fallback.videos(videos, request_id, timeout)
+
+    def close(self) -> None:
+        self.ipc.close()
+
+
+def ipc_wanted(transport: str, device: torch.device) -> bool:
+    """Whether a client on `device` should try CUDA IPC; says why not (loudly when "ipc" was asked for)."""
+    if transport == "serialized":
+        return False
+    reason = "the client device is not CUDA" if device.type != "cuda" else ipc_unavailable_reason()
+    if reason is not None:
+        log = logger.warning if transport == "ipc" else logger.debug
+        log("CUDA IPC unavailable in this process (%s): using the serialized transport", reason)
+        return False
+    return True
+
+
+def choose_reader(
+    transport: str, targets: Targets, device: torch.device, *, cache_bypass: bool, handle_cache: bool
+) -> IpcReader | SerializedReader:
+    """The client's reader, once: IPC when `transport` allows it and this process can map a CUDA pool."""
+    serialized = SerializedReader(targets, device, cache_bypass, transport)
+    if not ipc_wanted(transport, device):
+        return serialized
+    return IpcReader(IpcClient(targets.stubs[0], device, handle_cache), serialized)
+
+
+class AsyncSerializedReader:
+    """`SerializedReader` over grpc.aio (the async client's serialized reader): the same request and reassembly."""
+
+    def __init__(self, targets: Targets, device: torch.device, cache_bypass: bool) -> None:
+        self.targets, self.device, self.cache_bypass = targets, device, cache_bypass
+
+    async def read(self, images: list[bytes], keys: Sequence[str], request_id: str, timeout: float) -> Delivery:
+        request = make_request(images, request_id, "serialized", cache_bypass=self.cache_bypass, keys=keys)
+        count = len(images) or len(keys)
+
+        async def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> Delivery:
+            assembler = Assembler(count, self.device)
+            async for chunk in stub.EncodeImagesStream(request, timeout=seconds):
+                assembler.add(chunk)
+            tensors = assembler.tensors()
+            return Delivery(assembler.headers(), tensors)
+
+        return await self.targets.acall(attempt, timeout)
+
+    async def videos(
+        self, videos: Sequence[bytes | VideoInput], request_id: str, timeout: float
+    ) -> list[VideoEmbedding]:
+        request = make_video_request(videos, request_id)
+
+        async def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> list[VideoEmbedding]:
+            return read_serialized(await stub.EncodeVideos(request, timeout=seconds), self.device)
+
+        return await self.targets.acall(attempt, timeout)
+
+
+class ThreadedIpcReader:
+    """The async client's IPC reader: a blocking `IpcReader` run in a worker thread on the caller's current CUDA
+    stream, so the event loop never blocks. A cancelled call's thread finishes its request (and returns its lease)
+    in the background. Videos go serialized (`serialized`), as they always have from the async client."""
+
+    def __init__(self, reader: IpcReader, serialized: AsyncSerializedReader) -> None:
+        self.reader, self.serialized, self.device = reader, serialized, reader.device
+
+    async def read(self, images: list[bytes], keys: Sequence[str], request_id: str, timeout: float) -> Delivery:
+        stream = torch.cuda.current_stream(self.device)
+
+        def blocking() -> Delivery:
+            with torch.cuda.stream(stream), self.reader.read(images, keys, request_id, timeout) as got:
+                return Delivery(got.headers, got.owned())  # copied on the caller's stream before the ack
+
+        return await asyncio.to_thread(blocking)
+
+    async def videos(
+        self, videos: Sequence[bytes | VideoInput], request_id: str, timeout: float
+    ) -> list[VideoEmbedding]:
+        return await self.serialized.videos(videos, request_id, timeout)
