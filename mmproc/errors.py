@@ -61,23 +61,24 @@ class InvalidMediaError(MmprocError, ValueError):
     grpc_code = "INVALID_ARGUMENT"
     kind = "media"  # carried in the ErrorInfo metadata, so that the client raises the same class
 
-    def __init__(self, message: str, *, reason: Reason | str, index: int = -1) -> None:
+    def __init__(self, message: str, *, reason: Reason | str, index: int = -1, item: str = "image") -> None:
         super().__init__(message)
         self.message = message
         self.reason = reason.value if isinstance(reason, Reason) else str(reason)
         self.index = index
+        self.item = item  # what `index` counts in its request: "image" or "video"
 
     def __str__(self) -> str:
-        where = f"image {self.index}" if self.index >= 0 else "request"
+        where = f"{self.item} {self.index}" if self.index >= 0 else "request"
         return f"{where}: {self.message} [{self.reason}]"
 
     def at_index(self, index: int) -> InvalidMediaError:
-        """The same error, naming the image's position in its request."""
-        return type(self)(self.message, reason=self.reason, index=index)
+        """The same error, naming the item's position in its request."""
+        return type(self)(self.message, reason=self.reason, index=index, item=self.item)
 
     def __reduce__(self) -> tuple[object, ...]:
         # Keyword-only arguments defeat BaseException's default pickling; decode workers send these back.
-        return _rebuild_invalid_media, (type(self), self.message, self.reason, self.index)
+        return _rebuild_invalid_media, (type(self), self.message, self.reason, self.index, self.item)
 
 
 class InvalidRequestError(InvalidMediaError):
@@ -92,8 +93,10 @@ class InvalidRequestError(InvalidMediaError):
     kind = "request"
 
 
-def _rebuild_invalid_media(cls: type[InvalidMediaError], message: str, reason: str, index: int) -> InvalidMediaError:
-    return cls(message, reason=reason, index=index)
+def _rebuild_invalid_media(
+    cls: type[InvalidMediaError], message: str, reason: str, index: int, item: str = "image"
+) -> InvalidMediaError:
+    return cls(message, reason=reason, index=index, item=item)
 
 
 class ResourceExhaustedError(MmprocError):

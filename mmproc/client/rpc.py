@@ -45,15 +45,17 @@ def error_from_rpc(err: grpc.RpcError) -> MmprocError:
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
     message = err.details() if hasattr(err, "details") else str(err)
     if code is grpc.StatusCode.INVALID_ARGUMENT:
-        reason, index, cls = "bad_request", -1, InvalidMediaError
+        reason, index, cls, item = "bad_request", -1, InvalidMediaError, "image"
         status = rpc_status.from_call(err) if hasattr(err, "trailing_metadata") else None
         for detail in status.details if status is not None else ():
-            info = error_details_pb2.ErrorInfo()
+            info, bad = error_details_pb2.ErrorInfo(), error_details_pb2.BadRequest()
             if detail.Is(info.DESCRIPTOR) and detail.Unpack(info):
                 reason = info.reason or reason
                 index = int(info.metadata.get("index", "-1"))
                 cls = InvalidRequestError if info.metadata.get("kind") == InvalidRequestError.kind else cls
-        return cls(message or "invalid request", reason=reason, index=index)
+            elif detail.Is(bad.DESCRIPTOR) and detail.Unpack(bad) and bad.field_violations:
+                item = "video" if bad.field_violations[0].field.startswith("videos") else "image"  # videos[i]
+        return cls(message or "invalid request", reason=reason, index=index, item=item)
     cls = ERRORS_BY_CODE.get(code, InternalError)
     return cls(f"{code.name}: {message}")
 

@@ -68,7 +68,7 @@ def map_error(exc: BaseException, *, metrics: Metrics | None = None) -> MappedEr
     if mapped.grpc_code is grpc.StatusCode.INTERNAL:
         logger.error("unexpected error", exc_info=exc)
     else:
-        where = f" (image {mapped.index})" if mapped.index >= 0 else ""
+        where = f" (item {mapped.index} of the request)" if mapped.index >= 0 else ""
         logger.info("refused: %s %s%s: %s", mapped.grpc_code.name, mapped.reason, where, mapped.message)
     if metrics is not None:
         metrics.rejections.labels(mapped.reason).inc()

@@ -168,3 +168,10 @@ def test_a_bad_video_is_named_by_its_field_in_the_grpc_details(server) -> None:
     status = rpc_status.from_call(info.value)
     assert any(d.Unpack(bad_request) for d in status.details if d.Is(bad_request.DESCRIPTOR))
     assert bad_request.field_violations[0].field == "videos[1]"
+
+
+def test_the_python_client_names_a_bad_video_as_a_video(server) -> None:
+    with EncoderClient(server.grpc_target, timeout=120) as client, pytest.raises(InvalidMediaError) as err:
+        client.encode_videos([VideoInput(CLIP), VideoInput(b"not a video at all")])
+    assert err.value.index == 1 and err.value.item == "video"
+    assert str(err.value).startswith("video 1: ")
