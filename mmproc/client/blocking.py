@@ -12,7 +12,7 @@ import torch
 
 from mmproc.client.auth import bearer_channel
 from mmproc.client.ipc import IpcClient
-from mmproc.client.readers import Delivery, IpcReader, SerializedReader, choose_reader
+from mmproc.client.readers import IpcReader, Received, SerializedReader, choose_reader
 from mmproc.client.results import ImageEmbedding, from_header
 from mmproc.client.retry import RetryPolicy
 from mmproc.client.rpc import TRANSPORTS, channel_options, check_images, check_keys, make_request
@@ -149,7 +149,7 @@ class EncoderClient:
 
     def _read(
         self, images: list[bytes], keys: Sequence[str], request_id: str | None, timeout: float | None
-    ) -> contextlib.AbstractContextManager[Delivery]:
+    ) -> contextlib.AbstractContextManager[Received]:
         return self._reader.read(images, keys, request_id or new_request_id(), timeout or self.timeout)
 
     def encode_images_into(

@@ -1,9 +1,6 @@
 """The client half of the CUDA IPC transport (sync client): the session stream, reading leased slices with
-stream-ordered waits and acks, and the process-wide handle cache.
-
-Tensor-parallel fan-out (`read_shared`): every rank has its own `IpcClient` and session; rank 0's session owns
-the lease (it sent the request with `readers = N`), and only rank 0 releases it, after its own ack. Rank r
-acks in its own word, so the server reuses the slice only after every rank's stream has finished reading.
+stream-ordered waits and acks, and the process-wide handle cache. The protocol, tensor-parallel fan-out
+(`read_shared`) included: docs/ipc.md.
 """
 
 from __future__ import annotations

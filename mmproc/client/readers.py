@@ -7,7 +7,7 @@ transport themselves; the async client runs the very same `IpcReader` in a worke
 and reads serialized replies over grpc.aio (`AsyncSerializedReader`).
 One request, serialized: `SerializedReader.read` → `Targets.call` → `EncodeImagesStream` → `Assembler`. Over IPC:
 `IpcReader.read` → `IpcClient.request` (one unary call) → `IpcClient.read` (wait, views, ack, release). The
-protocol of the pool: docs/architecture.md, "The IPC hand-off".
+protocol of the pool: docs/ipc.md.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class Delivery:
+class Received:
     """One reply's embeddings: their headers and (tokens_i, hidden) tensors on the client's device. `in_pool`:
     the tensors are views into the server's pool, valid only inside the reader's `with` (`owned` copies them)."""
 
@@ -52,13 +52,13 @@ class Delivery:
         return [from_header(h, t) for h, t in zip(self.headers, self.owned())]
 
 
-def assembled(chunks: Iterator, count: int, device: torch.device) -> Delivery:
+def assembled(chunks: Iterator, count: int, device: torch.device) -> Received:
     """A streamed serialized reply as tensors (`AsyncSerializedReader.read` does the same with `async for`)."""
     assembler = Assembler(count, device)
     for chunk in chunks:
         assembler.add(chunk)
     tensors = assembler.tensors()
-    return Delivery(assembler.headers(), tensors)
+    return Received(assembler.headers(), tensors)
 
 
 class SerializedReader:
@@ -73,10 +73,10 @@ class SerializedReader:
         return make_request(images, request_id, "serialized", cache_bypass=self.cache_bypass, keys=keys)
 
     @contextlib.contextmanager
-    def read(self, images: list[bytes], keys: Sequence[str], request_id: str, timeout: float) -> Iterator[Delivery]:
+    def read(self, images: list[bytes], keys: Sequence[str], request_id: str, timeout: float) -> Iterator[Received]:
         request, count = self.request(images, keys, request_id), len(images) or len(keys)
 
-        def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> Delivery:
+        def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> Received:
             return assembled(stub.EncodeImagesStream(request, timeout=seconds), count, self.device)
 
         yield self.targets.call(attempt, timeout)
@@ -141,15 +141,15 @@ class IpcReader:
         raise AssertionError("unreachable")
 
     @contextlib.contextmanager
-    def read(self, images: list[bytes], keys: Sequence[str], request_id: str, timeout: float) -> Iterator[Delivery]:
+    def read(self, images: list[bytes], keys: Sequence[str], request_id: str, timeout: float) -> Iterator[Received]:
         reply = self.request(images, request_id, timeout, keys=keys)
         if reply is not None and reply.transport != pb.TRANSPORT_IPC:  # kept results, or the pool was full
-            yield Delivery(reply.embeddings, [embedding_from_bytes(emb, self.device) for emb in reply.embeddings])
+            yield Received(reply.embeddings, [embedding_from_bytes(emb, self.device) for emb in reply.embeddings])
             return
         if reply is not None:
             with self.ipc.read(reply, timeout) as views:  # waits on the ready words; acks + releases on exit
                 if views is not None:
-                    yield Delivery(reply.embeddings, views, in_pool=True)
+                    yield Received(reply.embeddings, views, in_pool=True)
                     return
         with self.fallback.read(images, keys, request_id, timeout) as delivery:  # no session, or no pool mapping
             yield delivery
@@ -212,16 +212,16 @@ class AsyncSerializedReader:
     def __init__(self, targets: Targets, device: torch.device, cache_bypass: bool) -> None:
         self.targets, self.device, self.cache_bypass = targets, device, cache_bypass
 
-    async def read(self, images: list[bytes], keys: Sequence[str], request_id: str, timeout: float) -> Delivery:
+    async def read(self, images: list[bytes], keys: Sequence[str], request_id: str, timeout: float) -> Received:
         request = make_request(images, request_id, "serialized", cache_bypass=self.cache_bypass, keys=keys)
         count = len(images) or len(keys)
 
-        async def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> Delivery:
+        async def attempt(stub: pb_grpc.EncoderStub, seconds: float) -> Received:
             assembler = Assembler(count, self.device)
             async for chunk in stub.EncodeImagesStream(request, timeout=seconds):
                 assembler.add(chunk)
             tensors = assembler.tensors()
-            return Delivery(assembler.headers(), tensors)
+            return Received(assembler.headers(), tensors)
 
         return await self.targets.acall(attempt, timeout)
 
@@ -244,12 +244,12 @@ class ThreadedIpcReader:
     def __init__(self, reader: IpcReader, serialized: AsyncSerializedReader) -> None:
         self.reader, self.serialized, self.device = reader, serialized, reader.device
 
-    async def read(self, images: list[bytes], keys: Sequence[str], request_id: str, timeout: float) -> Delivery:
+    async def read(self, images: list[bytes], keys: Sequence[str], request_id: str, timeout: float) -> Received:
         stream = torch.cuda.current_stream(self.device)
 
-        def blocking() -> Delivery:
+        def blocking() -> Received:
             with torch.cuda.stream(stream), self.reader.read(images, keys, request_id, timeout) as got:
-                return Delivery(got.headers, got.owned())  # copied on the caller's stream before the ack
+                return Received(got.headers, got.owned())  # copied on the caller's stream before the ack
 
         return await asyncio.to_thread(blocking)
 

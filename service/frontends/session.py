@@ -1,11 +1,6 @@
 """The consumer-session stream of the IPC transport (gRPC `Session`): hello -> pool identity, releases,
 and reclaim of every lease of the session when its stream ends (the consumer exited or was killed).
-
-Tensor-parallel fan-out: every rank opens a session (it learns the pool identity and is checked for the same
-node and PID namespace), but only rank 0's session owns the leases it requested with `readers = N`, and only
-it releases them. When rank 0's stream ends its shared leases are freed at once, even if other ranks still
-read them: safe only because a TP group dies together. A dead non-owner rank frees nothing; its missing ack
-holds the slice until the TTL (see mmproc.transport.leases)."""
+Who owns, acks and releases a tensor-parallel group's shared leases: docs/ipc.md."""
 
 from __future__ import annotations
 

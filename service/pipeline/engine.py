@@ -228,10 +228,9 @@ class Engine:
     async def _encode_uncached(
         self, images: list[bytes], request_id: str, deadline: float | None, *, ipc_session: str | None, readers: int
     ) -> list[EncodedImage]:
-        """The steps themselves, without the cache: admit -> decode -> destination -> run -> deliver."""
+        """The steps themselves, without the cache: admit -> decode -> destination -> run -> deliver. `encode`
+        checked readers and that the engine is open; `admit` checks the latter again."""
         admission = self.admission
-        admission.check_open()
-        check_readers(readers)
         patches = admission.check_request(images)
         with admission.admit(patches, len(images), deadline, reserve=len(images)) as admitted:
             prepared = await self.decode.images(images, deadline, admitted)
