@@ -66,8 +66,12 @@ def pack_images(
         dtype, parts = torch.uint8, [image.patches for image in images]
     else:
         parts = [image.normalized() for image in images]
-    pixel_values = torch.empty((offsets[-1], *patch_shape), dtype=dtype, pin_memory=pin_memory)
-    torch.cat(parts, out=pixel_values)  # casts while copying when dtype differs
+    device = next((part.device for part in parts if part.device.type != "cpu"), None)
+    if device is None:
+        pixel_values = torch.empty((offsets[-1], *patch_shape), dtype=dtype, pin_memory=pin_memory)
+        torch.cat(parts, out=pixel_values)  # casts while copying when dtype differs
+    else:
+        pixel_values = _pack_on_device(parts, (offsets[-1], *patch_shape), dtype, device)
     frames = tuple(image.frames for image in images)
     return PackedBatch(
         pixel_values=pixel_values,
@@ -78,6 +82,29 @@ def pack_images(
         lut=lut,
         frames=frames if any(t != 1 for t in frames) else (),
     )
+
+
+def _pack_on_device(parts: list[Tensor], shape: tuple, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Images decoded on the GPU (their patches already there), maybe beside CPU ones: pack on the device. The CPU
+    parts go up in one pinned copy; each device part is marked used by this stream, whose reads the caching
+    allocator must wait for before it hands the part's memory to the stream that made it."""
+    stream = torch.cuda.current_stream(device)
+    host = [part for part in parts if part.device.type == "cpu"]
+    uploaded = iter(())
+    if host:
+        staged = torch.empty((sum(p.shape[0] for p in host), *shape[1:]), dtype=dtype, pin_memory=True)
+        torch.cat(host, out=staged)
+        uploaded = iter(staged.to(device, non_blocking=True).split([p.shape[0] for p in host]))
+    out = torch.empty(shape, dtype=dtype, device=device)
+    start = 0
+    for part in parts:
+        if part.device.type == "cpu":
+            part = next(uploaded)
+        else:
+            part.record_stream(stream)
+        out[start : start + part.shape[0]].copy_(part)  # casts when dtype differs
+        start += part.shape[0]
+    return out
 
 
 def _shared_lut(images: Sequence[PreprocessedImage]) -> Tensor | None:

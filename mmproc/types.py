@@ -56,7 +56,9 @@ class PreprocessedImage:
 
     def normalized(self) -> torch.Tensor:
         """The (L, 3, P, P) float32 patches, normalizing the bytes here when they were left to the device."""
-        return self.patches if self.lut is None else apply_lut(self.patches, self.lut)
+        if self.lut is None:
+            return self.patches
+        return apply_lut(self.patches, self.lut.to(self.patches.device, non_blocking=True))
 
 
 @dataclass(frozen=True)

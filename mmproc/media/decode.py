@@ -47,20 +47,10 @@ def decode_image(data: bytes, limits: MediaLimits, *, keep_alpha: bool = False) 
     Raises `InvalidMediaError` (index -1) for anything that is the client's fault; a `MemoryError` is left
     alone (the limits bound allocations, so running out is the server's problem, not a bad request).
     """
-    fmt = _check_container(data, limits)
-    if not isinstance(data, bytes):  # bytearray / memoryview: one copy, after the size check
-        data = bytes(data)
-    pixel_limit = _pixel_limit(limits)
-    peeked = peek_size(fmt, data)
-    if peeked is not None:
-        _check_size(*peeked, limits, pixel_limit)
-    check_cost(fmt, data, limits)
-
-    with _decoder_errors(fmt, data, "open"):
-        image = Image.open(io.BytesIO(data), formats=[PILLOW_FORMAT[fmt]])
+    fmt, data = _check_before_open(data, limits)
+    image = _open(fmt, data, limits)
     with image:
         source_size = image.size
-        _check_size(*source_size, limits, pixel_limit)
         with _decoder_errors(fmt, data, "decode"):
             image.seek(0)  # first frame only; a no-op for a freshly opened file, stated for the reader
             image.load()
@@ -71,6 +61,37 @@ def decode_image(data: bytes, limits: MediaLimits, *, keep_alpha: bool = False) 
     upright = apply_orientation(rgb, orientation)
     upright.info = {}  # stale EXIF (orientation!), ICC, transparency: none of it describes the output
     return DecodedImage(image=upright, source_format=fmt, source_size=source_size)
+
+
+def read_header(data: bytes, limits: MediaLimits) -> tuple[str, Image.Image]:
+    """Every check `decode_image` makes before the raster, with the same refusals; returns the format and the
+    image as Pillow opened it (header parsed, no pixel decoded; the caller closes it)."""
+    fmt, data = _check_before_open(data, limits)
+    return fmt, _open(fmt, data, limits)
+
+
+def _check_before_open(data: bytes, limits: MediaLimits) -> tuple[str, bytes]:
+    """Container, header size and work multipliers; returns the format and the data as bytes."""
+    fmt = _check_container(data, limits)
+    if not isinstance(data, bytes):  # bytearray / memoryview: one copy, after the size check
+        data = bytes(data)
+    peeked = peek_size(fmt, data)
+    if peeked is not None:
+        _check_size(*peeked, limits, _pixel_limit(limits))
+    check_cost(fmt, data, limits)
+    return fmt, data
+
+
+def _open(fmt: str, data: bytes, limits: MediaLimits) -> Image.Image:
+    """Pillow's header parse of `data` (no raster decoded), its size checked again."""
+    with _decoder_errors(fmt, data, "open"):
+        image = Image.open(io.BytesIO(data), formats=[PILLOW_FORMAT[fmt]])
+    try:
+        _check_size(*image.size, limits, _pixel_limit(limits))
+    except InvalidMediaError:
+        image.close()
+        raise
+    return image
 
 
 def _check_container(data: bytes, limits: MediaLimits) -> str:

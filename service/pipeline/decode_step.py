@@ -1,5 +1,6 @@
 """The decode step: a request's bytes through the decode pool (isolated workers, service/pipeline/decode_pool.py),
-its stage times observed, its queue reservation given back however it ends."""
+its JPEGs on the GPU when there is a GPU decoder (service/pipeline/gpu_decode.py), its stage times observed, its
+queue reservation given back however it ends."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from mmproc.errors import DeadlineExceededError
 from mmproc.types import PreprocessedImage, PreprocessedVideo
 from service.pipeline.admission import Admission, Admitted
 from service.pipeline.decode_pool import DecodePool, VideoJob
+from service.pipeline.gpu_decode import GpuDecoder, decode_split
 from service.pipeline.run_step import count_dropped
 from service.process.metrics import Metrics
 
@@ -16,14 +18,20 @@ from service.process.metrics import Metrics
 class DecodeStep:
     """`pool` is public: a test may put a pool of misbehaving workers in its place (tests/service/test_faults.py)."""
 
-    def __init__(self, pool: DecodePool, admission: Admission, metrics: Metrics) -> None:
+    def __init__(self, pool: DecodePool, admission: Admission, metrics: Metrics, gpu: GpuDecoder | None = None) -> None:
         self.pool = pool
+        self.gpu = gpu
         self._admission = admission
         self._metrics = metrics
 
     async def images(self, images: list[bytes], deadline: float | None, admitted: Admitted) -> list[PreprocessedImage]:
         try:
-            results = await self.pool.prepare_all(images, deadline)  # the first bad image, by position
+            paths = self._metrics.decode_paths
+            if self.gpu is None:
+                results = await self.pool.prepare_all(images, deadline)  # the first bad image, by position
+                paths.labels("cpu").inc(len(results))
+            else:
+                results = await decode_split(self.gpu, images, self.pool.prepare_all, deadline, paths)
         except DeadlineExceededError:
             count_dropped(self._metrics, "decode", len(images))
             raise

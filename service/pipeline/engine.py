@@ -3,7 +3,8 @@ run -> deliver, each step an object with its own state:
 
 - admission (service/pipeline/admission.py): limits, in-flight counters, queue reservation, overload guard;
 - the embedding cache (service/cache/cached_encode.py): hits, coalescing; its misses take the steps below;
-- decode (service/pipeline/decode_step.py): the decode pool's isolated workers, off the event loop;
+- decode (service/pipeline/decode_step.py): the decode pool's isolated workers, off the event loop, and JPEGs on
+  the GPU (service/pipeline/gpu_decode.py);
 - run (service/pipeline/run_step.py): the runner's single thread that owns the device;
 - delivery (service/pipeline/delivery.py): the destination chosen once per request, serialized or an IPC lease.
 Videos take the same steps (service/pipeline/video_engine.py).
@@ -20,7 +21,8 @@ from dataclasses import replace
 import torch
 
 from mmproc.batching import pixel_transfer_dtype
-from mmproc.errors import InvalidRequestError, Reason
+from mmproc.errors import ConfigError, InvalidRequestError, Reason
+from mmproc.media.limits import MediaLimits
 from mmproc.models import VisionEncoder
 from mmproc.preprocess import PreprocessConfig, preprocess_image
 from mmproc.runner import BatchStats, Runner
@@ -28,11 +30,13 @@ from mmproc.transport.ipc_pool import IpcPool
 from service.cache.cache_key import CacheKeys, model_context
 from service.cache.cached_encode import EmbeddingCache
 from service.pipeline.admission import Admission, check_readers
+from service.pipeline.decode_config import DecodePoolConfig
 from service.pipeline.decode_pool import DecodePool
 from service.pipeline.decode_step import DecodeStep
 from service.pipeline.delivery import Delivery
 from service.pipeline.encoded import EncodedImage
 from service.pipeline.engine_config import EngineConfig
+from service.pipeline.gpu_decode import GpuDecoder
 from service.pipeline.key_store import KeyStore, check_keys
 from service.pipeline.overload import OverloadGuard
 from service.pipeline.run_step import RunStep, count_dropped
@@ -81,7 +85,8 @@ class Engine:
             config.request, config.inflight, preprocess, self.overload,
             max_queued_images=config.runner.max_queued_images, queued_images=lambda: runner.queued_images,
         )  # fmt: skip
-        self.decode = DecodeStep(DecodePool(config.media, preprocess, decode), self.admission, metrics)
+        gpu = self._gpu_decoder(config.gpu_decode, config.media, decode)
+        self.decode = DecodeStep(DecodePool(config.media, preprocess, decode), self.admission, metrics, gpu)
         self.run = RunStep(runner, metrics)
         self.delivery = Delivery(encoder.output_dim, encoder.dtype, metrics)
         self.keys = KeyStore(config.key_store)
@@ -99,6 +104,24 @@ class Engine:
             worker_pids=lambda: self.decode.pool.worker_pids(),
         )
 
+    def _gpu_decoder(self, mode: str, limits: MediaLimits, decode: DecodePoolConfig) -> GpuDecoder | None:
+        """A GPU JPEG decoder when `mode` allows and this engine can use one (a CUDA encoder that takes uint8
+        pixels); "on" without one is a ConfigError, "auto" says why in one line."""
+        if mode == "off":
+            return None
+        why = "the encoder is not on CUDA" if self.encoder.device.type != "cuda" else ""
+        why = why or ("gpu_preprocess is off" if decode.normalize else "")
+        if not why:
+            try:
+                return GpuDecoder(limits, self.preprocess, self.encoder.device)
+            except (ConfigError, RuntimeError) as exc:  # no nvImageCodec, or it cannot start on this device
+                why = str(exc)
+        if mode == "on":
+            raise ConfigError(f"gpu_decode=on, but {why}")
+        logger.log(logging.INFO if self.encoder.device.type == "cuda" else logging.DEBUG,
+                   "JPEGs are decoded on the CPU (GPU decode unavailable: %s)", why)  # fmt: skip
+        return None
+
     def _build_cache(self, config: EngineConfig) -> EmbeddingCache | None:
         if not config.cache.enabled:
             return None
@@ -109,6 +132,8 @@ class Engine:
                 model=encoder.config.name, model_path=None, dtype=str(encoder.dtype), device_type=encoder.device.type,
                 preprocess=self.preprocess, exif=config.media.apply_exif_orientation,
             )  # fmt: skip
+        if self.decode.gpu is not None:  # GPU-decoded JPEGs are within a level of the CPU's, not bit-equal
+            context += "|jpeg=gpu"
         keys = CacheKeys(config.cache.hash, context)
         return EmbeddingCache(config.cache, keys, self.admission, self.delivery, self._encode_uncached)
 
@@ -117,6 +142,8 @@ class Engine:
     def start(self, warmup: bool = True) -> None:
         """Start the runner and run one forward so that the first request pays no lazy set-up."""
         self.decode.pool.start()
+        if self.decode.gpu is not None:
+            self.decode.gpu.warm_up()
         self.run.runner.start()
         if warmup:
             started = time.monotonic()
@@ -175,6 +202,8 @@ class Engine:
     def close(self) -> None:
         self.run.runner.stop()
         self.decode.pool.close()
+        if self.decode.gpu is not None:
+            self.decode.gpu.close()
         self.delivery.close()
 
     def attach_ipc_pool(self, pool: IpcPool, *, fallback: bool) -> None:

@@ -4,6 +4,7 @@ from the settings; each default is the core dataclass's own (written once)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from mmproc.media.limits import MediaLimits
 from mmproc.runner_config import RunnerConfig
@@ -17,7 +18,9 @@ from service.pipeline.request_limits import InflightLimits, RequestLimits
 @dataclass(frozen=True)
 class EngineConfig:
     """cache_context: what the cache key binds besides the bytes (service/cache/cache_key.py: model_context);
-    None: derived from the model object itself (a library user or a test without settings)."""
+    None: derived from the model object itself (a library user or a test without settings).
+    gpu_decode: JPEGs decoded on the encoder's GPU (service/pipeline/gpu_decode.py): "auto" where a CUDA encoder
+    takes uint8 pixels and nvImageCodec loads, "on" (or the engine does not start), "off"."""
 
     media: MediaLimits = field(default_factory=MediaLimits)
     request: RequestLimits = field(default_factory=RequestLimits)
@@ -28,3 +31,4 @@ class EngineConfig:
     cache: CacheConfig = field(default_factory=CacheConfig)
     overload: OverloadConfig = field(default_factory=OverloadConfig)
     cache_context: str | None = None
+    gpu_decode: Literal["auto", "on", "off"] = "auto"

@@ -236,7 +236,8 @@ class Service:
         s = self.settings
         logger.info(
             "mmproc %s: auth %s; decode workers %d (%s); batches up to %d patches / %d images; queue %d images; "
-            "requests up to %d images, %d MiB, %d patches; CUDA graphs %d; drain delay %.1f s, grace %.1f s",
+            "requests up to %d images, %d MiB, %d patches; CUDA graphs %d; JPEG decode on the %s; "
+            "drain delay %.1f s, grace %.1f s",
             mmproc.__version__,
             "on" if s.auth_token is not None else "off",
             s.decode_workers,
@@ -248,6 +249,7 @@ class Service:
             s.max_request_mb,
             s.max_patches_per_request,
             s.cuda_graphs,
+            "CPU" if engine.decode.gpu is None else "GPU",
             s.drain_delay_s,
             s.grace_period_s,
         )

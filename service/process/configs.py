@@ -127,4 +127,5 @@ def engine_config(s: ServerSettings, *, cache_context: str) -> EngineConfig:
         cache=cache_config(s),
         overload=overload_config(s),
         cache_context=cache_context,
+        gpu_decode=s.gpu_decode,
     )

@@ -130,6 +130,12 @@ class Metrics:
         self.estimated_wait = Gauge(
             "mmproc_estimated_wait_seconds", "Estimated encoder work ahead of a request arriving now.", registry=r
         )
+        self.decode_paths = Counter(
+            "mmproc_decoded_images", "Images by where they were decoded: gpu, fallback (to the CPU after the GPU "
+            "failed them) or cpu (not a JPEG the GPU takes, or no GPU decoder).", ["path"], registry=r,
+        )  # fmt: skip
+        for path in ("gpu", "fallback", "cpu"):
+            self.decode_paths.labels(path)
         self.decode_workers_rss = Gauge(
             "mmproc_decode_workers_resident_bytes", "Resident memory of the decode worker processes.", registry=r
         )

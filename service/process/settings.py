@@ -20,6 +20,7 @@ from mmproc.transport.pool_config import PoolConfig
 from mmproc.units import MiB
 from service.cache.embedding_cache import CacheConfig
 from service.pipeline.decode_config import DecodePoolConfig
+from service.pipeline.engine_config import EngineConfig
 from service.pipeline.key_store import KeyStoreConfig
 from service.pipeline.overload import OverloadConfig
 from service.pipeline.request_limits import InflightLimits, RequestLimits, VideoRequestLimits
@@ -61,6 +62,11 @@ class ServerSettings(BaseSettings):
         True,
         description="With a CUDA model, normalize pixels on the GPU: decode workers ship uint8 bytes, a quarter of "
         "the float32 bytes, and skip their costliest pass (docs/benchmarks/preprocess.md)",
+    )
+    gpu_decode: Literal["auto", "on", "off"] = Field(
+        EngineConfig.gpu_decode,
+        description="With a CUDA model and gpu_preprocess, decode JPEGs on the GPU (nvImageCodec; auto: when it "
+        "loads, on: refuse to start without it); other images and GPU failures take the decode workers",
     )
 
     # Addresses

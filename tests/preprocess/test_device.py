@@ -60,3 +60,18 @@ def test_bad_tensors_are_refused() -> None:
         preprocess_tensor(torch.zeros(4, 4, 3), PreprocessConfig.kimi_k25())
     with pytest.raises(ValueError, match="uint8"):
         pillow_bicubic(torch.zeros(4, 4, 3, dtype=torch.uint8), (0, 3))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("family", ["kimi_vl", "kimi_k25", "kimi_k3"])
+def test_device_bytes_equal_the_cpu_paths_bytes(family, device) -> None:
+    """normalize=False (GPU-decoded JPEGs): the uint8 patches and table the decode workers ship for a CUDA model."""
+    cfg = PreprocessConfig.default_for(family)
+    for i, (w, h) in enumerate([(333, 517), (1400, 90), (4000, 300), (28, 28)]):
+        pixels = np.random.default_rng(i).integers(0, 256, (h, w, 3), dtype=np.uint8)
+        want = preprocess_image(Image.fromarray(pixels), cfg, normalize=False)
+        got = preprocess_tensor(torch.from_numpy(pixels).to(device), cfg, normalize=False)
+        assert (got.grid_hw, got.num_tokens, got.image_size) == (want.grid_hw, want.num_tokens, (w, h))
+        assert got.patches.dtype == torch.uint8 and got.patches.device.type == device
+        assert torch.equal(got.patches.cpu(), want.patches) and torch.equal(got.lut, want.lut), (w, h)
+        assert torch.equal(got.normalized().cpu(), want.normalized()), (w, h)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -42,6 +44,31 @@ def test_pin_memory_false_on_cpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="pinned memory needs CUDA")
 def test_pin_memory_true():
     assert pack_images([constant_image(2, 4)], pin_memory=True).pixel_values.is_pinned()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="device-resident patches need CUDA")
+@pytest.mark.parametrize("normalized_first", [False, True])
+def test_patches_already_on_the_gpu_pack_there_beside_cpu_ones(normalized_first):
+    """GPU-decoded images (uint8 patches on the device) beside the decode workers' (on the CPU): one batch on the
+    device with the values the all-CPU pack gives; beside a normalized item (a video chunk) all are normalized."""
+    lut = torch.linspace(-1, 1, 768).reshape(3, 256)
+    gen = torch.Generator().manual_seed(0)
+    byte_images = [
+        PreprocessedImage(torch.randint(0, 256, (h * w, 3, 14, 14), generator=gen, dtype=torch.uint8), (h, w), h * w // 4,
+                          lut=lut)
+        for h, w in ((2, 2), (4, 6), (2, 8))
+    ]  # fmt: skip
+    first = [constant_image(2, 2, fill=0.25)] if normalized_first else []
+    on_cpu = first + byte_images
+    mixed = first + [byte_images[0], replace(byte_images[1], patches=byte_images[1].patches.cuda()), byte_images[2]]
+    for dtype in (torch.float32, torch.bfloat16):
+        want = pack_images(on_cpu, dtype=dtype)
+        got = pack_images(mixed, pin_memory=True, dtype=dtype)
+        assert got.pixel_values.device.type == "cuda" and (got.lut is None) == normalized_first
+        assert got.pixel_values.dtype == want.pixel_values.dtype
+        assert torch.equal(got.pixel_values.cpu(), want.pixel_values), dtype
+        assert got.cu_seqlens.device.type == "cpu" and got.grid_hws == want.grid_hws
 
 
 def test_merge_kernel_size_is_honoured():
