@@ -114,8 +114,8 @@ class Engine:
         if not why:
             try:
                 return GpuDecoder(limits, self.preprocess, self.encoder.device)
-            except (ConfigError, RuntimeError) as exc:  # no nvImageCodec, or it cannot start on this device
-                why = str(exc)
+            except Exception as exc:  # noqa: BLE001 - no nvImageCodec, or it cannot start here: say so, or refuse
+                why = f"{type(exc).__name__}: {exc}"
         if mode == "on":
             raise ConfigError(f"gpu_decode=on, but {why}")
         logger.log(logging.INFO if self.encoder.device.type == "cuda" else logging.DEBUG,

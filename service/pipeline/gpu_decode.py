@@ -79,7 +79,7 @@ class GpuDecoder:
         """(decode thread) Decode, orient and preprocess on the side stream; return once the device is done."""
         started = time.perf_counter()
         out: list[Prepared | None] = []
-        with torch.cuda.stream(self._stream), torch.inference_mode():
+        with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
             decoded = self.decoder.decode(images, self._stream)
             decoded_at = time.perf_counter()
             for pixels, facts in zip(decoded, gated, strict=True):
