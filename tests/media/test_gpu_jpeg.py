@@ -31,6 +31,19 @@ def _sampling(jpeg: bytes, luma: int) -> bytes:
     return jpeg[:at] + bytes([luma]) + jpeg[at + 1 :]
 
 
+def _garbled(jpeg: bytes) -> bytes:
+    """`jpeg` with FF 03 (a reserved marker: libjpeg stops, nvJPEG decodes on) in the middle of its scan data."""
+    middle = jpeg.index(b"\xff\xda") + (len(jpeg) - jpeg.index(b"\xff\xda")) // 2
+    return jpeg[:middle] + b"\xff\x03" + jpeg[middle:]
+
+
+def _two_frames(jpeg: bytes) -> bytes:
+    """`jpeg` with its SOF0 segment repeated."""
+    sof = jpeg.index(b"\xff\xc0")
+    length = int.from_bytes(jpeg[sof + 2 : sof + 4], "big")
+    return jpeg[: sof + 2 + length] + jpeg[sof : sof + 2 + length] + jpeg[sof + 2 + length :]
+
+
 @pytest.mark.parametrize(
     "name, data",
     [
@@ -54,6 +67,8 @@ def test_jpegs_nvjpeg_decodes_as_libjpeg_go_to_the_gpu(name, data) -> None:
         ("adobe rgb", _adobe_rgb(make_image_bytes(64, 64, "JPEG"))),
         ("4:4:0", _sampling(make_image_bytes(64, 64, "JPEG", subsampling=0), 0x12)),
         ("no EOI", make_image_bytes(64, 64, "JPEG")[:-2]),
+        ("unknown marker in the scan", _garbled(make_image_bytes(64, 64, "JPEG"))),
+        ("two frames", _two_frames(make_image_bytes(64, 64, "JPEG"))),
         ("png", make_image_bytes(64, 64, "PNG")),
         ("webp", make_image_bytes(64, 64, "WEBP")),
     ],

@@ -16,7 +16,8 @@ from mmproc.client import EncoderClient
 from mmproc.errors import ConfigError, InvalidMediaError
 from mmproc.media import MediaLimits, decode_image
 from service.process.app import build_engine
-from tests.support.corpus import DAMAGED, build_corpus
+from tests.media.test_gpu_jpeg import _garbled
+from tests.support.corpus import build_corpus
 from tests.support.media_samples import encode_image, make_image_bytes, random_image
 from tests.support.server import serving, test_settings
 
@@ -84,7 +85,9 @@ def test_gpu_decoded_pixels_are_within_one_level_of_libjpeg(gpu_and_cpu) -> None
         stream.synchronize()
         stored = Image.open(io.BytesIO(data)).convert("RGB")  # as stored: the decoder does not orient
         diff = np.abs(pixels.cpu().numpy().astype(np.int16) - np.asarray(stored).astype(np.int16))
-        assert diff.max() <= 1, (name, int(diff.max()), float(diff.mean()))
+        # Progressive files: up to 3 levels in rare pixels (mean 0.04 on the H200; docs/media.md).
+        worst, mean = (3, 0.1) if name == "progressive" else (1, 1e-3)
+        assert diff.max() <= worst and diff.mean() < mean, (name, int(diff.max()), float(diff.mean()))
 
 
 @cuda
@@ -121,6 +124,7 @@ def test_refusals_keep_their_image_index(gpu_and_cpu) -> None:
         ([good, huge], 1, "too_many_pixels"),  # refused on its header, before the GPU
         ([good, huge, png[:-30]], 1, "too_many_pixels"),  # the lowest index wins
         ([png[:-30], huge], 0, "truncated"),
+        ([good, _garbled(good)], 1, "undecodable"),  # nvJPEG would decode it: the gate sends it to the workers
     ]
     with EncoderClient(gpu.grpc_target) as client:
         for images, index, reason in cases:
@@ -131,9 +135,9 @@ def test_refusals_keep_their_image_index(gpu_and_cpu) -> None:
 
 @cuda
 def test_hostile_corpus_through_the_gpu_path_costs_only_its_image(gpu_and_cpu) -> None:
-    """Every corpus case alone through the GPU server: a result or a typed refusal, the CPU server's refusal where
-    that one refused before decoding; a damaged JPEG may decode on one path and not the other (garbage either way).
-    Afterwards the CUDA context still serves a good request with the same embedding as before."""
+    """Every JPEG of the corpus alone through the GPU server: the CPU server's outcome, refusal reason included
+    (nvJPEG decodes garbled files libjpeg refuses: the gate sends those to the workers). Afterwards the CUDA
+    context still serves a good request with the same embedding as before."""
     gpu, cpu = gpu_and_cpu
     good = GPU_KINDS["4:2:0"]
     outcomes: dict[str, tuple[str, str]] = {}
@@ -147,9 +151,7 @@ def test_hostile_corpus_through_the_gpu_path_costs_only_its_image(gpu_and_cpu) -
     torch.cuda.synchronize()
     assert torch.equal(before, after)
     assert len(outcomes) > 30
-    differ = {name: o for name, o in outcomes.items() if o[0] != o[1]}
-    assert all(g in DAMAGED | {"ok"} and c in DAMAGED | {"ok"} for g, c in differ.values()), differ
-    print(f"{len(outcomes)} JPEG cases, {len(differ)} damaged ones decoded on one path only: {sorted(differ)}")
+    assert {name: o for name, o in outcomes.items() if o[0] != o[1]} == {}
 
 
 def _outcome(client: EncoderClient, data: bytes) -> str:
