@@ -4,13 +4,14 @@
 #   cache_tests.log     the cache's CPU tests, its pool-tier CUDA tests (tests/transport/test_ipc_cache_gpu.py) and the IPC
 #                       transport tests whose read path it changed (tests/transport/test_ipc_gpu.py, tests/transport/test_fanout.py)
 #   cache_bench.log/.json/.md  a kimi-k2.5-shaped server (random weights, bf16, IPC, 2 GiB pool, cache on), then
-#                       `mmproc bench serve --repeat-ratio 0,0.5,0.9 --transport ipc` (cache on/off in ABBA order,
-#                       then a hit-only pass)
+#                       `mmproc bench serve --repeat-ratio 0,0.5,0.9 --transport ipc --clients 4` (cache on/off in ABBA
+#                       order, then a hit-only pass; 4 client processes, as one Python client tops out near 240 hits/s)
 #   server_hits.txt     server-side latency of hits: p50/p99 of the access log's `ms` over IPC requests whose every
 #                       image was a hit (the server's own clock: RPC in to reply out)
 #   policy.md           `mmproc bench cache` (hash throughput, S3-FIFO vs LRU), CPU only
 # Goals (issue 23): at R=0.9 >= 5x the img/s of the cache off; a hit <= 1 ms p50 server-side (IPC).
-#   bash scripts/gpu_cache_check.sh          (REQUESTS=200 CONCURRENCY=4 RESOLUTION=1024x768 by default)
+#   bash scripts/gpu_cache_check.sh          (REQUESTS=200 CLIENTS=4 CONCURRENCY=4 RESOLUTION=1024x768 by default;
+#                                            CONCURRENCY is per client process)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -44,8 +45,8 @@ for _ in $(seq 300); do python3 -m service.process.cli health --target 127.0.0.1
 python3 -m service.process.cli health --target 127.0.0.1:$PORT || { echo "server never became SERVING"; exit 1; }
 
 python3 -m service.process.cli bench serve --target 127.0.0.1:$PORT --device cuda:0 --transport ipc \
-  --repeat-ratio 0,0.5,0.9 --requests "${REQUESTS:-200}" --concurrency "${CONCURRENCY:-4}" --images-per-request 1 \
-  --resolutions "${RESOLUTION:-1024x768}" --format jpeg --warmup 8 --rounds 2 --quiet \
+  --repeat-ratio 0,0.5,0.9 --requests "${REQUESTS:-200}" --clients "${CLIENTS:-4}" --concurrency "${CONCURRENCY:-4}" \
+  --images-per-request 1 --resolutions "${RESOLUTION:-1024x768}" --format jpeg --warmup 8 --rounds 2 --quiet \
   --json "$OUT/cache_bench.json" --markdown "$OUT/cache_bench.md" 2>&1 | tee "$OUT/cache_bench.log"
 bench_rc=${PIPESTATUS[0]}
 

@@ -23,7 +23,7 @@ import torch
 from mmproc.bench.catalog import checkout_module
 from mmproc.bench.images import FORMATS, ORDERS, ImageSpec, generate_requests, parse_resolutions
 from mmproc.bench.report import save_plot
-from mmproc.bench.serve_load import ClientConfig, Payload, measure, run_plan
+from mmproc.bench.serve_load import ClientConfig, Payload, measurer, run_plan
 from mmproc.bench.serve_plot import plot_serve
 from mmproc.bench.serve_repeat import parse_ratios, run_repeat
 from mmproc.bench.serve_stats import (
@@ -50,9 +50,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--requests", type=int, default=64, help="measured requests (all generated up front)")
     add("--concurrency", type=int, default=4, help="worker threads, one client each (the in-flight cap)")
     add("--clients", type=int, default=1,
-        help="client processes, each with --concurrency threads and its share of the requests (burst) or of the "
-             "offered rate (open) (one Python process has one GIL: what one engine worker process can drive, vs "
-             "several)")  # fmt: skip
+        help="client processes, each with --concurrency threads and its share of the requests (burst, "
+             "--repeat-ratio) or of the offered rate (open), started at one instant, pooled (one Python process has "
+             "one GIL: what one engine worker process can drive, vs several)")  # fmt: skip
     add("--rate", type=float, default=None, help="rate mode: arrivals per second")
     add("--arrivals", choices=["poisson", "uniform"], default="poisson")
     add("--overload", type=float, default=None, help="open mode: offered load as a multiple of the measured C")
@@ -110,6 +110,8 @@ def _check_args(args: argparse.Namespace) -> str | None:
         return f"--clients must be in 1..{MAX_CLIENT_PROCESSES}"
     if args.clients > 1 and args.mode == "rate":
         return "--clients > 1 needs --mode burst or open"
+    if args.clients > args.requests and args.mode != "open":
+        return "--clients must not exceed --requests (each process takes every N-th request)"
     if args.images_per_request < 1 or args.warmup < 0 or args.max_seconds <= 0 or args.timeout <= 0:
         return "--images-per-request >= 1, --warmup >= 0, --max-seconds > 0 and --timeout > 0 are required"
     if args.mode == "rate" and not (args.rate and args.rate > 0):
@@ -244,7 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         base = ClientConfig(args.target, args.transport, args.handle_cache == "on", args.device, args.timeout,
                             args.consume)  # fmt: skip
         try:
-            text, record = run_repeat(args, argv, info, measure, base)
+            with measurer(args) as measure:
+                text, record = run_repeat(args, argv, info, measure, base)
         except ValueError as err:  # payloads over --max-payload-mb
             print(f"mmproc bench serve: {err}", file=sys.stderr)
             return 2

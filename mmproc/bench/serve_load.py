@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import queue
 import sys
 import threading
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 import torch
 
+from mmproc.bench.client_processes import ClientProcesses, deal
 from mmproc.bench.serve_stats import (
     Sample,
     raw_rows,
@@ -270,53 +272,53 @@ def measure(
     return Phase(samples, wall, t0, counts, ipc, any(w.clock is not None for w in workers))
 
 
-def measure_processes(
-    label: str, cfg: ClientConfig, args: argparse.Namespace, measured: list[Payload], warmup: list[Payload]
-) -> Phase:
-    """`measure` in --clients processes at once (spawned: safe with CUDA), request k going to process k mod N.
+Measure = Callable[[str, ClientConfig, list[Payload], Sequence[list[Payload]]], Phase]
 
-    Each process opens its clients and warms up, then all start together; perf_counter is the system's monotonic
-    clock, so the samples of every process share one time axis and pool into one Phase."""
-    import multiprocessing
 
+@contextlib.contextmanager
+def measurer(args: argparse.Namespace) -> Iterator[Measure]:
+    """`measure` for every pass of a run: `(label, cfg, measured, warmups) -> Phase`, in this process or in --clients
+    processes spawned once for the whole run (client_processes.py), request k going to process k mod N and process
+    i warming up with `warmups[i]`; their samples pool into one Phase (`pooled`)."""
+    if args.clients == 1:
+        yield lambda label, cfg, measured, warmups: measure(label, cfg, args, measured, warmups[0])
+        return
     n = args.clients
-    context = multiprocessing.get_context("spawn")
-    ready, go, results = context.Barrier(n + 1), context.Event(), context.Queue()
     quiet = argparse.Namespace(**{**vars(args), "quiet": True, "clients": 1})
-    procs = [
-        context.Process(target=_client_process, args=(label, cfg, quiet, measured[i::n], warmup, ready, go, results))
-        for i in range(n)
-    ]
-    for proc in procs:
-        proc.start()
-    try:
-        ready.wait(timeout=args.max_seconds + 120)  # every process has opened its clients and warmed up
-        go.set()
-        phases = [results.get(timeout=args.max_seconds + 120) for _ in procs]
-    finally:
-        for proc in procs:
-            proc.join(timeout=30)
-            if proc.is_alive():
-                proc.kill()
-    errors = [p for p in phases if isinstance(p, str)]
-    if errors:
-        raise RuntimeError(f"a client process failed: {errors[0]}")
+    timeout_s = 2 * args.max_seconds + args.timeout + 120  # warm-up and measured phase, each bounded by max_seconds
+    with ClientProcesses(n, functools.partial(_PassRunner, quiet)) as processes:
+
+        def in_processes(label: str, cfg: ClientConfig, measured: list[Payload], warmups: Sequence[list[Payload]]
+                         ) -> Phase:  # fmt: skip
+            commands = [(label, cfg, mine, warmups[i]) for i, mine in enumerate(deal(measured, n))]
+            return pooled(processes.run(commands, timeout_s))
+
+        yield in_processes
+
+
+class _PassRunner:
+    """A client process's side of `measurer`: one measured pass per command, with fresh clients."""
+
+    def __init__(self, args: argparse.Namespace, index: int) -> None:
+        self._args = args
+
+    def __call__(self, label: str, cfg: ClientConfig, measured: list[Payload], warmup: list[Payload], *,
+                 start: Callable[[], None]) -> Phase:  # fmt: skip
+        return measure(label, cfg, self._args, measured, warmup, start=start)
+
+    def close(self) -> None:
+        pass
+
+
+def pooled(phases: Sequence[Phase]) -> Phase:
+    """The passes of processes that started at one instant, as one: the wall runs from the common start to the end
+    of the last, so img/s is every process's images over that one window; samples and counters are summed."""
     t0 = min(p.t0 for p in phases)
     end = max(p.t0 + p.wall_s for p in phases)
     counts = sum((Counter(p.counts) for p in phases), Counter())
     samples = [sample for p in phases for sample in p.samples]
     return Phase(samples, end - t0, t0, dict(counts), sum_ipc([p.ipc_stats for p in phases]),
                  all(p.stage_split for p in phases))  # fmt: skip
-
-
-def _client_process(label, cfg, args, measured, warmup, ready, go, results) -> None:  # noqa: ANN001 (spawned)
-    try:
-        phase = measure(label, cfg, args, measured, warmup, start=lambda: (ready.wait(), go.wait()))
-        results.put(phase)
-    except BaseException as exc:  # reported to the parent, which fails the run
-        with contextlib.suppress(threading.BrokenBarrierError):
-            ready.abort()
-        results.put(f"{type(exc).__name__}: {exc}")
 
 
 def result(label: str, cfg: ClientConfig, phases: Sequence[Phase], json_raw: bool) -> dict:
@@ -338,9 +340,9 @@ def run_plan(
 ) -> list[dict]:
     """Every side `--rounds` times; with two sides the order is A B, B A, A B, ... so drift cancels (ABBA)."""
     phases: list[list[Phase]] = [[] for _ in plan]
-    for r in range(args.rounds):
-        for i in range(len(plan)) if r % 2 == 0 else reversed(range(len(plan))):
-            label, cfg = plan[i]
-            run = measure if args.clients == 1 else measure_processes
-            phases[i].append(run(label, cfg, args, measured, warmup))
+    with measurer(args) as run:
+        for r in range(args.rounds):
+            for i in range(len(plan)) if r % 2 == 0 else reversed(range(len(plan))):
+                label, cfg = plan[i]
+                phases[i].append(run(label, cfg, measured, [warmup] * args.clients))  # the same warm-up in each
     return [result(label, cfg, side, args.json_raw) for (label, cfg), side in zip(plan, phases)]

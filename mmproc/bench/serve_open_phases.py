@@ -3,20 +3,21 @@
 One Python process cannot take in replies fast enough to overload a GPU server with small images (at 448² on the
 H200 the server answered calls the client had already given up on: docs/benchmarks/overload.md). With N processes
 each one runs `--concurrency` closed-loop clients and its own Poisson stream of rate / N (a sum of independent
-Poisson streams is the Poisson stream of the total rate); all start at one instant of the system's monotonic
-clock, which `time.perf_counter` reads in every process, so their outcomes pool into one timeline.
+Poisson streams is the Poisson stream of the total rate); all start at one instant (client_processes.py), so their
+outcomes pool into one timeline.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import multiprocessing
+import functools
 import time
+from collections.abc import Callable
 
+from mmproc.bench.client_processes import ClientProcesses
 from mmproc.bench.serve_open import Load, Outcome, base_images, closed_loop, open_loop, unique_jpeg
 
-START_MARGIN_S = 0.5  # every process has its command before the common start
 STRIDE = 10**6  # image indices per process within a phase (phases start 10**8 apart): every image unique
 
 
@@ -52,82 +53,68 @@ class LocalPhases:
 
 
 class ProcessPhases:
-    """The phases in `n` spawned client processes (safe beside CUDA), each on its own event loop."""
+    """The phases in `n` client processes (client_processes.py), each on its own event loop."""
 
     def __init__(self, args: argparse.Namespace, n: int) -> None:
         self._args, self._n = args, n
-        self._pipes: list = []
-        self._procs: list = []
+        self._processes: ClientProcesses | None = None
 
     async def start(self) -> None:
-        ctx = multiprocessing.get_context("spawn")
         options = {k: v for k, v in vars(self._args).items() if k not in ("json", "server_log", "func")}
-        for index in range(self._n):
-            mine, theirs = ctx.Pipe()
-            proc = ctx.Process(target=_client_process, args=(theirs, options, index), daemon=True)
-            proc.start()
-            self._pipes.append(mine)
-            self._procs.append(proc)
-        await self._gather(None)  # "ready": each opened its clients and made its images
+        self._processes = ClientProcesses(self._n, functools.partial(_PhaseRunner, options))
+        await asyncio.to_thread(self._processes.start)  # each opened its clients and made its images
 
     async def closed(self, first: int, seconds: float) -> list[Outcome]:
-        at = time.perf_counter() + START_MARGIN_S
-        return [o for part in await self._gather(("closed", first, seconds, at)) for o in part]
+        parts = await self._run(("closed", first, seconds), seconds)
+        return [o for part in parts for o in part]
 
     async def open_then_recover(self, first: int, rate: float, seconds: float, recovery_first: int
                                 ) -> tuple[list, list, float]:  # fmt: skip
-        at = time.perf_counter() + START_MARGIN_S + 1.0  # the images are made before the start
-        parts = await self._gather(("open", first, rate / self._n, seconds, recovery_first, at))
+        command = ("open", first, rate / self._n, seconds, recovery_first)
+        parts = await self._run(command, seconds + self._args.recovery_seconds)
         return [o for p in parts for o in p[0]], [o for p in parts for o in p[1]], max(p[2] for p in parts)
 
     async def close(self) -> None:
-        for pipe in self._pipes:
-            pipe.send(("stop",))
-        for proc in self._procs:
-            proc.join(30)
-            if proc.is_alive():
-                proc.kill()
+        if self._processes is not None:
+            await asyncio.to_thread(self._processes.close)
 
-    async def _gather(self, command: tuple | None) -> list:
-        if command is not None:
-            for pipe in self._pipes:
-                pipe.send(command)
-        loop = asyncio.get_running_loop()
-        replies = await asyncio.gather(*(loop.run_in_executor(None, pipe.recv) for pipe in self._pipes))
-        failed = [r for r in replies if isinstance(r, BaseException)]
-        if failed:
-            raise failed[0]
-        return replies
+    async def _run(self, command: tuple, seconds: float) -> list:
+        assert self._processes is not None
+        wait = seconds + max(self._args.deadline_s, self._args.http_wait_s) + 60  # the last calls still in flight
+        return await asyncio.to_thread(self._processes.run, [command] * self._n, wait)
 
 
-def _client_process(pipe, options: dict, index: int) -> None:
-    asyncio.run(_serve_commands(pipe, argparse.Namespace(**options), index))
+class _PhaseRunner:
+    """A client process's side of ProcessPhases: its clients and images live on one event loop across commands."""
 
+    def __init__(self, options: dict, index: int) -> None:
+        self._args, self._index = argparse.Namespace(**options), index
+        self._loop = asyncio.new_event_loop()
+        self._load = self._loop.run_until_complete(self._open())
+        self._base = base_images(self._args)
 
-async def _serve_commands(pipe, args: argparse.Namespace, index: int) -> None:
-    load, base = Load(args), base_images(args)
-    loop = asyncio.get_running_loop()
-    try:
-        pipe.send("ready")
-        while (command := await loop.run_in_executor(None, pipe.recv))[0] != "stop":
-            try:
-                *params, at = command[1:]
-                if command[0] == "closed":
-                    first, seconds = params
-                    await asyncio.sleep(max(0.0, at - time.perf_counter()))
-                    reply = await closed_loop(load, base, first + index * STRIDE, seconds, args.concurrency)
-                else:
-                    first, rate, seconds, recovery_first = params
-                    images = _open_images(base, first + index * STRIDE, rate, seconds)
-                    await asyncio.sleep(max(0.0, at - time.perf_counter()))
-                    reply = await _open_then_recover(  # an independent Poisson stream per process
-                        load, base, images, args, rate, seconds, args.seed + index, recovery_first + index * STRIDE
-                    )
-            except Exception as exc:  # noqa: BLE001 - handed to the parent, which raises it
-                reply = exc
-            pipe.send(reply)
-    finally:
-        await load.close()
+    async def _open(self) -> Load:
+        return Load(self._args)
+
+    def __call__(self, kind: str, *params: float, start: Callable[[], None]) -> object:
+        return self._loop.run_until_complete(self._phase(kind, params, start))
+
+    async def _phase(self, kind: str, params: tuple, start: Callable[[], None]) -> object:
+        args, offset = self._args, self._index * STRIDE
+        if kind == "closed":
+            first, seconds = params
+            await asyncio.to_thread(start)
+            return await closed_loop(self._load, self._base, first + offset, seconds, args.concurrency)
+        first, rate, seconds, recovery_first = params
+        images = _open_images(self._base, first + offset, rate, seconds)
+        await asyncio.to_thread(start)
+        return await _open_then_recover(  # an independent Poisson stream per process
+            self._load, self._base, images, args, rate, seconds, args.seed + self._index, recovery_first + offset
+        )
+
+    def close(self) -> None:
+        self._loop.run_until_complete(self._load.close())
+        self._loop.close()
 
 
 def _open_images(base: list[bytes], first: int, rate: float, seconds: float) -> list[bytes]:

@@ -73,16 +73,19 @@ def test_burst_against_the_tiny_server_writes_a_full_record(tiny_server, tmp_pat
 
 def test_client_processes_share_the_requests_on_one_time_axis(tiny_server, tmp_path: Path) -> None:
     out = tmp_path / "serve.json"
-    argv = ["--target", tiny_server.grpc_target, "--transport", "serialized", "--requests", "6", "--clients", "2",
-            "--concurrency", "1", "--warmup", "1", "--json", str(out), "--json-raw", *SMALL]  # fmt: skip
+    argv = ["--target", tiny_server.grpc_target, "--transport", "serialized", "--requests", "7", "--clients", "2",
+            "--concurrency", "1", "--rounds", "2", "--warmup", "1", "--json", str(out), "--json-raw",
+            *SMALL]  # fmt: skip
     assert serve.main(argv) == 0
     record = json.loads(out.read_text())
     (run,) = record["runs"]
     assert record["workload"]["clients"] == 2
-    assert run["completed"] == 6 and run["failed"] == 0
-    assert {r["index"] for r in run["requests"]} == set(range(6))  # every request once, from either process
-    starts = [r["start_ms"] for r in run["requests"]]
-    assert min(starts) >= 0 and max(starts) < run["wall_s"] * 1000  # one clock: all inside the pooled wall
+    assert run["completed"] == 14 and run["failed"] == 0 and len(run["rounds"]) == 2  # the same processes, twice
+    for r, pooled in enumerate(run["rounds"]):
+        mine = [q for q in run["requests"] if q["round"] == r]
+        assert sorted(q["index"] for q in mine) == list(range(7))  # every request once, from either process
+        wall_ms = 7 / pooled["throughput_rps"] * 1000
+        assert min(q["start_ms"] for q in mine) >= 0 and max(q["start_ms"] for q in mine) < wall_ms  # one clock
 
 
 def test_rate_mode_stops_by_its_deadline(tiny_server, tmp_path: Path) -> None:
