@@ -1,8 +1,8 @@
 """Batched JPEG decode on a CUDA device with nvImageCodec (the `nvidia-nvimgcodec-cu13` wheel, optional).
 
-nvJPEG's interpolated chroma upsampling (`fancy_upsampling`) is what keeps the pixels within one level of
-libjpeg's, which Pillow uses (docs/benchmarks/preprocess.md); torchvision's nvJPEG decode is up to 120 levels
-off. Only GPU backends: nvImageCodec's CPU fallback would decode untrusted bytes inside the server process,
+nvJPEG's interpolated chroma upsampling (`fancy_upsampling`) is what keeps the pixels close to libjpeg's, which
+Pillow uses (at most 3 levels in rare pixels, docs/benchmarks/preprocess.md); torchvision's nvJPEG decode is up to
+120 levels off. Only GPU backends: nvImageCodec's CPU fallback would decode untrusted bytes inside the server process,
 which the isolated decode workers exist to avoid. Any failure is per image and means "decode it on the CPU".
 """
 

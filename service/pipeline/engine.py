@@ -132,7 +132,7 @@ class Engine:
                 model=encoder.config.name, model_path=None, dtype=str(encoder.dtype), device_type=encoder.device.type,
                 preprocess=self.preprocess, exif=config.media.apply_exif_orientation,
             )  # fmt: skip
-        if self.decode.gpu is not None:  # GPU-decoded JPEGs are within a level of the CPU's, not bit-equal
+        if self.decode.gpu is not None:  # GPU-decoded JPEGs differ from the CPU's in rare pixels
             context += "|jpeg=gpu"
         keys = CacheKeys(config.cache.hash, context)
         return EmbeddingCache(config.cache, keys, self.admission, self.delivery, self._encode_uncached)
