@@ -21,6 +21,7 @@ from service.frontends.grpc_observe import ObserveInterceptor, note_access
 from service.frontends.grpc_video import VideoServicerMixin
 from service.frontends.replies import (
     headers_reply,
+    in_pool,
     ipc_reply,
     serialized_payloads,
     serialized_reply,
@@ -96,7 +97,7 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
             request_id, results = await self._run(request, context)
             if request.headers_only:
                 return headers_reply(request_id, results)
-            if results and results[0].descriptor is not None:
+            if in_pool(results):
                 assert self._engine.pool is not None
                 return ipc_reply(request_id, results, self._engine.pool.identity)
             payloads = await self._serialize(results)

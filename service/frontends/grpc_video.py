@@ -10,6 +10,7 @@ import grpc
 
 from mmproc.errors import InvalidRequestError, Reason
 from mmproc.v1 import encoder_pb2 as pb
+from service.frontends.replies import in_pool
 from service.frontends.replies_video import all_chunks, ipc_video_reply, serialized_video_reply, video_items
 from service.pipeline.video_engine import VideoService
 
@@ -40,7 +41,7 @@ class VideoServicerMixin:
                 readers=request.readers if request.HasField("readers") else 1,
             )
             chunks = all_chunks(videos)
-            if chunks and chunks[0].descriptor is not None:
+            if in_pool(chunks):
                 return ipc_video_reply(request_id, videos, engine.pool.identity)
             payloads = await self._serialize(chunks)
             size = sum(len(p) for p in payloads)

@@ -82,6 +82,11 @@ def stream_response_serializer(message: bytes | pb.EncodeImagesChunk) -> bytes:
     return message if isinstance(message, bytes) else message.SerializeToString()
 
 
+def in_pool(results: list[EncodedImage]) -> bool:
+    """Whether the engine delivered into a pool lease: it picks one destination per request, so the first says."""
+    return bool(results) and results[0].descriptor is not None
+
+
 def ipc_reply(request_id: str, results: list[EncodedImage], pool: PoolIdentity) -> pb.EncodeImagesResponse:
     """Descriptors only: the embeddings stay in the pool, the consumer (or each of its readers) reads them there."""
     reply = pb.EncodeImagesResponse(request_id=request_id, transport=pb.TRANSPORT_IPC)
