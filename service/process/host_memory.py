@@ -69,7 +69,7 @@ def limit_malloc_arenas(arena_max: int) -> bool:
         return False
     applied = mallopt(_M_ARENA_MAX, min(arena_max, _INT_MAX)) == 1
     if applied:
-        logger.info("host allocator: at most %d malloc arenas", arena_max)
+        logger.info("host allocator: malloc arenas capped at %d", arena_max)
     else:
         logger.warning("mallopt refused an arena limit of %d: glibc's default kept", arena_max)
     return applied
