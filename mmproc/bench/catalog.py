@@ -24,6 +24,7 @@ CHECKOUT = {
     "ipc_steps": "ipc_steps",
     "gpu_preprocess": "gpu_preprocess",
     "cache": "cache",
+    "malloc_arenas": "malloc_arenas",
 }
 BENCHMARKS = (
     "encoder",
@@ -37,6 +38,7 @@ BENCHMARKS = (
     "ipc_steps",
     "gpu_preprocess",
     "cache",
+    "malloc_arenas",
 )
 
 

@@ -34,7 +34,7 @@ from service.pipeline.ipc_setup import setup_ipc
 from service.pipeline.state import ServingState
 from service.pipeline.video_engine import build_video_service
 from service.process import configs
-from service.process.host_memory import reuse_freed_host_memory, set_torch_threads
+from service.process.host_memory import limit_malloc_arenas, reuse_freed_host_memory, set_torch_threads
 from service.process.loop_lag import watch_loop_lag
 from service.process.metrics import Metrics
 from service.process.settings import ServerSettings
@@ -312,7 +312,9 @@ class Service:
 
 
 async def serve(settings: ServerSettings) -> int:
-    reuse_freed_host_memory(settings.host_malloc_reuse_mb * MiB)  # process-wide: only the serving process does it
+    # Process-wide, so only the serving process does it; before any thread pool starts (glibc fixes the arena limit then).
+    limit_malloc_arenas(settings.malloc_arena_max)
+    reuse_freed_host_memory(settings.host_malloc_reuse_mb * MiB)
     set_torch_threads(settings.torch_threads)
     check_model_before_binding(settings)
     service = Service(settings)

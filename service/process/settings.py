@@ -143,6 +143,13 @@ class ServerSettings(BaseSettings):
         le=2047,
         description="Freed host memory kept for the next reply instead of returned (glibc); 0: glibc's",
     )
+    malloc_arena_max: int = Field(
+        1,
+        ge=0,
+        le=1024,
+        description="Most glibc malloc arenas, each keeping its own freed memory (threads beyond share); "
+        "0: glibc's, 8 per core",
+    )
     torch_threads: int = Field(
         0,
         ge=0,
