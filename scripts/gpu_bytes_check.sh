@@ -21,25 +21,7 @@ python3 -m pytest -q -rs -p no:cacheprovider -m cuda tests/model/test_gpu.py 2>&
 # The encoder alone on the same images (its capacity for the e2e figures below)
 python3 -m mmproc.bench.forward --workloads 512x4 512x32 --no-baseline --reps 5 --warmup 2 2>&1 | grep -E "512x"
 
-tree_cpu() {  # CPU seconds (user + system) of a process and all its descendants
-  python3 - "$1" <<'PY'
-import os, sys
-root, tick = int(sys.argv[1]), os.sysconf("SC_CLK_TCK")
-stats = {}
-for pid in filter(str.isdigit, os.listdir("/proc")):
-    try:
-        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    except OSError:
-        continue
-    stats[int(pid)] = (int(fields[1]), int(fields[11]) + int(fields[12]))  # ppid, utime + stime
-tree, grew = {root}, True
-while grew:
-    new = {p for p, (ppid, _) in stats.items() if ppid in tree} - tree
-    tree |= new
-    grew = bool(new)
-print(sum(stats[p][1] for p in tree if p in stats) / tick)
-PY
-}
+tree_cpu() { python3 scripts/tree_cpu_seconds.py "$1"; }  # the server and its decode workers
 
 for side in on off; do
   flag=--gpu-preprocess; [ "$side" = off ] && flag=--no-gpu-preprocess

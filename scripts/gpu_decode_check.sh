@@ -17,19 +17,7 @@ export PYTHONPATH=".:/tmp/site"
 echo "# gpu_decode_check $(date -u +%Y-%m-%dT%H:%M:%SZ) commit=${MMPROC_COMMIT:-unknown}" | tee "$OUT/decode_tests.log"
 timeout 240 python3 -m pytest -q -rs -s -p no:cacheprovider tests/service/test_gpu_decode.py tests/preprocess/test_device.py \
   tests/runner/test_batching.py 2>&1 | tee -a "$OUT/decode_tests.log" | tail -6
-cpu() { python3 -c "
-import os, sys
-tick, root, stats = os.sysconf('SC_CLK_TCK'), int(sys.argv[1]), {}
-for pid in filter(str.isdigit, os.listdir('/proc')):
-    try: f = open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()
-    except OSError: continue
-    stats[int(pid)] = (int(f[1]), int(f[11]) + int(f[12]))
-tree = {root}
-while True:
-    new = {p for p, (pp, _) in stats.items() if pp in tree} - tree
-    if not new: break
-    tree |= new
-print(sum(stats[p][1] for p in tree) / tick)" $1; }
+cpu() { python3 scripts/tree_cpu_seconds.py "$1"; }
 common=(--target 127.0.0.1:$PORT --device cuda:0 --format jpeg --transport ipc --quiet)
 # BASELINE=DIR: also a server from an older tree (`git archive COMMIT mmproc service | tar -x -C DIR`), same client.
 for mode in on off ${BASELINE:+baseline}; do

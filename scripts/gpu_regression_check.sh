@@ -23,19 +23,7 @@ for _ in $(seq 300); do python3 -m service.process.cli health --target 127.0.0.1
 common=(--target 127.0.0.1:$PORT --device cuda:0 --format jpeg --transport ipc --quiet)
 python3 -m mmproc.bench.serve "${common[@]}" --images-per-request 4 --resolutions 512x512 --requests 40 --warmup 0 \
   --concurrency 8 > /dev/null 2>&1
-cpu() { python3 -c "
-import os, sys
-tick, root, stats = os.sysconf('SC_CLK_TCK'), int(sys.argv[1]), {}
-for pid in filter(str.isdigit, os.listdir('/proc')):
-    try: f = open(f'/proc/{pid}/stat').read().rsplit(')', 1)[1].split()
-    except OSError: continue
-    stats[int(pid)] = (int(f[1]), int(f[11]) + int(f[12]))
-tree = {root}
-while True:
-    new = {p for p, (pp, _) in stats.items() if pp in tree} - tree
-    if not new: break
-    tree |= new
-print(sum(stats[p][1] for p in tree) / tick)" $1; }
+cpu() { python3 scripts/tree_cpu_seconds.py "$1"; }
 before=$(cpu $server)
 python3 -m mmproc.bench.serve "${common[@]}" --images-per-request 4 --resolutions 512x512 --requests 600 --warmup 16 \
   --concurrency 8 --json "$OUT/serve_4x512.json" 2>&1 | grep -E "images/s|latency p50"
