@@ -113,7 +113,13 @@ async def decode_split(
     if on_gpu:
         if deadline is not None and time.monotonic() >= deadline:
             raise DeadlineExceededError("deadline passed before the images were decoded")
-        decoded = await gpu.decode([images[i] for i in on_gpu], [gated[i] for i in on_gpu])
+        try:
+            decoded = await gpu.decode([images[i] for i in on_gpu], [gated[i] for i in on_gpu])
+        except Exception:  # noqa: BLE001 - the device failed the batch (out of memory, say): the workers decode it
+            logger.warning(
+                "GPU JPEG decode failed for a batch of %d; decoding it on the CPU", len(on_gpu), exc_info=True
+            )
+            decoded = [None] * len(on_gpu)
         results = {i: p for i, p in zip(on_gpu, decoded, strict=True) if p is not None}
     on_cpu = [i for i in range(first_bad) if i not in results]
     failed = len(on_gpu) - len(results)

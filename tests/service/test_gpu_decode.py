@@ -5,16 +5,22 @@ JPEGs costing their own image a 400, never the process its CUDA context. CUDA te
 
 from __future__ import annotations
 
+import asyncio
 import io
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
+from prometheus_client import CollectorRegistry, Counter
 
 from mmproc.client import EncoderClient
 from mmproc.errors import ConfigError, InvalidMediaError
 from mmproc.media import MediaLimits, decode_image
+from mmproc.media.gpu_jpeg import gpu_jpeg
+from mmproc.preprocess import PreprocessConfig
+from service.pipeline.decode_worker import prepare_image
+from service.pipeline.gpu_decode import decode_split
 from service.process.app import build_engine
 from tests.media.test_gpu_jpeg import _garbled
 from tests.support.corpus import build_corpus
@@ -169,3 +175,23 @@ def test_decode_image_agrees_on_the_gpu_kinds() -> None:
     """The fixtures above are what they say: each GPU kind decodes on the CPU at its stated orientation."""
     assert decode_image(GPU_KINDS["exif 6"], MediaLimits()).image.size == (64, 120)
     assert Image.open(io.BytesIO(CPU_KINDS["cmyk"])).mode == "CMYK"
+
+
+def test_a_failed_gpu_batch_falls_back_to_the_workers() -> None:
+    """A GPU decoder that raises (out of device memory, say) costs its images a trip to the workers, not a 500."""
+
+    class BrokenGpu:
+        async def gate(self, images):
+            return [gpu_jpeg(data, MediaLimits()) for data in images]
+
+        async def decode(self, images, gated):
+            raise RuntimeError("CUDA out of memory")
+
+    async def cpu_path(images, deadline):
+        return [prepare_image(data, MediaLimits(), PreprocessConfig.kimi_k25(), normalize=False) for data in images]
+
+    paths = Counter("decoded", "", ["path"], registry=CollectorRegistry())
+    images = [GPU_KINDS["4:2:0"], CPU_KINDS["png"]]
+    got = asyncio.run(decode_split(BrokenGpu(), images, cpu_path, None, paths))
+    assert [p.image.grid_hw for p in got] == [cpu.image.grid_hw for cpu in asyncio.run(cpu_path(images, None))]
+    assert paths.labels("fallback")._value.get() == 1 and paths.labels("cpu")._value.get() == 1
