@@ -43,12 +43,11 @@ def gpu_jpeg(data: bytes, limits: MediaLimits) -> GpuJpeg | None:
     if sniff_format(data) != JPEG:
         return None
     fmt, image = read_header(data, limits)
+    data = bytes(data)  # bytearray / memoryview (after the size check): the segment walk slices bytes
     with image:
-        if image.mode not in ("L", "RGB") or image.info.get("adobe_transform") == 0:
-            return None
         orientation = read_orientation(image) if limits.apply_exif_orientation else 1
         size = image.size
-    if looks_truncated(fmt, bytes(data)) or not _plain(bytes(data)):
+    if looks_truncated(fmt, data) or not _plain(data):  # also what Pillow's mode would say: CMYK, Adobe RGB
         return None
     return GpuJpeg(size, orientation)
 

@@ -30,7 +30,6 @@ class NvJpegDecoder:
             ) from exc
         gpu_backends = [nvimgcodec.Backend(kind) for kind in (nvimgcodec.BackendKind.GPU_ONLY,
                                                               nvimgcodec.BackendKind.HYBRID_CPU_GPU)]  # fmt: skip
-        self._codec = nvimgcodec
         self._decoder = nvimgcodec.Decoder(
             device_id=device.index or 0,
             max_num_cpu_threads=cpu_threads,

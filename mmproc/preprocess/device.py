@@ -30,7 +30,7 @@ def _cpu_lut(cfg: PreprocessConfig) -> Tensor:
 def _device_lut(cfg: PreprocessConfig, device: torch.device) -> Tensor:
     """The family's normalization table on `device`, copied there once per config (not once per image)."""
     with torch.inference_mode(False):
-        return torch.from_numpy(RULES[cfg.family].lut(cfg)).to(device)
+        return _cpu_lut(cfg).to(device)
 
 
 def preprocess_tensor(rgb: Tensor, cfg: PreprocessConfig, normalize: bool = True) -> PreprocessedImage:
