@@ -58,6 +58,7 @@ from service.pipeline.decode_transfer import Shipped, make_transfer_dir, remove_
 from service.pipeline.decode_video_worker import ShippedVideo
 from service.pipeline.decode_worker import Prepared, init_worker, run_task, warm_up
 from service.pipeline.fair_share import FairShare
+from service.pipeline.wait_clock import WaitClock
 from service.process.logs import REQUEST_ID
 
 logger = logging.getLogger(__name__)
@@ -92,6 +93,9 @@ class DecodePool:
         self.quarantine_crashes = 0  # of those, the ones that killed their lone worker too (refused undecodable)
         self.retired = 0  # process executors replaced after an image ran out of its time budget
         self._share = FairShare(config.workers)
+        # Requests waiting for their first worker slot: what a request arriving now waits for one (slots go round
+        # robin by request, so a big request's later images say nothing of it). For overload control.
+        self.waits = WaitClock()
         self._request_keys = itertools.count()
         self._transfer_dir: str | None = None  # made on first use: an engine never started leaves nothing
         if config.isolation == "thread":
@@ -161,18 +165,21 @@ class DecodePool:
 
     async def _prepare_many(self, jobs: Sequence, deadline: float | None, what: str) -> list:
         key = next(self._request_keys)  # this request's turn in the fair share
-        tasks = [asyncio.ensure_future(self._prepare_one(job, key, deadline)) for job in jobs]
+        token = self.waits.enter()
+        tasks = [asyncio.ensure_future(self._prepare_one(job, key, deadline, token)) for job in jobs]
         try:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
             return await asyncio.wait_for(_first_error_in_order(tasks), timeout)
         except asyncio.TimeoutError:
             raise DeadlineExceededError(f"deadline passed while decoding the {what}") from None
         finally:
+            self.waits.leave(token)
             for task in tasks:
                 task.cancel()
 
-    async def _prepare_one(self, job: _ImageJob | VideoJob, key: object, deadline: float | None = None):
+    async def _prepare_one(self, job: _ImageJob | VideoJob, key: object, deadline: float | None, waiting: int):
         await self._share.acquire(key)
+        self.waits.leave(waiting)  # the request has a slot: no longer waiting for its first
         future: Future | None = None
         try:
             if deadline is not None and time.monotonic() >= deadline:  # before its decode: nobody would wait

@@ -79,7 +79,7 @@ class Engine:
         )
         patch_bytes = 3 * preprocess.patch_size**2 * 4  # float32 patches, as decode workers ship them
         self.overload = OverloadGuard(
-            replace(config.overload, bytes_per_patch=patch_bytes), queue_wait=runner.oldest_wait_s
+            replace(config.overload, bytes_per_patch=patch_bytes), queue_wait=self._sojourn_s
         )
         self.admission = Admission(
             config.request, config.inflight, preprocess, self.overload,
@@ -103,6 +103,15 @@ class Engine:
             estimated_wait=self.overload.ahead_s,
             worker_pids=lambda: self.decode.pool.worker_pids(),
         )
+
+    def _sojourn_s(self) -> float:
+        """How long a request arriving now waits before its forward, by the queues' oldest waiters: a decoder's
+        (the pool's worker slots or the GPU decoder's thread, whichever is longer), then the encoder's."""
+        decode = self.decode
+        waits = decode.pool.waits.oldest_s()
+        if decode.gpu is not None:
+            waits = max(waits, decode.gpu.waits.oldest_s())
+        return waits + self.run.runner.oldest_wait_s()
 
     def _gpu_decoder(self, mode: str, limits: MediaLimits, decode: DecodePoolConfig) -> GpuDecoder | None:
         """A GPU JPEG decoder when `mode` allows and this engine can use one (a CUDA encoder that takes uint8

@@ -1,9 +1,12 @@
 """Overload control: refuse at the door, in microseconds, what could not finish in time; bound what waits.
 
 A request is admitted only when the estimated time to finish it — the work already admitted ahead of it plus
-its own, at the service rate measured over the recent batches — fits its deadline, and while the encoder queue's
+its own, at the service rate measured over the recent batches — fits its deadline, and while the pipeline's
 measured sojourn time stays within `max_queue_delay_s` (CoDel's target delay applied at the door: one bound for
-every front end, so requests with a long deadline cannot fill the queue for those with a short one). Otherwise it gets
+every front end, so requests with a long deadline cannot fill the queue for those with a short one). The sojourn
+is the decoders' waiting room plus the encoder's queue, and the work ahead counts the requests still decoding by
+what their headers announce: a decode stage slower than the encoder (JPEGs decoded on a GPU the encoder keeps
+busy) is a queue too, and one the encoder's queue alone does not show. A request refused gets
 RESOURCE_EXHAUSTED / 429 with a retry-after of the time the excess takes to drain. The decoded pixels of admitted
 requests are bounded in bytes (`max_pending_bytes`): checked at the door against the headers, held (and checked
 again) once decoded. Why an admission estimate and FIFO, and the measurements: docs/reliability.md
@@ -90,24 +93,28 @@ class BatchCost:
 
 @dataclass
 class Ticket:
-    """What one admitted request holds until `OverloadGuard.release`."""
+    """What one admitted request holds until `OverloadGuard.release`: until decoded, the images it decodes and the
+    patches its headers announced; then its decoded patches and their bytes."""
 
     patches: int
     images: int
     pending_bytes: int
+    announced: int = 0
 
 
 class OverloadGuard:
     """Admission by estimated time-to-finish and the pending-bytes budget; all counters under one lock."""
 
     def __init__(self, config: OverloadConfig, queue_wait: Callable[[], float] = lambda: 0.0) -> None:
-        """queue_wait: the encoder queue's sojourn time now (how long its oldest image has waited)."""
+        """queue_wait: the pipeline's sojourn time now (how long a request arriving now would wait in the queues
+        before its forward, as measured by their oldest waiters)."""
         self.config = config
         self._queue_wait = queue_wait
         self.forward = BatchCost()  # measured after warm-up, on the runner thread
         self._lock = threading.Lock()
         self._patches = 0  # of admitted requests, not yet finished (decoding, queued or in a forward)
         self._decoding = 0  # images of admitted requests not yet decoded
+        self._announced = 0  # patches their headers announced
         self._pending_bytes = 0
         self._above_since: float | None = None  # when the queue's sojourn went above max_queue_delay_s
         self._below_since: float | None = None  # ... and back below it
@@ -117,10 +124,11 @@ class OverloadGuard:
         return self._pending_bytes
 
     def ahead_s(self) -> float:
-        """Seconds of encoder work admitted (decoded, not finished) before a request arriving now; 0 when idle or
-        before any measurement. Decoding is left out: images differ too much in decode cost for one rate, and
-        the decode pool runs alongside the encoder (its bound is the deadline check before each decode)."""
-        patches = self._patches
+        """Seconds of encoder work admitted and not finished before a request arriving now (decoded patches, and
+        what the headers of requests still decoding announced); 0 when idle or before any measurement. The decode
+        itself is left out: images differ too much in decode cost for one rate; a slow decode stage shows in the
+        measured sojourn (`queue_wait`)."""
+        patches = self._patches + self._announced
         return self.forward.seconds(patches, 1 + patches // max(1, self.batch_patches()))
 
     def batch_patches(self) -> int:
@@ -180,23 +188,29 @@ class OverloadGuard:
                 and waited > cfg.max_queue_delay_s
             ):
                 raise ResourceExhaustedError(
-                    f"overloaded: the encoder queue's oldest image has waited {waited * 1e3:.0f} ms, target "
+                    f"overloaded: requests wait {waited * 1e3:.0f} ms for the decoders and the encoder, target "
                     f"{cfg.max_queue_delay_s * 1e3:.0f} ms",
                     retry_after_s=max(MIN_RETRY_AFTER_S, ahead - cfg.max_queue_delay_s, waited - cfg.max_queue_delay_s),
                     cause="queue_delay",
                 )
-            # Until decoded, a request counts as decode work only: what its headers declare is refused often
-            # enough (bombs, liars, truncations) that counting it as encoder work would refuse honest requests.
+            # Until decoded, a request's encoder work is what its headers announce: a liar or a bomb is refused by
+            # its decode and gives its share back then, within milliseconds.
             self._decoding += images
-        return Ticket(0, images, 0)
+            self._announced += patches
+        return Ticket(0, images, 0, announced=patches)
+
+    def _leave_decode(self, ticket: Ticket) -> None:
+        """(under the lock) The ticket is decoded, failed or gone: it no longer counts as decoding."""
+        self._decoding -= ticket.images
+        self._announced -= ticket.announced
+        ticket.images = ticket.announced = 0
 
     def decoded(self, ticket: Ticket, patches: int, nbytes: int) -> None:
         """The request's images are decoded: from now on it holds `nbytes` of pixels and `patches` of encoder
         work. ResourceExhaustedError (cause "pending_bytes") when those bytes would pass the bound."""
         cfg = self.config
         with self._lock:
-            self._decoding -= ticket.images
-            ticket.images = 0
+            self._leave_decode(ticket)
             if self._pending_bytes and self._pending_bytes + nbytes > cfg.max_pending_bytes:
                 raise ResourceExhaustedError(
                     f"decoded images waiting for the encoder are at their bound ({self._pending_bytes} + {nbytes} "
@@ -211,7 +225,7 @@ class OverloadGuard:
     def release(self, ticket: Ticket) -> None:
         """The request is done, failed or gone: its share of the work and of the bytes is returned at once."""
         with self._lock:
-            self._decoding -= ticket.images
+            self._leave_decode(ticket)
             self._patches -= ticket.patches
             self._pending_bytes -= ticket.pending_bytes
             ticket.images = ticket.patches = ticket.pending_bytes = 0

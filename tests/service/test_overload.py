@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import concurrent.futures
 import logging
 import re
 import time
@@ -20,11 +21,18 @@ import pytest
 
 from mmproc.bench import serve_open as bench
 from mmproc.bench.images import ImageSpec, generate_requests
+from mmproc.client import EncoderClient
 from mmproc.errors import ResourceExhaustedError
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from service.frontends.error_mapping import map_error, to_grpc_status
+from service.pipeline.decode_pool import DecodePool
 from service.pipeline.overload import BatchCost, OverloadConfig, OverloadGuard
+from service.pipeline.wait_clock import WaitClock
+from service.process.app import build_engine
+from service.process.configs import decode_config
+from tests.support.common import wait_until
+from tests.support.decode_faults import SLOW, misbehaving_task
 from tests.support.media_samples import encode_image, random_image
 from tests.support.server import ServiceThread, serving, test_settings
 
@@ -48,7 +56,8 @@ def test_guard_refuses_by_time_to_finish_and_by_bytes_and_returns_both_on_releas
     burst = guard.admit(10, 1, deadline=now + 60, now=now)  # a burst is let in for the interval
     with pytest.raises(ResourceExhaustedError) as slow:
         guard.admit(10, 1, deadline=now + 60, now=now + 0.2)  # still above the target: refused, whatever its deadline
-    assert slow.value.cause == "queue_delay" and slow.value.retry_after_s == pytest.approx(0.1)
+    # retry-after: what is ahead past the target, 1.1 s decoded + the burst's 10 announced patches still decoding
+    assert slow.value.cause == "queue_delay" and slow.value.retry_after_s == pytest.approx(0.11)
     with pytest.raises(ResourceExhaustedError) as full:
         guard.admit(100, 1, deadline=None, now=now)  # (400 + 700 + 100) patches x 10 B > 11 500 B
     assert full.value.cause == "pending_bytes"
@@ -60,6 +69,70 @@ def test_guard_refuses_by_time_to_finish_and_by_bytes_and_returns_both_on_releas
         guard.release(ticket)
     assert guard.pending_bytes == 0 and guard.ahead_s() == 0
     guard.admit(900, 1, deadline=now + 60, now=now)
+
+
+def test_requests_still_decoding_count_as_work_ahead_by_what_their_headers_announce() -> None:
+    guard = OverloadGuard(OverloadConfig(max_pending_bytes=1 << 30, bytes_per_patch=10))
+    guard.forward.observe(1.0, 1000)  # 1 ms a patch
+    now = 100.0
+    decoding = guard.admit(600, 2, deadline=now + 60, now=now)  # its headers announce 600 patches
+    assert guard.ahead_s() == pytest.approx(0.6)
+    with pytest.raises(ResourceExhaustedError) as late:
+        guard.admit(100, 1, deadline=now + 0.5, now=now)  # 0.6 s decoding ahead + 0.1 s own > 0.5 s left
+    assert late.value.cause == "deadline"
+    guard.decoded(decoding, 500, 5000)  # decoding found 500: that is the work now
+    assert guard.ahead_s() == pytest.approx(0.5)
+    guard.release(decoding)
+    liar = guard.admit(5000, 1, deadline=None, now=now)
+    guard.release(liar)  # refused by its decode: its announced share goes at once
+    assert guard.ahead_s() == 0
+
+
+def test_a_wait_clock_reports_its_oldest_waiter() -> None:
+    clock = WaitClock()
+    assert clock.oldest_s() == 0
+    first = clock.enter()
+    time.sleep(0.05)
+    second = clock.enter()
+    assert clock.oldest_s() >= 0.05
+    clock.leave(first)
+    assert clock.oldest_s() < 0.05
+    clock.leave(second)
+    clock.leave(second)  # twice: harmless
+    assert clock.oldest_s() == 0
+
+
+def slow_decoding_engine(settings, metrics):
+    """The normal engine, each decode taking 0.2 s more (tests/support/decode_faults.py SLOW) on one worker."""
+    engine = build_engine(settings, metrics)
+    engine.decode.pool.close()
+    engine.decode.pool = DecodePool(
+        engine.media_limits, engine.preprocess, decode_config(settings), task=misbehaving_task
+    )
+    return engine
+
+
+def test_a_queue_in_front_of_the_decoders_is_refused_like_one_in_front_of_the_encoder() -> None:
+    # One worker, 0.2 s an image: ten requests sent at once wait up to 2 s for the decoder while the encoder's
+    # own queue stays empty. With a 300 ms target, new requests are refused for the delay (whatever their
+    # deadline) once the decoders' waiting room has stood above it, and the service recovers when it drains.
+    settings = test_settings(preprocess_workers=1, max_queue_delay_ms=300, cache_mb=0)
+    slow = SLOW + encode_image(random_image(64, 64, seed=5), "PNG")
+    with serving(settings, engine_factory=slow_decoding_engine) as server, EncoderClient(server.grpc_target) as client:
+        with concurrent.futures.ThreadPoolExecutor(10) as pool:
+            queued = [pool.submit(client.encode_images, [slow]) for _ in range(10)]
+            time.sleep(0.5)
+            assert server.service.engine.queued_images == 0  # nothing waits for the encoder itself
+            with pytest.raises(ResourceExhaustedError, match="for the decoders and the encoder"):
+                for _ in range(2):  # CoDel lets the first request over the target in (a burst), not the next
+                    pool.submit(client.encode_images, [slow])
+                    time.sleep(0.15)
+                client.encode_images([slow])
+            outcomes = Counter(type(f.exception(30)).__name__ for f in queued)
+        assert outcomes["NoneType"] >= 3, outcomes  # what was admitted before the room filled up is served
+        assert set(outcomes) <= {"NoneType", "ResourceExhaustedError"}, outcomes
+        wait_until(lambda: server.service.engine.idle, 10)
+        assert len(client.encode_images([slow])) == 1
 
 
 def test_batch_cost_separates_the_fixed_cost_of_a_forward_from_its_patches() -> None:
