@@ -3,19 +3,19 @@
 For each request: headers checked on the CPU (`mmproc.media.gpu_jpeg`: every refusal the CPU path makes before
 decoding, same reason), the JPEGs that qualify decoded in one nvImageCodec batch, oriented, resized and cut into
 uint8 patches on the device; what does not qualify, and any image the GPU could not decode, goes to the decode
-pool, which decodes it or refuses it as before. One thread owns the decoder and its CUDA stream, so the event
-loop never waits on the GPU and the decoder is never used by two threads at once.
+pool, which decodes it or refuses it as before. One thread owns the decoder and its CUDA stream (a high-priority
+one), so the event loop never waits on the GPU and the decoder is never used by two threads at once; requests
+that queue while it works are decoded together in its next batch (service/pipeline/batch_thread.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextvars
 import io
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 import torch
 from PIL import Image
@@ -27,26 +27,56 @@ from mmproc.media.limits import MediaLimits
 from mmproc.media.nvjpeg import NvJpegDecoder
 from mmproc.preprocess import PreprocessConfig
 from mmproc.preprocess.device import preprocess_tensor
+from service.pipeline.batch_thread import BatchThread
 from service.pipeline.decode_worker import Prepared
+from service.pipeline.wait_clock import WaitClock
 
 logger = logging.getLogger(__name__)
 
 HUFFMAN_THREADS = 4  # host threads nvJPEG's hybrid backend may use for a batch's entropy decoding
+MAX_BATCH_IMAGES = 64  # images of the requests queued together that one device round trip decodes
 Gated = GpuJpeg | InvalidMediaError | None  # for the GPU / refused before decoding / for the CPU path
 
 
+@dataclass
+class GpuRequest:
+    """One request's images, its deadline, and the context its log lines keep (the request id)."""
+
+    images: list[bytes]
+    deadline: float | None
+    context: contextvars.Context = field(default_factory=contextvars.copy_context)
+
+
+@dataclass
+class GpuResult:
+    """Each image's gate verdict, and what the GPU made of those decoded there (None: it could not: the CPU
+    path's turn). `expired`: the deadline passed before the decode, nothing was decoded."""
+
+    gated: list[Gated]
+    decoded: dict[int, Prepared | None]
+    expired: bool = False
+
+
 class GpuDecoder:
-    """Header checks and batched decode + preprocessing of one request's JPEGs on `device` (see module doc)."""
+    """Header checks and batched decode + preprocessing of JPEGs on `device` (see module doc). Requests queued
+    while the device is busy are decoded together, in one nvImageCodec batch and one wait on the device."""
 
     def __init__(self, limits: MediaLimits, preprocess: PreprocessConfig, device: torch.device) -> None:
         self.limits, self.preprocess, self.device = limits, preprocess, device
         self.decoder = NvJpegDecoder(device, HUFFMAN_THREADS)
-        self._stream = torch.cuda.Stream(device)
+        # High priority: the encoder keeps the GPU busy, and a decode waiting behind its kernels holds up every
+        # request of the batch (and those queued behind it) for what is a few milliseconds of device work.
+        self._stream = torch.cuda.Stream(device, priority=-1)
         self._done = torch.cuda.Event(blocking=True)  # a host wait that sleeps instead of spinning a core
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="mmproc-gpu-decode")
+        self._batches = BatchThread(self._run_batch, MAX_BATCH_IMAGES, "mmproc-gpu-decode")
+
+    @property
+    def waits(self) -> WaitClock:
+        """Requests queued for the decoder: the GPU decode stage's queue, for overload control."""
+        return self._batches.waits
 
     def warm_up(self) -> None:
-        """One decode, so that the first request pays no nvJPEG set-up."""
+        """One decode, so that the first request pays no nvJPEG set-up. Before serving: no request runs yet."""
         buffer = io.BytesIO()
         Image.new("RGB", (64, 64), (127, 127, 127)).save(buffer, "JPEG")
         data = buffer.getvalue()
@@ -54,26 +84,14 @@ class GpuDecoder:
             raise RuntimeError("GPU JPEG decode failed on a plain JPEG at start-up")
 
     def close(self) -> None:
-        self._thread.shutdown(wait=True, cancel_futures=True)
+        self._batches.close()
 
-    async def gate(self, images: list[bytes]) -> list[Gated]:
-        return await self._in_thread(self._gate_all, images)
+    async def decode(self, images: list[bytes], deadline: float | None) -> GpuResult:
+        return await self._batches.submit(GpuRequest(images, deadline), len(images))
 
-    async def decode(self, images: list[bytes], gated: list[GpuJpeg]) -> list[Prepared | None]:
-        return await self._in_thread(self._decode_all, images, gated)
-
-    async def _in_thread(self, fn, *args):
-        run = contextvars.copy_context().run  # log lines keep the request id
-        return await asyncio.get_running_loop().run_in_executor(self._thread, run, fn, *args)
-
-    def _gate_all(self, images: list[bytes]) -> list[Gated]:
-        out: list[Gated] = []
-        for data in images:
-            try:
-                out.append(gpu_jpeg(data, self.limits))
-            except InvalidMediaError as exc:
-                out.append(exc)
-        return out
+    def _run_batch(self, requests: list[GpuRequest]) -> list[GpuResult]:
+        """(decode thread) Gate every request, then decode the JPEGs of those still in time in one batch."""
+        return run_batch(requests, self.limits, self._decode_all)
 
     def _decode_all(self, images: list[bytes], gated: list[GpuJpeg]) -> list[Prepared | None]:
         """(decode thread) Decode, orient and preprocess on the side stream; return once the device is done."""
@@ -97,6 +115,45 @@ class GpuDecoder:
                                                preprocess_s=(finished - decoded_at) * share) for p in out]  # fmt: skip
 
 
+Decode = Callable[[list[bytes], list[GpuJpeg]], list["Prepared | None"]]
+
+
+def gate_all(images: list[bytes], limits: MediaLimits) -> list[Gated]:
+    out: list[Gated] = []
+    for data in images:
+        try:
+            out.append(gpu_jpeg(data, limits))
+        except InvalidMediaError as exc:
+            out.append(exc)
+    return out
+
+
+def run_batch(requests: list[GpuRequest], limits: MediaLimits, decode: Decode) -> list[GpuResult]:
+    """Each request's headers checked (under its own log context); the JPEGs before its first refused image, of
+    the requests whose deadline has not passed, decoded in one `decode` call. A call that raises (the device out
+    of memory, say) leaves every image to the CPU path, with one WARNING, never a 500."""
+    results: list[GpuResult] = []
+    wanted: list[tuple[int, int]] = []  # (request, image) for the batch
+    now = time.monotonic()
+    for r, request in enumerate(requests):
+        gated = request.context.run(gate_all, request.images, limits)
+        first_bad = next((i for i, g in enumerate(gated) if isinstance(g, InvalidMediaError)), len(gated))
+        expired = request.deadline is not None and now >= request.deadline
+        results.append(GpuResult(gated, {}, expired))
+        if not expired:
+            wanted += [(r, i) for i in range(first_bad) if isinstance(gated[i], GpuJpeg)]
+    if not wanted:
+        return results
+    try:
+        decoded = decode([requests[r].images[i] for r, i in wanted], [results[r].gated[i] for r, i in wanted])
+    except Exception:  # noqa: BLE001 - the device failed the batch: the workers decode it
+        logger.warning("GPU JPEG decode failed for a batch of %d; decoding it on the CPU", len(wanted), exc_info=True)
+        decoded = [None] * len(wanted)
+    for (r, i), prepared in zip(wanted, decoded, strict=True):
+        results[r].decoded[i] = prepared
+    return results
+
+
 CpuPath = Callable[[list[bytes], float | None], Awaitable[list[Prepared]]]
 
 
@@ -106,23 +163,14 @@ async def decode_split(
     """Every image of one request, in order: qualifying JPEGs on the GPU, the others (and GPU failures) through
     `cpu_path` (the decode pool's `prepare_all`); the lowest-indexed refusal is raised, as the pool alone would.
     `paths` counts the images by where they were decoded: gpu, fallback (the GPU failed them), cpu."""
-    gated = await gpu.gate(images)
+    result = await gpu.decode(images, deadline)
+    if result.expired:
+        raise DeadlineExceededError("deadline passed before the images were decoded")
+    gated = result.gated
     first_bad = next((i for i, g in enumerate(gated) if isinstance(g, InvalidMediaError)), len(images))
-    results: dict[int, Prepared] = {}
-    on_gpu = [i for i in range(first_bad) if isinstance(gated[i], GpuJpeg)]
-    if on_gpu:
-        if deadline is not None and time.monotonic() >= deadline:
-            raise DeadlineExceededError("deadline passed before the images were decoded")
-        try:
-            decoded = await gpu.decode([images[i] for i in on_gpu], [gated[i] for i in on_gpu])
-        except Exception:  # noqa: BLE001 - the device failed the batch (out of memory, say): the workers decode it
-            logger.warning(
-                "GPU JPEG decode failed for a batch of %d; decoding it on the CPU", len(on_gpu), exc_info=True
-            )
-            decoded = [None] * len(on_gpu)
-        results = {i: p for i, p in zip(on_gpu, decoded, strict=True) if p is not None}
+    results = {i: p for i, p in result.decoded.items() if p is not None}
     on_cpu = [i for i in range(first_bad) if i not in results]
-    failed = len(on_gpu) - len(results)
+    failed = len(result.decoded) - len(results)
     paths.labels("gpu").inc(len(results))
     paths.labels("fallback").inc(failed)
     paths.labels("cpu").inc(len(on_cpu) - failed)

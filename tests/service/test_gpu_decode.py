@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import time
 
 import numpy as np
 import pytest
@@ -17,10 +18,9 @@ from prometheus_client import CollectorRegistry, Counter
 from mmproc.client import EncoderClient
 from mmproc.errors import ConfigError, InvalidMediaError
 from mmproc.media import MediaLimits, decode_image
-from mmproc.media.gpu_jpeg import gpu_jpeg
 from mmproc.preprocess import PreprocessConfig
-from service.pipeline.decode_worker import prepare_image
-from service.pipeline.gpu_decode import decode_split
+from service.pipeline.decode_worker import Prepared, prepare_image
+from service.pipeline.gpu_decode import GpuRequest, decode_split, run_batch
 from service.process.app import build_engine
 from tests.media.test_gpu_jpeg import _garbled
 from tests.support.corpus import build_corpus
@@ -177,15 +177,15 @@ def test_decode_image_agrees_on_the_gpu_kinds() -> None:
     assert Image.open(io.BytesIO(CPU_KINDS["cmyk"])).mode == "CMYK"
 
 
-def test_a_failed_gpu_batch_falls_back_to_the_workers() -> None:
+def test_a_failed_gpu_batch_falls_back_to_the_workers(caplog) -> None:
     """A GPU decoder that raises (out of device memory, say) costs its images a trip to the workers, not a 500."""
 
-    class BrokenGpu:
-        async def gate(self, images):
-            return [gpu_jpeg(data, MediaLimits()) for data in images]
+    def broken(images, gated):
+        raise RuntimeError("CUDA out of memory")
 
-        async def decode(self, images, gated):
-            raise RuntimeError("CUDA out of memory")
+    class BrokenGpu:
+        async def decode(self, images, deadline):
+            return run_batch([GpuRequest(images, deadline)], MediaLimits(), broken)[0]
 
     async def cpu_path(images, deadline):
         return [prepare_image(data, MediaLimits(), PreprocessConfig.kimi_k25(), normalize=False) for data in images]
@@ -195,3 +195,27 @@ def test_a_failed_gpu_batch_falls_back_to_the_workers() -> None:
     got = asyncio.run(decode_split(BrokenGpu(), images, cpu_path, None, paths))
     assert [p.image.grid_hw for p in got] == [cpu.image.grid_hw for cpu in asyncio.run(cpu_path(images, None))]
     assert paths.labels("fallback")._value.get() == 1 and paths.labels("cpu")._value.get() == 1
+    assert [r.levelname for r in caplog.records if "GPU JPEG decode failed" in r.getMessage()] == ["WARNING"]
+
+
+def test_requests_queued_together_are_decoded_in_one_batch_each_in_its_own_order() -> None:
+    """The JPEGs of every request in the batch (before each one's first refused image, and only of requests still in
+    time) go to the device in one call; each request gets back its own verdicts."""
+    calls: list[int] = []
+
+    def decode(images, gated):
+        calls.append(len(images))
+        return [Prepared(prepare_image(data, MediaLimits(), PreprocessConfig.kimi_k25()).image, 0.0, 0.0)
+                for data in images]  # fmt: skip
+
+    jpeg, png = GPU_KINDS["grey"], CPU_KINDS["png"]
+    requests = [
+        GpuRequest([jpeg, png, jpeg], None),
+        GpuRequest([jpeg, jpeg[:20], jpeg], None),  # a truncated header: the JPEG after it is not decoded
+        GpuRequest([jpeg], time.monotonic() - 1),  # expired: nothing decoded for it
+    ]
+    first, second, third = run_batch(requests, MediaLimits(), decode)
+    assert calls == [3]
+    assert sorted(first.decoded) == [0, 2] and first.gated[1] is None  # the PNG: the CPU path's
+    assert sorted(second.decoded) == [0] and isinstance(second.gated[1], InvalidMediaError)
+    assert third.expired and not third.decoded
