@@ -4,6 +4,7 @@
 # 3 x C (gRPC with a 2 s deadline from the Python client and a raw stub, plus HTTP), then recovery.
 # Run from the repo root with the wheels in .whl/ (see docs/benchmarks/README.md); output goes to $OUT.
 #   OVERLOAD=3 DURATION=30 RES=448x448 bash scripts/gpu_overload_check.sh
+#   RES="1024x1024 448x448" ...: one server, one run per size in turn (files named overload_<size>.*)
 # The load comes from CLIENTS client processes (default 4; one Python process could not take in the replies at
 # 448², docs/benchmarks/overload.md); the report's last line is the server's event-loop lag under the load.
 set -uo pipefail
@@ -27,10 +28,16 @@ server=$!
 trap 'kill -TERM $server 2>/dev/null; wait $server' EXIT
 for _ in $(seq 300); do python3 -m service.process.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
 python3 -m service.process.cli health --target 127.0.0.1:$PORT || { echo "server never became SERVING"; tail -30 "$OUT/overload_server.log"; exit 1; }
-python3 -m mmproc.bench.serve --mode open --overload "${OVERLOAD:-3}" --duration "${DURATION:-30}" \
-  --target 127.0.0.1:$PORT --http-target 127.0.0.1:$HTTP_PORT --resolutions "$RES" --concurrency 8 --clients "${CLIENTS:-4}" \
-  --capacity-seconds 10 --recovery-seconds 8 --server-log "$OUT/overload_server.log" --quiet \
-  --json "$OUT/overload.json" 2>&1 | tee "$OUT/overload.txt"
-python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$HTTP_PORT/metrics').read().decode())" | grep -E "^mmproc_(rejections_total|dropped_images_total|requests_total)" \
-  | grep -v " 0.0$" > "$OUT/overload_metrics.txt"
-grep -cE " ERROR |Traceback" "$OUT/overload_server.log" | sed 's/^/ERROR or Traceback lines: /' | tee -a "$OUT/overload.txt"
+metrics() {  # every mmproc counter and histogram sum/count (stage times, refusals by reason), no buckets
+  python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$HTTP_PORT/metrics').read().decode())" \
+    | grep -E "^mmproc_" | grep -v "_bucket{" | grep -v " 0.0$"
+}
+for res in $RES; do
+  metrics > "$OUT/overload_${res}_metrics_before.txt"
+  python3 -m mmproc.bench.serve --mode open --overload "${OVERLOAD:-3}" --duration "${DURATION:-30}" \
+    --target 127.0.0.1:$PORT --http-target 127.0.0.1:$HTTP_PORT --resolutions "$res" --concurrency 8 --clients "${CLIENTS:-4}" \
+    --capacity-seconds 10 --recovery-seconds 8 --server-log "$OUT/overload_server.log" --quiet \
+    --json "$OUT/overload_$res.json" 2>&1 | tee "$OUT/overload_$res.txt"
+  metrics > "$OUT/overload_${res}_metrics.txt"
+done
+grep -cE " ERROR |Traceback" "$OUT/overload_server.log" | sed 's/^/ERROR or Traceback lines: /' | tee -a "$OUT/overload_$res.txt"
