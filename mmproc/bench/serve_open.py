@@ -38,6 +38,7 @@ class Outcome:
     code: str  # gRPC code name (HTTP statuses mapped to theirs)
     retry_after: bool = False  # a refusal that said when to come back (Retry-After / RetryInfo)
     deadline_s: float | None = None
+    back_off_s: float = 0.0  # the Python client's refusal: the server's retry-after, which a closed loop honours
 
 
 def unique_jpeg(jpeg: bytes, index: int) -> bytes:
@@ -78,23 +79,27 @@ class Load:
     async def one(self, kind: str, image: bytes) -> Outcome:
         start = time.perf_counter()
         deadline = self.args.deadline_s
+        back_off = 0.0
         if kind == "client":
-            code, hint = await self._client(image)
+            code, back_off = await self._client(image)
+            hint = back_off > 0
         elif kind == "stub":
             code, hint = await self._stub(image)
         else:
             code, hint = await self._http(image)
             deadline = self.args.http_timeout_ms / 1000 if self.args.http_timeout_ms else None
-        return Outcome(kind, start, time.perf_counter(), code, hint, deadline)
+        return Outcome(kind, start, time.perf_counter(), code, hint, deadline, back_off)
 
-    async def _client(self, image: bytes) -> tuple[str, bool]:
-        from mmproc.errors import MmprocError
+    async def _client(self, image: bytes) -> tuple[str, float]:
+        from mmproc.errors import MmprocError, ResourceExhaustedError
 
         try:
             await self.client.encode_images([image], timeout=self.args.deadline_s)
-            return "OK", False
+            return "OK", 0.0
+        except ResourceExhaustedError as err:
+            return err.grpc_code, err.retry_after_s or 0.0
         except MmprocError as err:
-            return err.grpc_code, False
+            return err.grpc_code, 0.0
 
     async def _stub(self, image: bytes) -> tuple[str, bool]:
         import grpc
@@ -134,7 +139,8 @@ class Load:
 
 
 async def closed_loop(load: Load, base: list[bytes], first: int, seconds: float, workers: int) -> list[Outcome]:
-    """`workers` Python clients back to back for `seconds`; request k sends image `first + k` (unique)."""
+    """`workers` Python clients back to back for `seconds` (a refused one after the server's retry-after); request k
+    sends image `first + k` (unique)."""
     out: list[Outcome] = []
     stop = time.perf_counter() + seconds
     counter = iter(range(first, first + 10**9))
@@ -142,7 +148,11 @@ async def closed_loop(load: Load, base: list[bytes], first: int, seconds: float,
     async def worker() -> None:
         while time.perf_counter() < stop:
             k = next(counter)
-            out.append(await load.one("client", unique_jpeg(base[k % len(base)], k)))
+            outcome = await load.one("client", unique_jpeg(base[k % len(base)], k))
+            out.append(outcome)
+            # A refused client comes back when the server said (at most 1 s), as a well-behaved one does; sent
+            # again at once, refusals would measure how fast the server refuses, not its capacity.
+            await asyncio.sleep(min(1.0, outcome.back_off_s))
 
     await asyncio.gather(*(worker() for _ in range(workers)))
     return out

@@ -18,6 +18,7 @@ from mmproc.errors import (
     InvalidMediaError,
     InvalidRequestError,
     MmprocError,
+    ResourceExhaustedError,
     UnavailableError,
 )
 from mmproc.transport import bytes_to_tensor
@@ -56,8 +57,24 @@ def error_from_rpc(err: grpc.RpcError) -> MmprocError:
             elif detail.Is(bad.DESCRIPTOR) and detail.Unpack(bad) and bad.field_violations:
                 item = "video" if bad.field_violations[0].field.startswith("videos") else "image"  # videos[i]
         return cls(message or "invalid request", reason=reason, index=index, item=item)
+    if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return _refusal(err, f"{code.name}: {message}")
     cls = ERRORS_BY_CODE.get(code, InternalError)
     return cls(f"{code.name}: {message}")
+
+
+def _refusal(err: grpc.RpcError, message: str) -> ResourceExhaustedError:
+    """A refusal with the server's hints: when to come back (RetryInfo) and why (ErrorInfo's reason), so that a
+    caller can back off as asked rather than retry into an overloaded server."""
+    retry_after, cause = None, ""
+    status = rpc_status.from_call(err) if hasattr(err, "trailing_metadata") else None
+    for detail in status.details if status is not None else ():
+        retry, info = error_details_pb2.RetryInfo(), error_details_pb2.ErrorInfo()
+        if detail.Is(retry.DESCRIPTOR) and detail.Unpack(retry):
+            retry_after = retry.retry_delay.ToMilliseconds() / 1000
+        elif detail.Is(info.DESCRIPTOR) and detail.Unpack(info):
+            cause = info.reason.lower()
+    return ResourceExhaustedError(message, retry_after_s=retry_after, cause=cause)
 
 
 def encoder_stub(channel: grpc.Channel | grpc.aio.Channel) -> pb_grpc.EncoderStub:

@@ -123,11 +123,13 @@ def test_a_queue_in_front_of_the_decoders_is_refused_like_one_in_front_of_the_en
             queued = [pool.submit(client.encode_images, [slow]) for _ in range(10)]
             time.sleep(0.5)
             assert server.service.engine.queued_images == 0  # nothing waits for the encoder itself
-            with pytest.raises(ResourceExhaustedError, match="for the decoders and the encoder"):
+            with pytest.raises(ResourceExhaustedError, match="for the decoders and the encoder") as refused:
                 for _ in range(2):  # CoDel lets the first request over the target in (a burst), not the next
                     pool.submit(client.encode_images, [slow])
                     time.sleep(0.15)
                 client.encode_images([slow])
+            # the Python client hands on the server's hints: why, and when to come back
+            assert refused.value.cause == "queue_delay" and refused.value.retry_after_s > 0
             outcomes = Counter(type(f.exception(30)).__name__ for f in queued)
         assert outcomes["NoneType"] >= 3, outcomes  # what was admitted before the room filled up is served
         assert set(outcomes) <= {"NoneType", "ResourceExhaustedError"}, outcomes
