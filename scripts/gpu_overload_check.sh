@@ -22,7 +22,7 @@ else
 fi
 { date -u; echo "commit ${MMPROC_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; } | tee "$OUT/overload_env.txt"
-python3 -m service.process.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto \
+python3 ${SERVER_MAIN:--m service.process.cli} serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto \
   --grpc-address 127.0.0.1:$PORT --http-address 127.0.0.1:$HTTP_PORT --drain-delay-s 0 > "$OUT/overload_server.log" 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null; wait $server' EXIT

@@ -1,0 +1,11 @@
+"""`mmproc serve` on uvloop (A/B of the event loop under overload; scripts/gpu_overload_check.sh SERVER_MAIN=...)."""
+
+import sys
+
+if __name__ == "__main__":
+    import asyncio
+    import uvloop
+    from service.process import cli
+
+    asyncio.run = lambda coro, **kw: uvloop.run(coro)
+    sys.exit(cli.main())
