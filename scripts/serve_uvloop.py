@@ -4,7 +4,9 @@ import sys
 
 if __name__ == "__main__":
     import asyncio
+
     import uvloop
+
     from service.process import cli
 
     asyncio.run = lambda coro, **kw: uvloop.run(coro)
