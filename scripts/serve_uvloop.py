@@ -9,5 +9,5 @@ if __name__ == "__main__":
 
     from service.process import cli
 
-    asyncio.run = lambda coro, **kw: uvloop.run(coro)
+    asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())  # asyncio.run then makes a uvloop loop
     sys.exit(cli.main())
