@@ -71,6 +71,9 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):
                 with self._observed(method, request, context) as outcome:
                     await context.send_initial_metadata(((REQUEST_ID_HEADER, outcome["request_id"]),))
                     response = await inner_unary(request, context)
+                    remaining = context.time_remaining()
+                    if remaining is not None and remaining <= 0:  # a reply now would race the core closing the call
+                        raise asyncio.CancelledError  # counted as the client saw it: DEADLINE_EXCEEDED
                     outcome.update(_reply_fields(response))
                     return response
 
