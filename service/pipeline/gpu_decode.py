@@ -21,6 +21,7 @@ import torch
 from PIL import Image
 from prometheus_client import Counter
 
+from mmproc import thread_roles
 from mmproc.errors import DeadlineExceededError, InvalidMediaError
 from mmproc.media.gpu_jpeg import GpuJpeg, gpu_jpeg, orient
 from mmproc.media.limits import MediaLimits
@@ -39,19 +40,25 @@ class GpuDecoder:
     """Header checks and batched decode + preprocessing of one request's JPEGs on `device` (see module doc)."""
 
     def __init__(self, limits: MediaLimits, preprocess: PreprocessConfig, device: torch.device) -> None:
+        before = thread_roles.task_ids()  # the threads nvImageCodec starts are this role's (mmproc_cpu_seconds_total)
         self.limits, self.preprocess, self.device = limits, preprocess, device
         self.decoder = NvJpegDecoder(device, HUFFMAN_THREADS)
         self._stream = torch.cuda.Stream(device)
         self._done = torch.cuda.Event(blocking=True)  # a host wait that sleeps instead of spinning a core
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="mmproc-gpu-decode")
+        thread_roles.register_tids("gpu_decode", thread_roles.task_ids() - before)
 
     def warm_up(self) -> None:
         """One decode, so that the first request pays no nvJPEG set-up."""
         buffer = io.BytesIO()
         Image.new("RGB", (64, 64), (127, 127, 127)).save(buffer, "JPEG")
         data = buffer.getvalue()
+        before = thread_roles.task_ids()  # nvJPEG may start more on its first decode
         if self._decode_all([data], [gpu_jpeg(data, self.limits)])[0] is None:
             raise RuntimeError("GPU JPEG decode failed on a plain JPEG at start-up")
+        thread_roles.register_tids("gpu_decode", thread_roles.task_ids() - before)
+        # The decode thread itself, started now; a thread nvImageCodec starts later is not found: it counts as other.
+        self._thread.submit(thread_roles.register, "gpu_decode").result()
 
     def close(self) -> None:
         self._thread.shutdown(wait=True, cancel_futures=True)
