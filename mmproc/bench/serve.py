@@ -1,8 +1,8 @@
 """`mmproc bench serve`: a load generator, in its own process, against a running `mmproc serve`.
 
 Images are generated before the clock starts, from `--seed` and the request index; `--concurrency` threads each
-own one `EncoderClient`. Modes: burst, rate (open loop, drops counted), open (overload: serve_open.py);
-`--compare` runs A B B A passes and prints ratios;
+own one `EncoderClient` (`--client async`: tasks on one event loop share one `AsyncEncoderClient`). Modes: burst,
+rate (open loop, drops counted), open (overload: serve_open.py); `--compare` runs A B B A passes and prints ratios;
 `--baseline-target` runs the same load against a second server. With `--http-target` the server's metrics around
 each pass give its CPU per image by role and the encoder's own img/s (serve_server.py). Latency runs to
 "embeddings ready in the consumer". Modes, stages and exit status: docs/bench.md.
@@ -66,6 +66,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         help="burst: run the same load against this second server (HOST:PORT or unix:PATH) right after --target, "
              "and report both sides and their ratios")  # fmt: skip
     add("--baseline-http-target", default="", help="the baseline server's HTTP address, for its /metrics")
+    add("--client", choices=["sync", "async"], default="sync",
+        help="sync: --concurrency threads, one EncoderClient each; async: one event loop per client process, "
+             "--concurrency tasks sharing one AsyncEncoderClient")  # fmt: skip
     add("--duration", type=float, default=30.0, help="open mode: seconds of open-loop load")
     add("--deadline-s", type=float, default=2.0, help="open mode: gRPC deadline of every request")
     add("--http-timeout-ms", type=int, default=0, help="open mode: HTTP x-mmproc-timeout-ms (0: no header)")
@@ -127,6 +130,8 @@ def _check_args(args: argparse.Namespace) -> str | None:
         return "--images-per-request >= 1, --warmup >= 0, --max-seconds > 0 and --timeout > 0 are required"
     if args.mode == "rate" and not (args.rate and args.rate > 0):
         return "--mode rate needs --rate > 0"
+    if args.client == "async" and (args.mode != "burst" or args.consume != "copy"):
+        return "--client async needs --mode burst and --consume copy (the async client returns copies)"
     if args.baseline_target and (args.mode != "burst" or args.compare or args.repeat_ratio is not None):
         return "--baseline-target needs --mode burst, without --compare or --repeat-ratio"
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
@@ -219,7 +224,7 @@ def _plan(args: argparse.Namespace) -> list[tuple[str, ClientConfig]]:
 
 
 def _workload(args: argparse.Namespace, mean_kib: float) -> dict:
-    keys = ("mode", "requests", "images_per_request", "clients", "concurrency", "rate", "arrivals",
+    keys = ("mode", "requests", "images_per_request", "clients", "concurrency", "client", "rate", "arrivals",
             "format", "quality", "seed", "rounds")  # fmt: skip
     return {key: getattr(args, key) for key in (*keys, "warmup", "max_seconds", "resolution_order")} | {
         "resolutions": [f"{w}x{h}" for w, h in args.resolutions],

@@ -1,6 +1,7 @@
 """`mmproc bench serve`'s load: worker threads that each own one client, the burst and open-loop rate loops, one
 measured pass (`Phase`) in this process or in --clients processes, and the pooled result of a side's passes.
-`--http-target` reads the server's metrics around each pass (serve_server.py)."""
+`--client async` runs a pass on one event loop instead (serve_async.py); `--http-target` reads the server's metrics
+around each pass (serve_server.py)."""
 
 from __future__ import annotations
 
@@ -254,6 +255,10 @@ def measure(
     """Open the clients, warm up, run the measured phase, close the clients. `start`: called after the warm-up,
     returns when the measured phase may begin (the other client processes are ready too). `metrics`: the server's
     HTTP address, read once the phase may begin (the Phase's first scrape)."""
+    if args.client == "async":
+        from mmproc.bench.serve_async import measure_async  # it builds on this module
+
+        return measure_async(label, cfg, args, measured, warmup, start, metrics)
     workers = [_Worker.open(cfg) for _ in range(args.concurrency)]
     try:
         if warmup:
