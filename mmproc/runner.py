@@ -18,6 +18,7 @@ from typing import Protocol
 
 import torch
 
+from mmproc import thread_roles
 from mmproc.batching import pack_images
 from mmproc.errors import ConfigError, DeadlineExceededError, ResourceExhaustedError, UnavailableError
 from mmproc.queue_discipline import take_batch
@@ -228,6 +229,7 @@ class Runner:
     # -- worker -------------------------------------------------------------------------------------
 
     def _run(self) -> None:
+        thread_roles.register("runner")  # the server's CPU by role (mmproc/thread_roles.py)
         while True:
             items = self._next_batch()
             if items is None:

@@ -1,9 +1,11 @@
 """`mmproc bench serve`: a load generator, in its own process, against a running `mmproc serve`.
 
 Images are generated before the clock starts, from `--seed` and the request index; `--concurrency` threads each
-own one `EncoderClient`. Modes: burst, rate (open loop, drops counted), open (overload: serve_open.py);
-`--compare` runs A B B A passes and prints ratios. Latency runs to "embeddings ready in the consumer". Modes,
-stages and exit status: docs/bench.md.
+own one `EncoderClient` (`--client async`: tasks on one event loop share one `AsyncEncoderClient`). Modes: burst,
+rate (open loop, drops counted), open (overload: serve_open.py); `--compare` runs A B B A passes and prints ratios;
+`--baseline-target` runs the same load against a second server. With `--http-target` the server's metrics around
+each pass give its CPU per image by role and the encoder's own img/s (serve_server.py). Latency runs to
+"embeddings ready in the consumer". Modes, stages and exit status: docs/bench.md.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from mmproc.bench.report import save_plot
 from mmproc.bench.serve_load import ClientConfig, Payload, measurer, run_plan
 from mmproc.bench.serve_plot import plot_serve
 from mmproc.bench.serve_repeat import parse_ratios, run_repeat
+from mmproc.bench.serve_server import side_names
 from mmproc.bench.serve_stats import (
     compare,
     environment,
@@ -56,7 +59,16 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--rate", type=float, default=None, help="rate mode: arrivals per second")
     add("--arrivals", choices=["poisson", "uniform"], default="poisson")
     add("--overload", type=float, default=None, help="open mode: offered load as a multiple of the measured C")
-    add("--http-target", default="", help="open mode: HOST:PORT of the server's HTTP address")
+    add("--http-target", default="",
+        help="HOST:PORT of the server's HTTP address: open mode needs it; burst and rate read the server's /metrics "
+             "before and after each pass (CPU by role, the encoder's img/s)")  # fmt: skip
+    add("--baseline-target", default="",
+        help="burst: run the same load against this second server (HOST:PORT or unix:PATH) right after --target, "
+             "and report both sides and their ratios")  # fmt: skip
+    add("--baseline-http-target", default="", help="the baseline server's HTTP address, for its /metrics")
+    add("--client", choices=["sync", "async"], default="sync",
+        help="sync: --concurrency threads, one EncoderClient each; async: one event loop per client process, "
+             "--concurrency tasks sharing one AsyncEncoderClient")  # fmt: skip
     add("--duration", type=float, default=30.0, help="open mode: seconds of open-loop load")
     add("--deadline-s", type=float, default=2.0, help="open mode: gRPC deadline of every request")
     add("--http-timeout-ms", type=int, default=0, help="open mode: HTTP x-mmproc-timeout-ms (0: no header)")
@@ -74,6 +86,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--max-payload-mb", type=int, default=2048, help="bound on the pre-generated request bytes")
     add("--transport", choices=["auto", "ipc", "serialized"], default="auto")
     add("--handle-cache", choices=["on", "off"], default="on")
+    add("--server-cache", choices=["on", "off"], default="on",
+        help="off: every request bypasses the server's embedding cache (a repeated pass is encoded again)")  # fmt: skip
     add("--device", default="cpu", help="consumer device: cpu | cuda:N")
     add("--consume", choices=["copy", "view"], default="copy")
     add("--timeout", type=float, default=60.0, help="per-request deadline, seconds")
@@ -116,11 +130,16 @@ def _check_args(args: argparse.Namespace) -> str | None:
         return "--images-per-request >= 1, --warmup >= 0, --max-seconds > 0 and --timeout > 0 are required"
     if args.mode == "rate" and not (args.rate and args.rate > 0):
         return "--mode rate needs --rate > 0"
+    if args.client == "async" and (args.mode != "burst" or args.consume != "copy"):
+        return "--client async needs --mode burst and --consume copy (the async client returns copies)"
+    if args.baseline_target and (args.mode != "burst" or args.compare or args.repeat_ratio is not None):
+        return "--baseline-target needs --mode burst, without --compare or --repeat-ratio"
     if torch.device(args.device).type == "cuda" and not torch.cuda.is_available():
         return f"--device {args.device}: CUDA is not available in this process"
-    remote = remote_host(args.target)
-    if remote is not None and not args.allow_remote:
-        return f"target host {remote!r} is not loopback; pass --allow-remote to benchmark a remote server"
+    for target in (args.target, args.baseline_target) if args.baseline_target else (args.target,):
+        remote = remote_host(target)
+        if remote is not None and not args.allow_remote:
+            return f"target host {remote!r} is not loopback; pass --allow-remote to benchmark a remote server"
     return None
 
 
@@ -193,7 +212,10 @@ def _note(args: argparse.Namespace, message: str) -> None:
 
 
 def _plan(args: argparse.Namespace) -> list[tuple[str, ClientConfig]]:
-    base = ClientConfig(args.target, args.transport, args.handle_cache == "on", args.device, args.timeout, args.consume)
+    base = ClientConfig(args.target, args.transport, args.handle_cache == "on", args.device, args.timeout, args.consume,
+                        args.server_cache == "on")  # fmt: skip
+    if args.baseline_target:
+        return [("target", base), ("baseline", dataclasses.replace(base, target=args.baseline_target))]
     if args.compare is None:
         return [(f"{base.transport}", base)]
     if args.compare == "handle-cache" and (base.transport == "serialized" or torch.device(base.device).type != "cuda"):
@@ -202,8 +224,8 @@ def _plan(args: argparse.Namespace) -> list[tuple[str, ClientConfig]]:
 
 
 def _workload(args: argparse.Namespace, mean_kib: float) -> dict:
-    keys = ("mode", "requests", "images_per_request", "clients", "concurrency", "rate", "arrivals", "format",
-            "quality", "seed", "rounds")  # fmt: skip
+    keys = ("mode", "requests", "images_per_request", "clients", "concurrency", "client", "rate", "arrivals",
+            "format", "quality", "seed", "rounds")  # fmt: skip
     return {key: getattr(args, key) for key in (*keys, "warmup", "max_seconds", "resolution_order")} | {
         "resolutions": [f"{w}x{h}" for w, h in args.resolutions],
         "mean_image_kib": mean_kib,
@@ -237,11 +259,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         from mmproc.bench import serve_open
 
         return serve_open.main(args, argv)
-    try:
-        info = _server_info(args.target, min(args.timeout, 30.0))
-    except Exception as exc:  # any failure here means there is nothing to benchmark
-        print(f"mmproc bench serve: cannot reach {args.target}: {exc}", file=sys.stderr)
-        return 1
+    infos = {}
+    for target in filter(None, (args.target, args.baseline_target)):
+        try:
+            infos[target] = _server_info(target, min(args.timeout, 30.0))
+        except Exception as exc:  # any failure here means there is nothing to benchmark
+            print(f"mmproc bench serve: cannot reach {target}: {exc}", file=sys.stderr)
+            return 1
+    info = infos[args.target]
     if args.repeat_ratio is not None:
         base = ClientConfig(args.target, args.transport, args.handle_cache == "on", args.device, args.timeout,
                             args.consume)  # fmt: skip
@@ -260,12 +285,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mmproc bench serve: {err}", file=sys.stderr)
         return 2
     keep_raw, args.json_raw = args.json_raw, args.json_raw or args.plot is not None  # the CDF needs each request
-    runs = run_plan(_plan(args), args, measured, warmup)
+    plan = _plan(args)
+    metrics = (args.http_target, args.baseline_http_target) if args.baseline_target else (args.http_target,) * len(plan)
+    runs = run_plan(plan, args, measured, warmup, metrics)
+    if args.baseline_target:  # named by what the servers did (gpu / cpu decode) when that tells them apart
+        for run, name in zip(runs, side_names(runs, ("target", "baseline"))):
+            run["label"] = name
     record = {
         "bench": "serve",
         "target": args.target,
+        "baseline_target": args.baseline_target or None,
         "environment": environment(argv, args.device),
         "server_info": info,
+        "baseline_server_info": infos.get(args.baseline_target),
         "workload": _workload(args, mean_kib),
         "runs": runs,
         "compare": compare(runs) if len(runs) == 2 else None,

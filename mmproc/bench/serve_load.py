@@ -1,5 +1,7 @@
 """`mmproc bench serve`'s load: worker threads that each own one client, the burst and open-loop rate loops, one
-measured pass (`Phase`) in this process or in --clients processes, and the pooled result of a side's passes."""
+measured pass (`Phase`) in this process or in --clients processes, and the pooled result of a side's passes.
+`--client async` runs a pass on one event loop instead (serve_async.py); `--http-target` reads the server's metrics
+around each pass (serve_server.py)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import numpy as np
 import torch
 
 from mmproc.bench.client_processes import ClientProcesses, deal
+from mmproc.bench.serve_server import Scrape, at_start, summarize_server, try_scrape, window
 from mmproc.bench.serve_stats import (
     Sample,
     raw_rows,
@@ -118,7 +121,7 @@ class _Worker:
         return Sample(index, len(images), start, time.perf_counter(), reply, got, ready, scheduled, out_bytes)
 
 
-class _Progress:
+class Progress:
     """`done/total` and rate on one stderr line, at most 10 redraws a second; silent when disabled."""
 
     def __init__(self, total: int, label: str, enabled: bool) -> None:
@@ -152,7 +155,7 @@ def _join_all(threads: Sequence[threading.Thread], by: float) -> None:
         t.join(max(0.0, by - time.perf_counter()))
 
 
-def run_burst(workers: Sequence[_Worker], payloads: Sequence[Payload], deadline: float, progress: _Progress) -> dict:
+def run_burst(workers: Sequence[_Worker], payloads: Sequence[Payload], deadline: float, progress: Progress) -> dict:
     """Every payload, as fast as the workers go, until done or `deadline` (perf_counter)."""
     todo: queue.SimpleQueue[Payload] = queue.SimpleQueue()
     for payload in payloads:
@@ -187,7 +190,7 @@ def run_rate(
     payloads: Sequence[Payload],
     args: argparse.Namespace,
     deadline: float,
-    progress: _Progress,
+    progress: Progress,
 ) -> dict:
     """Open-loop arrivals; the workers are the in-flight cap (an arrival with none idle is dropped)."""
     idle: queue.SimpleQueue[int] = queue.SimpleQueue()
@@ -237,6 +240,7 @@ class Phase:
     counts: dict[str, int]
     ipc_stats: dict[str, int] | None
     stage_split: bool
+    scrapes: list[Scrape] = dataclasses.field(default_factory=list)  # the server's metrics: before, after
 
 
 def measure(
@@ -246,16 +250,21 @@ def measure(
     measured: list[Payload],
     warmup: list[Payload],
     start: Callable[[], object] | None = None,
+    metrics: str = "",
 ) -> Phase:
     """Open the clients, warm up, run the measured phase, close the clients. `start`: called after the warm-up,
-    returns when the measured phase may begin (the other client processes are ready too)."""
+    returns when the measured phase may begin (the other client processes are ready too). `metrics`: the server's
+    HTTP address, read once the phase may begin (the Phase's first scrape)."""
+    if args.client == "async":
+        from mmproc.bench.serve_async import measure_async  # it builds on this module
+
+        return measure_async(label, cfg, args, measured, warmup, start, metrics)
     workers = [_Worker.open(cfg) for _ in range(args.concurrency)]
     try:
         if warmup:
-            run_burst(workers, warmup, time.perf_counter() + args.max_seconds, _Progress(0, "", False))
-        if start is not None:
-            start()
-        progress = _Progress(len(measured), label, sys.stderr.isatty() and not args.quiet)
+            run_burst(workers, warmup, time.perf_counter() + args.max_seconds, Progress(0, "", False))
+        before = at_start(start, metrics)
+        progress = Progress(len(measured), label, sys.stderr.isatty() and not args.quiet)
         t0 = time.perf_counter()
         deadline = t0 + args.max_seconds
         if args.mode == "burst":
@@ -269,29 +278,42 @@ def measure(
         for w in workers:
             w.client.close()
     samples = counts.pop("samples")
-    return Phase(samples, wall, t0, counts, ipc, any(w.clock is not None for w in workers))
+    return Phase(samples, wall, t0, counts, ipc, any(w.clock is not None for w in workers), [before] if before else [])
 
 
-Measure = Callable[[str, ClientConfig, list[Payload], Sequence[list[Payload]]], Phase]
+Measure = Callable[..., Phase]  # (label, cfg, measured, warmups[, metrics]) -> Phase
+
+
+def _read_after(phase: Phase, metrics: str) -> Phase:
+    """The server's metrics once every process is done: the pass's second scrape (when the first was read)."""
+    after = try_scrape(metrics) if phase.scrapes else None
+    if after is not None:
+        phase.scrapes.append(after)
+    return phase
 
 
 @contextlib.contextmanager
 def measurer(args: argparse.Namespace) -> Iterator[Measure]:
     """`measure` for every pass of a run: `(label, cfg, measured, warmups) -> Phase`, in this process or in --clients
     processes spawned once for the whole run (client_processes.py), request k going to process k mod N and process
-    i warming up with `warmups[i]`; their samples pool into one Phase (`pooled`)."""
+    i warming up with `warmups[i]`; their samples pool into one Phase (`pooled`). `metrics` (the server's HTTP
+    address, optional): read by the process that starts first (process 0) and here after the pass."""
     if args.clients == 1:
-        yield lambda label, cfg, measured, warmups: measure(label, cfg, args, measured, warmups[0])
+        yield lambda label, cfg, measured, warmups, metrics="": _read_after(
+            measure(label, cfg, args, measured, warmups[0], None, metrics), metrics
+        )
         return
     n = args.clients
     quiet = argparse.Namespace(**{**vars(args), "quiet": True, "clients": 1})
     timeout_s = 2 * args.max_seconds + args.timeout + 120  # warm-up and measured phase, each bounded by max_seconds
     with ClientProcesses(n, functools.partial(_PassRunner, quiet)) as processes:
 
-        def in_processes(label: str, cfg: ClientConfig, measured: list[Payload], warmups: Sequence[list[Payload]]
-                         ) -> Phase:  # fmt: skip
-            commands = [(label, cfg, mine, warmups[i]) for i, mine in enumerate(deal(measured, n))]
-            return pooled(processes.run(commands, timeout_s))
+        def in_processes(label: str, cfg: ClientConfig, measured: list[Payload], warmups: Sequence[list[Payload]],
+                         metrics: str = "") -> Phase:  # fmt: skip
+            commands = [
+                (label, cfg, mine, warmups[i], "" if i else metrics) for i, mine in enumerate(deal(measured, n))
+            ]
+            return _read_after(pooled(processes.run(commands, timeout_s)), metrics)
 
         yield in_processes
 
@@ -302,9 +324,9 @@ class _PassRunner:
     def __init__(self, args: argparse.Namespace, index: int) -> None:
         self._args = args
 
-    def __call__(self, label: str, cfg: ClientConfig, measured: list[Payload], warmup: list[Payload], *,
-                 start: Callable[[], None]) -> Phase:  # fmt: skip
-        return measure(label, cfg, self._args, measured, warmup, start=start)
+    def __call__(self, label: str, cfg: ClientConfig, measured: list[Payload], warmup: list[Payload], metrics: str,
+                 *, start: Callable[[], None]) -> Phase:  # fmt: skip
+        return measure(label, cfg, self._args, measured, warmup, start, metrics)
 
     def close(self) -> None:
         pass
@@ -318,7 +340,7 @@ def pooled(phases: Sequence[Phase]) -> Phase:
     counts = sum((Counter(p.counts) for p in phases), Counter())
     samples = [sample for p in phases for sample in p.samples]
     return Phase(samples, end - t0, t0, dict(counts), sum_ipc([p.ipc_stats for p in phases]),
-                 all(p.stage_split for p in phases))  # fmt: skip
+                 all(p.stage_split for p in phases), [s for p in phases for s in p.scrapes])  # fmt: skip
 
 
 def result(label: str, cfg: ClientConfig, phases: Sequence[Phase], json_raw: bool) -> dict:
@@ -332,17 +354,26 @@ def result(label: str, cfg: ClientConfig, phases: Sequence[Phase], json_raw: boo
                      for r in (summarize(p.samples, p.wall_s) for p in phases)]  # fmt: skip
     if json_raw:
         out["requests"] = [{"round": i, **row} for i, p in enumerate(phases) for row in raw_rows(p.samples, p.t0)]
+    if phases and all(len(p.scrapes) == 2 for p in phases):  # the server's metrics around every pass
+        done = sum(s.images for s in samples if s.error is None)
+        out["server"] = summarize_server([window(*p.scrapes) for p in phases], done, out["images_per_s"])
     return out
 
 
 def run_plan(
-    plan: Sequence[tuple[str, ClientConfig]], args: argparse.Namespace, measured: list[Payload], warmup: list[Payload]
+    plan: Sequence[tuple[str, ClientConfig]],
+    args: argparse.Namespace,
+    measured: list[Payload],
+    warmup: list[Payload],
+    metrics: Sequence[str] = (),
 ) -> list[dict]:
-    """Every side `--rounds` times; with two sides the order is A B, B A, A B, ... so drift cancels (ABBA)."""
+    """Every side `--rounds` times; with two sides the order is A B, B A, A B, ... so drift cancels (ABBA).
+    `metrics[i]`: side i's server HTTP address, whose metrics are read around each of its passes ("": none)."""
     phases: list[list[Phase]] = [[] for _ in plan]
     with measurer(args) as run:
         for r in range(args.rounds):
             for i in range(len(plan)) if r % 2 == 0 else reversed(range(len(plan))):
                 label, cfg = plan[i]
-                phases[i].append(run(label, cfg, measured, [warmup] * args.clients))  # the same warm-up in each
+                http = metrics[i] if i < len(metrics) else ""
+                phases[i].append(run(label, cfg, measured, [warmup] * args.clients, http))  # the same warm-up in each
     return [result(label, cfg, side, args.json_raw) for (label, cfg), side in zip(plan, phases)]

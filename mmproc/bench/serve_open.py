@@ -23,6 +23,7 @@ import numpy as np
 
 from mmproc.bench.images import ImageSpec, generate_requests
 from mmproc.bench.serve_stats import environment, stats_ms
+from mmproc.bench.server_metrics import parse
 
 KINDS = ("client", "stub", "http")
 WINDOW_S = 5.0
@@ -187,14 +188,7 @@ class Scraper:
         writer.write(f"GET /metrics HTTP/1.1\r\nHost: {self.http[0]}\r\nConnection: close\r\n\r\n".encode())
         text = (await reader.read()).decode(errors="replace").split("\r\n\r\n", 1)[-1]
         writer.close()
-        values: dict[str, float] = {}
-        for line in text.splitlines():
-            if line and not line.startswith("#"):
-                name, _, value = line.rpartition(" ")
-                try:
-                    values[name] = float(value)
-                except ValueError:
-                    continue
+        values = parse(text)
         main = values.get("process_resident_memory_bytes", 0)
         workers = values.get("mmproc_decode_workers_resident_bytes", 0)
         self.rss.append((time.perf_counter(), main + workers))

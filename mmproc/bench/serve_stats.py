@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from mmproc.bench import serve_server
 from mmproc.bench.provenance import git_commit
 
 
@@ -146,19 +147,28 @@ TABLE: tuple[tuple[str, Callable[[dict], str]], ...] = (
 )
 
 
+def _server_line(name: str, target: str, info: dict) -> str:
+    return (
+        f"- {name} `{target}`; server: {info.get('model_name', '?')} ({info.get('family', '?')}), "
+        f"{info.get('device', '?')}, {info.get('dtype', '?')}; transports {info.get('transports', [])}; "
+        f"IPC: {info.get('ipc_status', '?')}"
+    )
+
+
 def markdown(record: dict) -> str:
     """The human summary of one invocation."""
     env, info, work, runs = record["environment"], record["server_info"], record["workload"], record["runs"]
+    baseline = record.get("baseline_target")
     lines = [
         f"# mmproc bench serve — {env['date']}",
         "",
-        f"- target `{record['target']}`; server: {info.get('model_name', '?')} ({info.get('family', '?')}), "
-        f"{info.get('device', '?')}, {info.get('dtype', '?')}; transports {info.get('transports', [])}; "
-        f"IPC: {info.get('ipc_status', '?')}",
+        _server_line("target", record["target"], info),
+        *([_server_line("baseline", baseline, record["baseline_server_info"])] if baseline else []),
         f"- client: torch {env['torch']}, GPU {env['gpu'] or '-'}, commit {(env['commit'] or '-')[:12]}",
         f"- workload: {work['requests']} requests x {work['images_per_request']} images "
         f"({work['format']}, {', '.join(work['resolutions'])}, mean {work['mean_image_kib']:.1f} KiB), "
-        f"mode {work['mode']}, {work.get('clients', 1)} client process(es) x concurrency {work['concurrency']}, "
+        f"mode {work['mode']}, {work.get('clients', 1)} client process(es) x concurrency {work['concurrency']} "
+        f"({work.get('client', 'sync')} client), "
         f"warmup {work['warmup']}, seed {work['seed']}, "
         f"rounds {work['rounds']}",
         "",
@@ -166,10 +176,15 @@ def markdown(record: dict) -> str:
         "| --- | " + " | ".join("---:" for _ in runs) + " |",
     ]
     lines += [f"| {name} | " + " | ".join(cell(r) for r in runs) + " |" for name, cell in TABLE]
+    lines += serve_server.table_rows(runs)
+    lines += serve_server.lines(runs, str(info.get("device", "")))
     ab = record.get("compare")
     if ab:
-        throughput, latency = _fmt(ab["throughput_ratio"], ".3f"), _fmt(ab["mean_latency_ratio"], ".3f")
-        lines += ["", f"**{ab['a']} / {ab['b']}**: throughput x{throughput}, mean latency x{latency}"]
+        ratios = [("img/s", "images_per_s_ratio"), ("mean latency", "mean_latency_ratio"),
+                  ("p50", "p50_latency_ratio"), ("p99", "p99_latency_ratio"),
+                  ("server CPU per image", "server_cpu_per_image_ratio")]  # fmt: skip
+        text = ", ".join(f"{name} x{_fmt(ab[key], '.3f')}" for name, key in ratios if ab.get(key) is not None)
+        lines += ["", f"**{ab['a']} / {ab['b']}**: {text}"]
     return "\n".join(lines) + "\n"
 
 
@@ -178,8 +193,19 @@ def _ratio(a: float | None, b: float | None) -> float | None:
 
 
 def compare(runs: Sequence[dict]) -> dict:
-    """First run over second (cache-on / cache-off, ipc / serialized): the ratios the A/B issue asks for."""
+    """First run over second (cache-on / cache-off, ipc / serialized, target / baseline server): the A/B ratios.
+    Server CPU per image only when both sides read their server's metrics."""
     a, b = runs
-    mean = [None if r["latency_ms"] is None else r["latency_ms"]["mean"] for r in runs]
+
+    def latency(run: dict, key: str) -> float | None:
+        return None if run["latency_ms"] is None else run["latency_ms"][key]
+
+    def cpu(run: dict) -> float | None:
+        return (run.get("server") or {}).get("cpu_ms_per_image")
+
     return {"a": a["label"], "b": b["label"], "throughput_ratio": _ratio(a["throughput_rps"], b["throughput_rps"]),
-            "mean_latency_ratio": _ratio(mean[0], mean[1])}  # fmt: skip
+            "images_per_s_ratio": _ratio(a["images_per_s"], b["images_per_s"]),
+            "mean_latency_ratio": _ratio(latency(a, "mean"), latency(b, "mean")),
+            "p50_latency_ratio": _ratio(latency(a, "p50"), latency(b, "p50")),
+            "p99_latency_ratio": _ratio(latency(a, "p99"), latency(b, "p99")),
+            "server_cpu_per_image_ratio": _ratio(cpu(a), cpu(b))}  # fmt: skip

@@ -21,6 +21,7 @@ import torch
 from PIL import Image
 from prometheus_client import Counter
 
+from mmproc import thread_roles
 from mmproc.errors import DeadlineExceededError, InvalidMediaError
 from mmproc.media.gpu_jpeg import GpuJpeg, gpu_jpeg, orient
 from mmproc.media.limits import MediaLimits
@@ -62,6 +63,7 @@ class GpuDecoder:
     while the device is busy are decoded together, in one nvImageCodec batch and one wait on the device."""
 
     def __init__(self, limits: MediaLimits, preprocess: PreprocessConfig, device: torch.device) -> None:
+        before = thread_roles.task_ids()  # the threads started here are this role's (mmproc_cpu_seconds_total)
         self.limits, self.preprocess, self.device = limits, preprocess, device
         self.decoder = NvJpegDecoder(device, HUFFMAN_THREADS)
         # High priority: the encoder keeps the GPU busy, and a decode waiting behind its kernels holds up every
@@ -69,6 +71,7 @@ class GpuDecoder:
         self._stream = torch.cuda.Stream(device, priority=-1)
         self._done = torch.cuda.Event(blocking=True)  # a host wait that sleeps instead of spinning a core
         self._batches = BatchThread(self._run_batch, MAX_BATCH_IMAGES, "mmproc-gpu-decode")
+        thread_roles.register_tids("gpu_decode", thread_roles.task_ids() - before)  # nvImageCodec's and the batches'
 
     @property
     def waits(self) -> WaitClock:
@@ -80,8 +83,10 @@ class GpuDecoder:
         buffer = io.BytesIO()
         Image.new("RGB", (64, 64), (127, 127, 127)).save(buffer, "JPEG")
         data = buffer.getvalue()
+        before = thread_roles.task_ids()  # nvJPEG may start more on its first decode; later ones count as other
         if self._decode_all([data], [gpu_jpeg(data, self.limits)])[0] is None:
             raise RuntimeError("GPU JPEG decode failed on a plain JPEG at start-up")
+        thread_roles.register_tids("gpu_decode", thread_roles.task_ids() - before)
 
     def close(self) -> None:
         self._batches.close()

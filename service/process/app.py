@@ -18,6 +18,7 @@ import torch
 import uvicorn
 
 import mmproc
+from mmproc import thread_roles
 from mmproc.errors import ConfigError
 from mmproc.models import PRESETS, VisionEncoder, load_encoder
 from mmproc.models.loader import read_config
@@ -150,6 +151,9 @@ class Service:
         self.metrics = Metrics()
         self.state = ServingState(self.metrics)
         self.metrics.ready.set_function(lambda: float(self.state.status == "ready"))
+        self.metrics.track_cpu(
+            lambda: [] if self.state.current is None else self.state.current.decode_pool.worker_pids()
+        )
         self._engine_factory = engine_factory
         self.grpc_port = 0
         self.http_port = 0
@@ -168,6 +172,7 @@ class Service:
         return self.state.info()
 
     async def start(self) -> None:
+        thread_roles.register("event_loop")  # this thread runs the loop from here on (mmproc_cpu_seconds_total)
         s = self.settings
         token = BearerToken(s.auth_token.get_secret_value()) if s.auth_token is not None else None
         # The HTTP socket first: a failure to bind either address then leaves nothing half started behind.

@@ -30,6 +30,7 @@ import mmproc
 from mmproc.errors import Reason
 from mmproc.runner import BatchStats
 from mmproc.v1 import encoder_pb2 as pb
+from service.process.thread_cpu import CpuByRole
 
 # tier -> (hits, misses, coalesced, inserts, evictions, bytes, capacity bytes, entries); invalid replays; bypassed
 CacheSnapshot = tuple[dict[str, tuple[int, ...]], int, int]
@@ -158,6 +159,8 @@ class Metrics:
             registry=r,
         )
         self._cache_collector: _CacheCollector | None = None  # registered with the first engine's cache
+        self._cpu = CpuByRole()  # mmproc_cpu_seconds_total{role}, read from /proc at scrape time
+        r.register(self._cpu)
 
     # -- helpers for the engine and the front ends ---------------------------------------------------
 
@@ -219,6 +222,10 @@ class Metrics:
         self.pending_bytes.set_function(pending_bytes)
         self.estimated_wait.set_function(estimated_wait)
         self.decode_workers_rss.set_function(lambda: sum(_resident_bytes(pid) for pid in worker_pids()))
+
+    def track_cpu(self, worker_pids: Callable[[], list[int]]) -> None:
+        """The decode worker processes whose CPU time is reported as role decode_workers, read at scrape time."""
+        self._cpu.worker_pids = worker_pids
 
     def track_ipc(self, stats: Callable[[], object], capacity: int) -> None:
         """IPC pool gauges, read at scrape time from the pool's lease table (`stats()` -> LeaseStats)."""

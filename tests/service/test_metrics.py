@@ -45,7 +45,7 @@ def test_every_family_is_exported_before_any_traffic(tiny_server) -> None:
         "mmproc_queue_images", "mmproc_inflight_requests", "mmproc_ready", "mmproc_ipc_pool_bytes_in_use",
         "mmproc_ipc_pool_capacity_bytes", "mmproc_ipc_leases", "mmproc_ipc_fallbacks", "mmproc_ipc_sessions_opened",
         "mmproc_decode_worker_crashes", "mmproc_decode_worker_retirements", "mmproc_decode_quarantined_images",
-        "mmproc_build_info", "process_cpu_seconds",
+        "mmproc_build_info", "process_cpu_seconds", "mmproc_cpu_seconds",
     ):  # fmt: skip
         assert family in families, family
     for stage in STAGES:
