@@ -68,6 +68,23 @@ class RequestIdFilter(logging.Filter):
         return True
 
 
+class ClosedCallFilter(logging.Filter):
+    """gRPC logs `ExecuteBatchError raised in core by servicer method`, an ERROR with a traceback, when a reply is
+    sent on a call the client has just ended (its deadline fired between the handler's last check and the send):
+    the client's doing, already counted as the client saw it. Kept, as one INFO line without the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and str(record.msg).startswith("ExecuteBatchError raised in core"):
+            record.levelno, record.levelname = logging.INFO, "INFO"
+            record.msg, record.args, record.exc_info, record.exc_text = (
+                "a reply was not sent: the client had ended the call (%s)", (record.getMessage(),), None, None,
+            )  # fmt: skip
+        return True
+
+
+CLOSED_CALL = ClosedCallFilter()
+
+
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time (ISO 8601, UTC), level, logger, request_id, message, an access line's
     fields (+ exception when there is one)."""
@@ -98,4 +115,5 @@ def configure_logging(level: str, as_json: bool) -> logging.Handler:
     root.setLevel(level)
     for name in QUIET_LOGGERS:
         logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
+    logging.getLogger("grpc._cython.cygrpc").addFilter(CLOSED_CALL)  # once: the same object is not added twice
     return handler

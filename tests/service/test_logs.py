@@ -220,3 +220,26 @@ def test_refusals_before_the_handler_carry_the_callers_request_id(captured, tmp_
     assert not [r for r in captured.records if r.name == "service.frontends.error_mapping" and r.request_id == "-"]
     (listening,) = [r.getMessage() for r in captured.records if r.getMessage().startswith("listening:")]
     assert f"gRPC unix:{socket_path}, HTTP 127.0.0.1:{server.service.http_port};" in listening  # not "(port 1)"
+
+
+def test_grpcs_error_for_a_reply_on_a_call_the_client_ended_is_one_info_line(capsys) -> None:
+    from service.process.logs import configure_logging
+
+    root = logging.getLogger()
+    saved, level = root.handlers[:], root.level
+    try:
+        configure_logging("INFO", as_json=False)
+        try:
+            raise RuntimeError('Failed "execute_batch"')
+        except RuntimeError:
+            logging.getLogger("grpc._cython.cygrpc").exception(
+                "ExecuteBatchError raised in core by servicer method [%s]", "/mmproc.v1.Encoder/EncodeImages"
+            )
+        logging.getLogger("grpc._cython.cygrpc").error("another gRPC error")  # left as it is
+    finally:
+        root.handlers[:] = saved
+        root.setLevel(level)
+    lines = capsys.readouterr().err.splitlines()
+    assert [line.split()[2] for line in lines] == ["INFO", "ERROR"], lines
+    assert "the client had ended the call" in lines[0] and "EncodeImages" in lines[0]
+    assert not any("Traceback" in line for line in lines)
