@@ -23,34 +23,21 @@ from mmproc.runner import Runner, RunnerConfig
 from mmproc.types import PreprocessedImage
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
-from service.pipeline.decode_pool import DecodePool
-from service.process.app import build_engine
-from service.process.configs import decode_config
 from tests.support.common import wait_until
-from tests.support.decode_faults import CRASH, misbehaving_task
+from tests.support.decode_faults import CRASH
 from tests.support.media_samples import encode_image, make_image_bytes, random_image
-from tests.support.server import ServiceThread, serving, settle, test_settings, wait_inflight
+from tests.support.server import ServiceThread, misbehaving_engine, serving, settle, test_settings, wait_inflight
 
 SMALL = make_image_bytes(64, 48, fmt="PNG", seed=1)
 # ~5.5k patches each (the forward is the slow part), but small uploads: smooth JPEGs of ~100 KB
 HEAVY = [encode_image(random_image(64, 64, seed=i).resize((1024, 1024)), "JPEG") for i in range(4)]
 
 
-def crashable_engine(settings, metrics):
-    """The normal engine, its decode workers running `misbehaving_task` (SIGKILL on the CRASH magic)."""
-    engine = build_engine(settings, metrics)
-    engine.decode.pool.close()
-    engine.decode.pool = DecodePool(
-        engine.media_limits, engine.preprocess, decode_config(settings), task=misbehaving_task
-    )
-    return engine
-
-
 @pytest.fixture(scope="module")
 def server() -> Iterator[ServiceThread]:
     # cache_mb=0: every request runs the pipeline (these tests load and break it; repeats would be cache hits)
     settings = test_settings(max_inflight_requests=3, max_queued_images=8, decode_timeout_s=5, cache_mb=0)
-    with serving(settings, engine_factory=crashable_engine) as server:
+    with serving(settings, engine_factory=misbehaving_engine) as server:
         yield server
 
 

@@ -26,15 +26,12 @@ from mmproc.errors import ResourceExhaustedError
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from service.frontends.error_mapping import map_error, to_grpc_status
-from service.pipeline.decode_pool import DecodePool
 from service.pipeline.overload import BatchCost, OverloadConfig, OverloadGuard
 from service.pipeline.wait_clock import WaitClock
-from service.process.app import build_engine
-from service.process.configs import decode_config
 from tests.support.common import wait_until
-from tests.support.decode_faults import SLOW, misbehaving_task
+from tests.support.decode_faults import SLOW
 from tests.support.media_samples import encode_image, random_image
-from tests.support.server import ServiceThread, serving, test_settings
+from tests.support.server import ServiceThread, misbehaving_engine, serving, test_settings
 
 HEAVY = encode_image(random_image(64, 64, seed=3).resize((1024, 1024)), "JPEG")  # ~5.5k patches
 
@@ -102,23 +99,13 @@ def test_a_wait_clock_reports_its_oldest_waiter() -> None:
     assert clock.oldest_s() == 0
 
 
-def slow_decoding_engine(settings, metrics):
-    """The normal engine, each decode taking 0.2 s more (tests/support/decode_faults.py SLOW) on one worker."""
-    engine = build_engine(settings, metrics)
-    engine.decode.pool.close()
-    engine.decode.pool = DecodePool(
-        engine.media_limits, engine.preprocess, decode_config(settings), task=misbehaving_task
-    )
-    return engine
-
-
 def test_a_queue_in_front_of_the_decoders_is_refused_like_one_in_front_of_the_encoder() -> None:
     # One worker, 0.2 s an image: ten requests sent at once wait up to 2 s for the decoder while the encoder's
     # own queue stays empty. With a 300 ms target, new requests are refused for the delay (whatever their
     # deadline) once the decoders' waiting room has stood above it, and the service recovers when it drains.
     settings = test_settings(preprocess_workers=1, max_queue_delay_ms=300, cache_mb=0)
     slow = SLOW + encode_image(random_image(64, 64, seed=5), "PNG")
-    with serving(settings, engine_factory=slow_decoding_engine) as server, EncoderClient(server.grpc_target) as client:
+    with serving(settings, engine_factory=misbehaving_engine) as server, EncoderClient(server.grpc_target) as client:
         with concurrent.futures.ThreadPoolExecutor(10) as pool:
             queued = [pool.submit(client.encode_images, [slow]) for _ in range(10)]
             time.sleep(0.5)

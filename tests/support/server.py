@@ -12,10 +12,13 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from service.pipeline.decode_pool import DecodePool
 from service.process.app import EngineFactory, Service, build_engine
 from service.process.config_sources import load_settings
+from service.process.configs import decode_config
 from service.process.settings import ServerSettings
 from tests.support.common import wait_until
+from tests.support.decode_faults import misbehaving_task
 
 
 class ServiceThread:
@@ -127,3 +130,14 @@ def wait_inflight(server: ServiceThread, timeout: float = 10.0, interval: float 
     """Wait (at most `timeout` s) until the engine has admitted a request; the caller asserts what it needs."""
     engine = server.service.engine
     wait_until(lambda: engine.inflight != 0, timeout, interval)
+
+
+def misbehaving_engine(settings, metrics):
+    """The normal engine, its decode workers running `misbehaving_task` (tests/support/decode_faults.py: crashes,
+    hangs, slow decodes on their magic bytes)."""
+    engine = build_engine(settings, metrics)
+    engine.decode.pool.close()
+    engine.decode.pool = DecodePool(
+        engine.media_limits, engine.preprocess, decode_config(settings), task=misbehaving_task
+    )
+    return engine
