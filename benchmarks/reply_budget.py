@@ -1,13 +1,17 @@
 """The server's main-process RSS under concurrent serialized replies of the full-size model's size, by reply budget.
 
 Per budget and round: a fresh `mmproc serve` (the tiny tower with Kimi K2.5's rules and a projector to 7168, bf16:
-1332 x 7168 x 2 B = 19 MB per 1024² image, the size of kimi-k2.5's reply; embedding cache off). Once it is SERVING
-and has answered one request per front end, its peak RSS is reset (/proc/PID/clear_refs) and `--clients` threads
+1332 x 7168 x 2 B = 19 MB per 1024² image, the size of kimi-k2.5's reply). `--source cache` (default) serves every
+request from the embedding cache, warmed before the baseline, so that the send path alone is measured: the replies
+come as fast as the front ends take them, as from the H200's encoder; `--source encode` (cache off) encodes each
+one, and on a CPU the batched forward's own memory then dominates. Once the server is SERVING and has answered the
+images once and one request per front end, its peak RSS is reset (/proc/PID/clear_refs) and `--clients` threads
 send `--requests` requests each (one 1024² JPEG), in turn gRPC unary, gRPC stream and HTTP /v1/encode with the
 embeddings in the body. Reported: the main process's peak RSS over its RSS just before the load, the most reply
 bytes in flight seen on /metrics (sampled every 20 ms), images/s and the reply codes.
 
-    python -m benchmarks.reply_budget [--budgets default,1048576] [--clients 16] [--requests 6] [--rounds 2]
+    python -m benchmarks.reply_budget [--budgets default,1048576] [--source cache|encode] [--clients 16]
+        [--requests 6] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -57,12 +61,12 @@ def status_mb(pid: int, key: str) -> int:
 
 
 class Server:
-    def __init__(self, model: Path, budget: str, log: Path) -> None:
+    def __init__(self, model: Path, budget: str, cache: bool, log: Path) -> None:
         self.grpc = f"127.0.0.1:{free_port()}"
         self.http = f"http://127.0.0.1:{free_port()}"
         command = [
             sys.executable, "-m", "service.process.cli", "serve", "--model-path", str(model), "--dtype", "bfloat16",
-            "--cache-mb", "0", "--max-queue-delay-ms", "600000", "--drain-delay-s", "0",
+            "--cache-mb", "512" if cache else "0", "--max-queue-delay-ms", "600000", "--drain-delay-s", "0",
             "--grpc-address", self.grpc, "--http-address", self.http.removeprefix("http://"),
         ]  # fmt: skip
         if budget != "default":
@@ -134,10 +138,12 @@ def load(server: Server, images: list[bytes], clients: int, requests: int) -> tu
 
 
 def one_run(model: Path, budget: str, images: list[bytes], args: argparse.Namespace, log: Path) -> str:
-    server = Server(model, budget, log)
+    server = Server(model, budget, args.source == "cache", log)
     try:
         with grpc.insecure_channel(server.grpc, options=[("grpc.max_receive_message_length", MESSAGE_BYTES)]) as ch:
-            for send in SENDERS:  # every front end's first-use allocations happen before the baseline
+            for image in images:  # into the cache (when on), before the baseline
+                unary(server, ch, image)
+            for send in SENDERS:  # every front end's first-use allocations, too
                 send(server, ch, images[0])
         pid = server.process.pid
         time.sleep(1)
@@ -168,6 +174,7 @@ def one_run(model: Path, budget: str, images: list[bytes], args: argparse.Namesp
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.reply_budget", description=__doc__.split("\n")[0])
     p.add_argument("--budgets", default="default,1048576", help="--max-reply-mb values, comma-separated")
+    p.add_argument("--source", choices=("cache", "encode"), default="cache", help="replies from the cache or encoded")
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--requests", type=int, default=6, help="requests per client")
     p.add_argument("--rounds", type=int, default=2, help="fresh servers per budget, budgets interleaved")
@@ -184,12 +191,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             write_model(model)
         spec = ImageSpec(resolutions=((1024, 1024),))
         images = [r[0] for r in generate_requests(0, range(8), 1, spec, max_bytes=64 << 20)]
-        print(f"{args.clients} clients x {args.requests} requests (one 1024² JPEG each: unary, stream, HTTP in turn)")
+        print(f"{args.clients} clients x {args.requests} requests (one 1024² JPEG each: unary, stream, HTTP in turn), "
+              f"replies from {'the cache' if args.source == 'cache' else 'the encoder'}")  # fmt: skip
         print("\n| --max-reply-mb | idle RSS (MB) | peak over idle (MB) | most reply MB in flight | images/s | codes |")
         print("| --- | ---: | ---: | ---: | ---: | --- |")
         for round_ in range(args.rounds):
             for budget in args.budgets.split(","):
-                log = args.logs / f"reply_budget_{budget}_{round_}.log"
+                log = args.logs / f"reply_budget_{args.source}_{budget}_{round_}.log"
                 print(one_run(model, budget, images, args, log), flush=True)
     return 0
 
