@@ -23,6 +23,7 @@ from service.frontends.replies import (
     headers_reply,
     in_pool,
     ipc_reply,
+    payload_bytes,
     serialized_payloads,
     serialized_reply,
     serialized_stream,
@@ -31,16 +32,12 @@ from service.frontends.replies import (
 from service.frontends.session import run_session
 from service.pipeline.encoded import EncodedImage
 from service.pipeline.engine import Engine
+from service.pipeline.reply_budget import ReplyHold
 from service.pipeline.state import ServingState
 
 logger = logging.getLogger(__name__)
 
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Encoder"].full_name
-
-
-async def _off_loop(fn, *args):
-    """Blocking work (device-to-host staging, byte copies) runs in the default executor, not on the loop."""
-    return await asyncio.get_running_loop().run_in_executor(None, fn, *args)
 
 
 class ReplyTooLargeError(ResourceExhaustedError):
@@ -60,13 +57,26 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
     def _info(self) -> pb.ServerInfo:
         return self._state.info()
 
-    async def _serialize(self, results: list[EncodedImage]) -> list[bytes]:
+    async def _hold_reply(
+        self, results: list[EncodedImage], deadline: float, context: grpc.aio.ServicerContext
+    ) -> ReplyHold:
+        """The reply's bytes from the reply budget, before staging. Given back when the call is done (sent, failed or
+        cancelled): gRPC runs done callbacks once its call task has finished, so neither our frames nor its own
+        (the message, its serialized copy) hold the bytes any more."""
+        held = await self._engine.delivery.reply_bytes(payload_bytes(results), deadline, len(results))
+        context.add_done_callback(lambda _: held.release())
+        return held
+
+    async def _serialize(
+        self, results: list[EncodedImage], deadline: float, context: grpc.aio.ServicerContext
+    ) -> list[bytes]:
+        held = await self._hold_reply(results, deadline, context)
         with self._state.metrics.time_stage("transport"):
-            return await _off_loop(serialized_payloads, results)
+            return await held.off_loop(serialized_payloads, results)
 
     async def _run(
         self, request: pb.EncodeImagesRequest, context: grpc.aio.ServicerContext, *, ipc: bool = True
-    ) -> tuple[str, list[EncodedImage]]:
+    ) -> tuple[str, float, list[EncodedImage]]:
         request_id = request.request_id or uuid.uuid4().hex[:16]
         remaining = context.time_remaining()
         budget = self._default_deadline_s if remaining is None else remaining
@@ -77,30 +87,30 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
         session = request.consumer.session_id if wants_ipc else None
         engine = self._engine
         if request.keys and not request.images:  # fetch what an earlier request kept (docs/engines.md)
-            return request_id, await engine.fetch(
-                list(request.keys), request_id, deadline, ipc_session=session, readers=readers
-            )
+            kept = await engine.fetch(list(request.keys), request_id, deadline, ipc_session=session, readers=readers)
+            return request_id, deadline, kept
         if request.keys:  # encode and keep (no lease: kept results are plain tensors)
-            return request_id, await engine.encode_keyed(list(request.images), list(request.keys), request_id, deadline)
+            kept = await engine.encode_keyed(list(request.images), list(request.keys), request_id, deadline)
+            return request_id, deadline, kept
         results = await engine.encode(
             list(request.images), request_id, deadline, ipc_session=session, readers=readers,
             cache=not request.cache_bypass, mm_hashes=list(request.mm_hashes), lookup_only=request.headers_only,
         )  # fmt: skip
         if results and results[0].cache:  # the embedding cache's answer per image, e.g. "hit,hit,miss"
             note_access(cache=",".join(r.cache for r in results))
-        return request_id, results
+        return request_id, deadline, results
 
     async def EncodeImages(
         self, request: pb.EncodeImagesRequest, context: grpc.aio.ServicerContext
     ) -> pb.EncodeImagesResponse:
         try:
-            request_id, results = await self._run(request, context)
+            request_id, deadline, results = await self._run(request, context)
             if request.headers_only:
                 return headers_reply(request_id, results)
             if in_pool(results):
                 assert self._engine.pool is not None
                 return ipc_reply(request_id, results, self._engine.pool.identity)
-            payloads = await self._serialize(results)
+            payloads = await self._serialize(results, deadline, context)
             size = sum(len(p) for p in payloads)
             if size > self._info.max_message_bytes - 64 * 1024:
                 raise ReplyTooLargeError(
@@ -117,9 +127,10 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
             # Streams carry bytes only: a lease taken here would never reach a consumer to release it.
             if request.headers_only:  # nothing to stream: a unary reply carries the headers
                 raise InvalidRequestError("headers_only requests go to EncodeImages", reason=Reason.BAD_REQUEST)
-            request_id, results = await self._run(request, context, ipc=False)
+            request_id, deadline, results = await self._run(request, context, ipc=False)
+            held = await self._hold_reply(results, deadline, context)
             with self._state.metrics.time_stage("transport"):
-                messages = await _off_loop(serialized_stream, request_id, results, self._info.stream_chunk_bytes)
+                messages = await held.off_loop(serialized_stream, request_id, results, self._info.stream_chunk_bytes)
         except Exception as exc:
             await self._abort(context, request, exc)
             return

@@ -43,7 +43,7 @@ class VideoServicerMixin:
             chunks = all_chunks(videos)
             if in_pool(chunks):
                 return ipc_video_reply(request_id, videos, engine.pool.identity)
-            payloads = await self._serialize(chunks)
+            payloads = await self._serialize(chunks, deadline, context)
             size = sum(len(p) for p in payloads)
             if size > self._info.max_message_bytes - 64 * 1024:
                 raise InvalidRequestError(

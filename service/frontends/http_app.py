@@ -15,7 +15,6 @@ POST /v1/encode_video  videos (service/frontends/http_video.py)
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 import hashlib
@@ -33,6 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from mmproc.errors import InvalidRequestError, Reason
 from mmproc.transport import DTYPE_NAMES
 from service.frontends.error_mapping import map_error
+from service.frontends.http_reply import held_reply
 from service.frontends.info_json import server_info_json
 from service.frontends.replies import serialized_payloads
 from service.pipeline.encoded import EncodedImage
@@ -201,7 +201,7 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
             return error_response(exc, "-")
 
     @app.post("/v1/encode")
-    async def encode(body: EncodeBody, request: Request) -> JSONResponse:
+    async def encode(body: EncodeBody, request: Request) -> Response:
         started = mark_started(request)
         request_id = body.request_id or http_request_id(request)
         with request_context(request_id):
@@ -215,7 +215,7 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
 
     async def encode_request(
         body: EncodeBody, request_id: str, timeout: str | None
-    ) -> tuple[str, JSONResponse, dict[str, str]]:
+    ) -> tuple[str, Response, dict[str, str]]:
         try:
             deadline = time.monotonic() + request_budget_s(timeout, default_deadline_s)
             engine = state.engine()
@@ -225,16 +225,16 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
                 results = await engine.encode_keyed(images, body.keys, request_id, deadline)
             else:
                 results = await engine.encode(images, request_id, deadline, cache=not body.cache_bypass)
+            with_data = body.return_embeddings  # rendered off the loop: a 1024² K2.5 reply is ~20 MB to copy and hash
+            response = await held_reply(
+                engine, deadline, results, with_data, lambda: encode_reply(request_id, results, with_data)
+            )
         except Exception as exc:
             mapped = map_error(exc, metrics=metrics)
             response = JSONResponse(
                 mapped.http_body(request_id), status_code=mapped.http_status, headers=mapped.http_headers
             )
             return mapped.grpc_code.name, response, {}
-        with metrics.time_stage("transport"):  # off the loop: a 1024² K2.5 reply is ~20 MB to copy and hash
-            response = await asyncio.get_running_loop().run_in_executor(
-                None, encode_reply, request_id, results, body.return_embeddings
-            )
         cache_field = {"cache": ",".join(r.cache for r in results)} if any(r.cache for r in results) else {}
         return "OK", response, cache_field
 

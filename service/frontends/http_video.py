@@ -9,16 +9,16 @@ POST /v1/encode_video  {"videos": [{"data": "<base64 or data: URI>", "fps"?: 2.0
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from service.frontends.error_mapping import map_error
 from service.frontends.grpc_video import video_service
 from service.frontends.http_app import TIMEOUT_HEADER, decode_image_field, request_budget_s
+from service.frontends.http_reply import held_reply
 from service.frontends.replies import serialized_payloads
 from service.frontends.replies_video import all_chunks, video_json
 from service.pipeline.state import ServingState
@@ -52,7 +52,7 @@ def add_video_routes(app: FastAPI, state: ServingState, *, default_deadline_s: f
     metrics = state.metrics
 
     @app.post("/v1/encode_video")
-    async def encode_video(body: EncodeVideoBody, request: Request) -> JSONResponse:
+    async def encode_video(body: EncodeVideoBody, request: Request) -> Response:
         started = time.perf_counter()
         request_id = body.request_id or client_request_id(request.headers.get(REQUEST_ID_HEADER))
         with request_context(request_id):
@@ -63,21 +63,22 @@ def add_video_routes(app: FastAPI, state: ServingState, *, default_deadline_s: f
         response.headers[REQUEST_ID_HEADER] = request_id
         return response
 
-    async def _encode(body: EncodeVideoBody, request_id: str, timeout: str | None) -> tuple[str, JSONResponse]:
+    async def _encode(body: EncodeVideoBody, request_id: str, timeout: str | None) -> tuple[str, Response]:
         try:
             deadline = time.monotonic() + request_budget_s(timeout, default_deadline_s)
-            service = video_service(state.engine())
+            engine = state.engine()
+            service = video_service(engine)
             service.check_request([VideoItem(b"", v.fps, v.num_frames) for v in body.videos])  # before any base64
             items = [VideoItem(decode_image_field(v.data, i), v.fps, v.num_frames) for i, v in enumerate(body.videos)]
             videos = await service.encode(items, request_id, deadline)
+            with_data = body.return_embeddings  # rendered off the loop: copying, hashing and rendering megabytes
+            response = await held_reply(
+                engine, deadline, all_chunks(videos), with_data, lambda: video_reply(request_id, videos, with_data)
+            )
         except Exception as exc:
             mapped = map_error(exc, metrics=metrics)
             body_json = mapped.http_body(request_id)
             return mapped.grpc_code.name, JSONResponse(
                 body_json, status_code=mapped.http_status, headers=mapped.http_headers
-            )
-        with metrics.time_stage("transport"):  # off the loop: copying, hashing and rendering megabytes
-            response = await asyncio.get_running_loop().run_in_executor(
-                None, video_reply, request_id, videos, body.return_embeddings
             )
         return "OK", response

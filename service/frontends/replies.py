@@ -44,6 +44,11 @@ def headers_reply(request_id: str, results: list[EncodedImage]) -> pb.EncodeImag
     return reply
 
 
+def payload_bytes(results: list[EncodedImage]) -> int:
+    """The raw bytes a serialized reply carries: what it takes from the reply byte budget before staging."""
+    return sum(r.embedding.nbytes for r in results)
+
+
 def serialized_payloads(results: list[EncodedImage]) -> list[bytes]:
     """Raw bytes of every result. From a GPU: one pinned staging buffer per request (start_staging), and image
     i's bytes are copied out of it as soon as its own D2H has landed, while later images are still in flight."""

@@ -1,6 +1,6 @@
 """The delivery step: where a request's embeddings go, chosen once per request. Serialized: plain tensors that the
-front ends turn into bytes; IPC: one pool lease that the runner writes into and the reply describes. The IPC
-hand-off's protocol: docs/ipc.md."""
+front ends turn into bytes, within the reply byte budget (service/pipeline/reply_budget.py); IPC: one pool lease that
+the runner writes into and the reply describes. The IPC hand-off's protocol: docs/ipc.md."""
 
 from __future__ import annotations
 
@@ -13,11 +13,12 @@ from typing import TypeVar
 
 import torch
 
-from mmproc.errors import ResourceExhaustedError, StaleSessionError
+from mmproc.errors import DeadlineExceededError, ResourceExhaustedError, StaleSessionError
 from mmproc.transport.ipc_pool import IpcPool, SliceDescriptor
 from mmproc.transport.leases import Lease, UnknownSessionError
 from mmproc.types import PreprocessedImage
 from service.pipeline.encoded import EncodedImage
+from service.pipeline.reply_budget import ReplyBudget, ReplyBudgetConfig, ReplyHold
 from service.process.metrics import Metrics
 
 logger = logging.getLogger(__name__)
@@ -98,10 +99,14 @@ class Delivery:
     attached (service/pipeline/ipc_setup.py); then IPC requests get a lease, or serialized when the pool stays full
     and `fallback` allows it."""
 
-    def __init__(self, hidden: int, dtype: torch.dtype, metrics: Metrics) -> None:
+    def __init__(
+        self, hidden: int, dtype: torch.dtype, metrics: Metrics, replies: ReplyBudgetConfig | None = None
+    ) -> None:
         self.hidden = hidden
         self.dtype = dtype
         self._metrics = metrics
+        self.replies = ReplyBudget(replies or ReplyBudgetConfig())
+        metrics.reply_bytes_in_flight.set_function(lambda: self.replies.in_flight)
         self.pool: IpcPool | None = None
         self.fallback = True
         self.fallbacks = 0
@@ -159,6 +164,16 @@ class Delivery:
         if self.fallbacks == 1:
             logger.warning("IPC pool full past the wait: replying serialized (counted in ipc fallbacks; logged once)")
         return None
+
+    async def reply_bytes(self, nbytes: int, deadline: float | None, images: int) -> ReplyHold:
+        """Budget for a serialized reply of `nbytes`, taken before it is staged to host memory; the front end
+        releases it once sent. Past the deadline: DeadlineExceededError. Expired or cancelled, its `images` count
+        as dropped at delivery."""
+        try:
+            return await self.replies.acquire(nbytes, deadline)
+        except (DeadlineExceededError, asyncio.CancelledError):
+            self._metrics.dropped_images.labels("delivery").inc(images)  # as run_step.count_dropped (imports us)
+            raise
 
     def descriptors(self, lease: Lease, rows: list[int]) -> list[SliceDescriptor]:
         """One descriptor per image of `rows` rows each, all in one lease (same ready word and reader ack words)."""

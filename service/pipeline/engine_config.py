@@ -12,6 +12,7 @@ from service.cache.embedding_cache import CacheConfig
 from service.pipeline.decode_config import DecodePoolConfig
 from service.pipeline.key_store import KeyStoreConfig
 from service.pipeline.overload import OverloadConfig
+from service.pipeline.reply_budget import ReplyBudgetConfig
 from service.pipeline.request_limits import InflightLimits, RequestLimits
 
 
@@ -30,5 +31,6 @@ class EngineConfig:
     key_store: KeyStoreConfig = field(default_factory=KeyStoreConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     overload: OverloadConfig = field(default_factory=OverloadConfig)
+    replies: ReplyBudgetConfig = field(default_factory=ReplyBudgetConfig)
     cache_context: str | None = None
     gpu_decode: Literal["auto", "on", "off"] = "auto"

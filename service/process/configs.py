@@ -14,6 +14,7 @@ from service.pipeline.decode_config import DecodePoolConfig
 from service.pipeline.engine_config import EngineConfig
 from service.pipeline.key_store import KeyStoreConfig
 from service.pipeline.overload import OverloadConfig
+from service.pipeline.reply_budget import ReplyBudgetConfig
 from service.pipeline.request_limits import InflightLimits, RequestLimits, VideoRequestLimits
 from service.process.settings import ServerSettings
 
@@ -95,6 +96,10 @@ def overload_config(s: ServerSettings) -> OverloadConfig:
     return OverloadConfig(max_queue_delay_s=s.max_queue_delay_ms / 1000, max_pending_bytes=s.max_pending_mb * MiB)
 
 
+def reply_budget_config(s: ServerSettings) -> ReplyBudgetConfig:
+    return ReplyBudgetConfig(max_bytes=s.max_reply_mb * MiB)
+
+
 def key_store_config(s: ServerSettings) -> KeyStoreConfig:
     return KeyStoreConfig(max_bytes=s.key_store_mb * MiB, ttl_s=s.key_store_ttl_s, max_keys=s.key_store_max_keys)
 
@@ -126,6 +131,7 @@ def engine_config(s: ServerSettings, *, cache_context: str) -> EngineConfig:
         key_store=key_store_config(s),
         cache=cache_config(s),
         overload=overload_config(s),
+        replies=reply_budget_config(s),
         cache_context=cache_context,
         gpu_decode=s.gpu_decode,
     )

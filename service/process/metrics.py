@@ -128,6 +128,11 @@ class Metrics:
         for stage in ("decode", "batching", "queue", "late", "delivery"):
             self.dropped_images.labels(stage)
         self.pending_bytes = Gauge("mmproc_pending_bytes", "Decoded pixels waiting for the encoder.", registry=r)
+        self.reply_bytes_in_flight = Gauge(
+            "mmproc_reply_bytes_in_flight",
+            "Serialized reply bytes staged or being sent (bounded by max_reply_mb).",
+            registry=r,
+        )
         self.estimated_wait = Gauge(
             "mmproc_estimated_wait_seconds", "Estimated encoder work ahead of a request arriving now.", registry=r
         )

@@ -20,6 +20,7 @@ from service.pipeline.decode_config import DecodePoolConfig
 from service.pipeline.engine_config import EngineConfig
 from service.pipeline.key_store import KeyStoreConfig
 from service.pipeline.overload import OverloadConfig
+from service.pipeline.reply_budget import ReplyBudgetConfig
 from service.pipeline.request_limits import InflightLimits
 from service.process.limit_settings import LimitSettings
 
@@ -206,6 +207,13 @@ class ServerSettings(LimitSettings):
         ge=1,
         le=1 << 20,
         description="Decoded images waiting for the encoder, in MB; past it requests are refused (429)",
+    )
+    max_reply_mb: int = Field(
+        ReplyBudgetConfig.max_bytes // MiB,
+        ge=1,
+        le=1 << 20,
+        description="Serialized reply bytes staged or being sent at once, in MB; more replies wait, up to their "
+        "deadline (one larger reply goes alone)",
     )
 
     # Decode isolation (docs/reliability.md): where hostile bytes are decoded

@@ -15,6 +15,7 @@ from service.cache.embedding_cache import CacheConfig
 from service.pipeline.decode_config import DecodePoolConfig
 from service.pipeline.key_store import KeyStoreConfig
 from service.pipeline.overload import OverloadConfig
+from service.pipeline.reply_budget import ReplyBudgetConfig
 from service.pipeline.request_limits import InflightLimits, RequestLimits, VideoRequestLimits
 from service.process import configs
 from service.process.settings import ServerSettings
@@ -48,6 +49,7 @@ BUILDERS = [
     (configs.decode_config, DecodePoolConfig),
     (configs.runner_config, RunnerConfig),
     (configs.overload_config, OverloadConfig),
+    (configs.reply_budget_config, ReplyBudgetConfig),
     (configs.key_store_config, KeyStoreConfig),
     (configs.cache_config, CacheConfig),
     (configs.ipc_pool_config, PoolConfig),
@@ -72,6 +74,7 @@ def test_a_changed_setting_reaches_its_config() -> None:
     changed = ServerSettings(
         max_image_mb=7, max_images_per_request=3, max_video_mb=5, max_videos_per_request=2, decode_timeout_s=9.0,
         max_batch_images=5, max_queue_delay_ms=250.0, key_store_max_keys=11, cache_invalid_ttl_s=4.0, ipc_word_slots=8,
+        max_reply_mb=7,
     )  # fmt: skip
     assert configs.media_limits(changed).max_image_bytes == 7 << 20
     assert configs.request_limits(changed).max_images == 3
@@ -80,6 +83,7 @@ def test_a_changed_setting_reaches_its_config() -> None:
     assert configs.decode_config(changed).timeout_s == 9.0
     assert configs.runner_config(changed).max_batch_images == 5
     assert configs.overload_config(changed).max_queue_delay_s == 0.25
+    assert configs.reply_budget_config(changed).max_bytes == 7 << 20
     assert configs.key_store_config(changed).max_keys == 11
     assert configs.cache_config(changed).invalid_ttl_s == 4.0
     assert configs.ipc_pool_config(changed).num_word_slots == 8
@@ -98,14 +102,16 @@ def test_settings_and_their_defaults_load_no_torch() -> None:
 
 
 def test_overload_settings_reach_the_engine() -> None:
-    """--max-queue-delay-ms and --max-pending-mb bound the engine the server builds (they used to stop at the
-    settings: the engine ran on OverloadConfig's defaults whatever was given)."""
+    """--max-queue-delay-ms, --max-pending-mb and --max-reply-mb bound the engine the server builds (the first two
+    used to stop at the settings: the engine ran on OverloadConfig's defaults whatever was given)."""
     from service.process.app import build_engine
     from tests.support.server import test_settings
 
-    engine = build_engine(test_settings(max_queue_delay_ms=250.0, max_pending_mb=64, decode_isolation="thread"))
+    settings = test_settings(max_queue_delay_ms=250.0, max_pending_mb=64, max_reply_mb=3, decode_isolation="thread")
+    engine = build_engine(settings)
     try:
         assert engine.overload.config.max_queue_delay_s == 0.25
         assert engine.overload.config.max_pending_bytes == 64 << 20
+        assert engine.delivery.replies.max_bytes == 3 << 20
     finally:
         engine.close()
