@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import hashlib
 import json
 import logging
@@ -38,8 +37,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     settings = _settings(args)  # validated before the heavy imports: a bad setting fails in a blink
     configure_logging(settings.log_level, settings.log_json)
     from service.process.app import serve
+    from service.process.event_loop import run
 
-    return asyncio.run(serve(settings))
+    return run(serve(settings), settings.event_loop)
 
 
 def cmd_config(args: argparse.Namespace) -> int:

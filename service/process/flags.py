@@ -36,7 +36,10 @@ def _plain(annotation: object) -> object:
 # `serve --help` in sections. A setting missing here (a new one) joins the section of the setting declared
 # before it in ServerSettings, so that it still shows next to its neighbours.
 GROUPS: dict[str, tuple[str, ...]] = {
-    "model": ("model_path", "model", "device", "dtype", "cuda_graphs", "cuda_graph_max_patches", "torch_threads"),
+    "model": (
+        "model_path", "model", "device", "dtype", "cuda_graphs", "cuda_graph_max_patches", "torch_threads",
+        "event_loop",
+    ),
     "network": ("grpc_address", "http_address", "max_message_mb", "stream_chunk_mb", "max_connection_age_s"),
     "transport (CUDA IPC and serialized replies)": (
         "transport", "ipc_pool_mb", "ipc_word_slots", "ipc_ttl_s", "ipc_fallback", "host_malloc_reuse_mb",

@@ -155,6 +155,10 @@ class ServerSettings(LimitSettings):
         le=1024,
         description="Torch's CPU threads (reply copies, batch packing, a CPU model); 0: torch's default",
     )
+    event_loop: Literal["auto", "asyncio", "uvloop"] = Field(
+        "auto",
+        description="The front ends' event loop: uvloop when installed (auto, as uvicorn picks), or asyncio's own",
+    )
 
     # Concurrency and batching
     preprocess_workers: int | None = Field(
