@@ -11,7 +11,7 @@ embeddings in the body. Reported: the main process's peak RSS over its RSS just 
 bytes in flight seen on /metrics (sampled every 20 ms), images/s and the reply codes.
 
     python -m benchmarks.reply_budget [--budgets default,1048576] [--source cache|encode] [--clients 16]
-        [--requests 6] [--rounds 2]
+        [--requests 6] [--rounds 2] [--server-args '--host-malloc-reuse-mb 0']
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def status_mb(pid: int, key: str) -> int:
 
 
 class Server:
-    def __init__(self, model: Path, budget: str, cache: bool, log: Path) -> None:
+    def __init__(self, model: Path, budget: str, cache: bool, extra: list[str], log: Path) -> None:
         self.grpc = f"127.0.0.1:{free_port()}"
         self.http = f"http://127.0.0.1:{free_port()}"
         command = [
@@ -71,6 +71,7 @@ class Server:
         ]  # fmt: skip
         if budget != "default":
             command += ["--max-reply-mb", budget]
+        command += extra
         self._log = log.open("w")
         self.process = subprocess.Popen(command, cwd=CHECKOUT, stdout=self._log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 600
@@ -114,15 +115,17 @@ def http(server: Server, channel: grpc.Channel, image: bytes) -> int:
 SENDERS: tuple[Callable[[Server, grpc.Channel, bytes], int], ...] = (unary, stream, http)
 
 
-def load(server: Server, images: list[bytes], clients: int, requests: int) -> tuple[collections.Counter, float]:
-    """`clients` threads, `requests` each, front ends in turn; (codes, seconds)."""
+def load(
+    server: Server, images: list[bytes], clients: int, requests: int, senders: Sequence[Callable[..., int]]
+) -> tuple[collections.Counter, float]:
+    """`clients` threads, `requests` each, `senders` (front ends) in turn; (codes, seconds)."""
     codes: collections.Counter = collections.Counter()
     options = [("grpc.max_receive_message_length", MESSAGE_BYTES)]
 
     def client(c: int) -> None:
         with grpc.insecure_channel(server.grpc, options=options) as channel:
             for r in range(requests):
-                send = SENDERS[(c + r) % len(SENDERS)]
+                send = senders[(c + r) % len(senders)]
                 try:
                     send(server, channel, images[(c * requests + r) % len(images)])
                     codes[f"{send.__name__} OK"] += 1
@@ -138,7 +141,7 @@ def load(server: Server, images: list[bytes], clients: int, requests: int) -> tu
 
 
 def one_run(model: Path, budget: str, images: list[bytes], args: argparse.Namespace, log: Path) -> str:
-    server = Server(model, budget, args.source == "cache", log)
+    server = Server(model, budget, args.source == "cache", args.server_args.split(), log)
     try:
         with grpc.insecure_channel(server.grpc, options=[("grpc.max_receive_message_length", MESSAGE_BYTES)]) as ch:
             for image in images:  # into the cache (when on), before the baseline
@@ -158,7 +161,8 @@ def one_run(model: Path, budget: str, images: list[bytes], args: argparse.Namesp
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
-        codes, seconds = load(server, images, args.clients, args.requests)
+        senders = [next(s for s in SENDERS if s.__name__ == name) for name in args.front_ends.split(",")]
+        codes, seconds = load(server, images, args.clients, args.requests, senders)
         stop.set()
         sampler.join()
         peak = status_mb(pid, "VmHWM")
@@ -176,6 +180,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--budgets", default="default,1048576", help="--max-reply-mb values, comma-separated")
     p.add_argument("--source", choices=("cache", "encode"), default="cache", help="replies from the cache or encoded")
     p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--front-ends", default="unary,stream,http", help="taken in turn, comma-separated")
+    p.add_argument("--server-args", default="", help="more `mmproc serve` flags, e.g. '--host-malloc-reuse-mb 0'")
     p.add_argument("--requests", type=int, default=6, help="requests per client")
     p.add_argument("--rounds", type=int, default=2, help="fresh servers per budget, budgets interleaved")
     p.add_argument("--model-path", type=Path, default=None, help="checkpoint to serve (default: written to a temp dir)")

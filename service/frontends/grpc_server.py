@@ -62,7 +62,8 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
     ) -> ReplyHold:
         """The reply's bytes from the reply budget, before staging. Given back when the call is done (sent, failed or
         cancelled): gRPC runs done callbacks once its call task has finished, so neither our frames nor its own
-        (the message, its serialized copy) hold the bytes any more."""
+        (the message, its serialized copy) hold the bytes any more. Those callbacks sit in a reference cycle (call
+        state <-> context) until the cyclic GC: the hold must reference none of the reply."""
         held = await self._engine.delivery.reply_bytes(payload_bytes(results), deadline, len(results))
         context.add_done_callback(lambda _: held.release())
         return held

@@ -129,7 +129,9 @@ class ReplyHold:
         staging = asyncio.get_running_loop().run_in_executor(None, fn, *args)
         staging.add_done_callback(_consume)
         self._staging = staging
-        return await asyncio.shield(staging)
+        result = await asyncio.shield(staging)
+        self._staging = None  # its result is the reply: ours no longer once handed over (a hold may outlive it)
+        return result
 
     def resize(self, nbytes: int) -> None:
         """What the reply holds from now on (HTTP: its rendered body). Growth is taken at once, never waited for."""
@@ -141,7 +143,7 @@ class ReplyHold:
         if self._released:
             return
         self._released = True
-        staging = self._staging
+        staging, self._staging = self._staging, None
         if staging is not None and not staging.done():
             staging.add_done_callback(lambda _: self._budget._give_back(self.nbytes))
         else:

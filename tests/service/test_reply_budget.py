@@ -7,8 +7,10 @@ from __future__ import annotations
 import asyncio
 import base64
 import concurrent.futures
+import gc
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -145,6 +147,30 @@ def test_staging_keeps_its_bytes_until_its_thread_has_finished() -> None:
         assert budget.in_flight == 0
 
     run(main)
+
+
+def test_a_hold_keeps_no_reference_to_the_reply_it_staged() -> None:
+    """gRPC keeps a call's done callbacks in a reference cycle (its state and context point at each other): what
+    a callback's hold references lives until the cyclic GC runs, uncounted (docs/benchmarks/overload.md)."""
+
+    class Reply:  # stands for the reply's bytes (bytes cannot be weakly referenced)
+        pass
+
+    async def main() -> None:
+        budget = ReplyBudget(ReplyBudgetConfig(max_bytes=10))
+        held = await budget.acquire(8, None)
+        reply = await held.off_loop(Reply)
+        gone = weakref.ref(reply)
+        del reply
+        await settle()  # the futures' own done callbacks, a loop turn later
+        assert gone() is None, "the hold kept the reply alive"
+        held.release()
+
+    gc.disable()  # only reference counting may free it, as between two collections in the server
+    try:
+        run(main)
+    finally:
+        gc.enable()
 
 
 def test_resizing_to_the_rendered_body_lets_waiters_in() -> None:
