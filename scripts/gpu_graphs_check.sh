@@ -45,8 +45,7 @@ kill -TERM $graphs $default 2>/dev/null; wait
 trap - EXIT
 for run in "asyncio 448x448" "uvloop 448x448" "asyncio 1024x1024"; do
   set -- $run
-  main="-m service.process.cli"; [ "$1" = uvloop ] && main=scripts/serve_uvloop.py
-  OUT="$OUT/overload_$1_$2" SERVER_MAIN="$main" SERVER_ARGS="${graph_flags[*]}" RES="$2" CLIENTS=6 DURATION=30 \
+  OUT="$OUT/overload_$1_$2" SERVER_ARGS="${graph_flags[*]} --event-loop $1" RES="$2" CLIENTS=6 DURATION=30 \
     timeout 200 bash scripts/gpu_overload_check.sh > /dev/null 2>&1
   echo "## overload, graphs, $1, $2" | tee -a "$OUT/graphs.log"
   grep -hv "^mmproc_" "$OUT/overload_$1_$2"/overload_*.txt | tee -a "$OUT/graphs.log"

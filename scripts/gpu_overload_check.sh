@@ -5,7 +5,7 @@
 # Run from the repo root with the wheels in .whl/ (see docs/benchmarks/README.md); output goes to $OUT.
 #   OVERLOAD=3 DURATION=30 RES=448x448 bash scripts/gpu_overload_check.sh
 #   RES="1024x1024 448x448" ...: one server, one run per size in turn (files named overload_<size>.*)
-#   SERVER_MAIN=scripts/serve_uvloop.py (the server on uvloop), SERVER_ARGS="--flag value ..." (more server flags)
+#   SERVER_ARGS="--flag value ..." (more server flags, e.g. --event-loop asyncio)
 # The load comes from CLIENTS client processes (default 4; one Python process could not take in the replies at
 # 448², docs/benchmarks/overload.md); the report's last line is the server's event-loop lag under the load.
 set -uo pipefail
@@ -23,7 +23,7 @@ else
 fi
 { date -u; echo "commit ${MMPROC_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; } | tee "$OUT/overload_env.txt"
-python3 ${SERVER_MAIN:--m service.process.cli} serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto \
+python3 -m service.process.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto \
   --grpc-address 127.0.0.1:$PORT --http-address 127.0.0.1:$HTTP_PORT --drain-delay-s 0 ${SERVER_ARGS:-} > "$OUT/overload_server.log" 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null; wait $server' EXIT
