@@ -10,7 +10,7 @@ import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 from mmproc.errors import UnavailableError
@@ -25,7 +25,7 @@ class _Queued(Generic[J]):
     job: J
     size: int
     future: asyncio.Future
-    token: int = field(default=0)
+    token: int = 0  # its place in the wait clock
 
 
 class BatchThread(Generic[J, R]):
@@ -69,7 +69,7 @@ class BatchThread(Generic[J, R]):
                 self._cond.wait()
             if not self._queue:
                 return None
-            batch, size = [self._queue.popleft()], 0
+            batch = [self._queue.popleft()]
             size = batch[0].size
             while self._queue and size + self._queue[0].size <= self._max_size:
                 size += self._queue[0].size

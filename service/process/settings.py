@@ -195,7 +195,8 @@ class ServerSettings(LimitSettings):
     )
     max_queue_delay_ms: float = Field(
         OverloadConfig.max_queue_delay_s * 1000, ge=0, le=3_600_000,
-        description="Refuse (429) a request whose estimated time to finish passes this, whatever its deadline; 0: off",
+        description="Refuse (429) new requests, whatever their deadline, while requests wait longer than this for the "
+        "decoders and the encoder (CoDel's target); 0: off",
     )  # fmt: skip
     queue_discipline: Literal["fifo", "adaptive_lifo"] = Field(
         RunnerConfig.queue_discipline, description="Encoder queue order under overload (docs/benchmarks/overload.md)"
