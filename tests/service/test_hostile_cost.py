@@ -89,7 +89,8 @@ def test_a_decode_over_budget_retires_its_workers_and_spares_other_requests(serv
         error, _ = timed_refusal(client, [SLOW])
         assert error.reason == "decode_time"
         assert all(len(good.result(30)) == 2 for good in goods)
-    wait_until(lambda: pool.retired != retired, 60)  # fresh workers are started in the background, then swapped in
+    # fresh workers are started in the background (up to 120 s each on a loaded machine), then swapped in
+    wait_until(lambda: pool.retired != retired, 150)
     assert pool.retired > retired and pool.crashes == crashes  # recycled gracefully, no crash, nobody else failed
     with EncoderClient(server.grpc_target) as client:
         assert len(client.encode_images([GOOD])) == 1
