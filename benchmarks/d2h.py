@@ -133,14 +133,16 @@ def _loopback(results: list[EncodedImage], chunk_bytes: int) -> Iterator[str]:
     from service.pipeline.state import ServingState
     from service.process.metrics import Metrics
 
+    metrics = Metrics()
+
     class FixedEngine:  # what the servicer uses of service.pipeline.engine.Engine
         pool = None
-        delivery = Delivery(results[0].embedding.shape[-1], results[0].embedding.dtype, Metrics())  # reply budget
+        delivery = Delivery(results[0].embedding.shape[-1], results[0].embedding.dtype, metrics)  # the reply budget
 
         async def encode(self, images, request_id, deadline, *, ipc_session=None, readers=1, **cache_options):
             return results
 
-    state = ServingState(Metrics())
+    state = ServingState(metrics)
     info = pb.ServerInfo(max_message_bytes=64 * MiB, stream_chunk_bytes=chunk_bytes)
     state.publish(FixedEngine(), info)  # type: ignore[arg-type]
     loop = asyncio.new_event_loop()

@@ -24,11 +24,11 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class ReplyBudgetConfig:
     """max_bytes: payload bytes of serialized replies staged or being sent at once (HTTP: the rendered body when
-    larger). The process holds a few copies of each (staging, message, gRPC's own), so its memory is a small
-    multiple of this: docs/benchmarks/overload.md ("Reply bytes in flight")."""
+    larger). The process holds copies of each (staging, message, gRPC's own): about 2 MB of memory per MB in
+    flight, docs/benchmarks/overload.md ("Reply bytes in flight")."""
 
-    # 64 MiB: three 1024² Kimi K2.5 replies (20 MB each) at once keep a loopback sender busy, while the main
-    # process's peak stays a few hundred MB (measured on the CPU: docs/benchmarks/overload.md).
+    # 64 MiB: three 1024² Kimi K2.5 replies (19 MB each) sending at once, for ~+100 MB of main-process peak (measured
+    # on the CPU), within issue 24's +200 MB; slow network consumers may want more.
     max_bytes: int = 64 * MiB
 
     def __post_init__(self) -> None:
