@@ -18,17 +18,14 @@ import httpx
 import pytest
 import torch
 
-from mmproc.batching import pack_images
 from mmproc.client import EncoderClient
 from mmproc.errors import DeadlineExceededError
-from mmproc.media import decode_image
-from mmproc.preprocess import preprocess_image
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from service.pipeline.reply_budget import ReplyBudget, ReplyBudgetConfig, ReplyHold
 from tests.support.common import wait_until
 from tests.support.media_samples import make_image_bytes
-from tests.support.server import ServiceThread, serving, test_settings
+from tests.support.server import ServiceThread, reference_embeddings, serving, test_settings
 
 IMAGE_BYTES = 256 * 256 * 4  # a 448² image on the tiny preset: 256 tokens x 256 float32
 IMAGES = [make_image_bytes(448, 448, fmt="PNG", seed=40 + i) for i in range(6)]
@@ -228,17 +225,6 @@ def assert_idle(server: ServiceThread) -> None:
     assert gauge(server) == 0
 
 
-def reference(server: ServiceThread, images: list[bytes]) -> list[torch.Tensor]:
-    """The images through the library directly, one per forward (no server, no batching)."""
-    engine = server.service.engine
-    out = []
-    for data in images:
-        pre = preprocess_image(decode_image(data, engine.media_limits).image, engine.preprocess)
-        with torch.inference_mode():
-            out.append(engine.encoder(pack_images([pre])).clone())
-    return out
-
-
 def unary(server: ServiceThread, images: list[bytes], timeout: float = 30) -> list[torch.Tensor]:
     with grpc.insecure_channel(server.grpc_target) as channel:
         reply = pb_grpc.EncoderStub(channel).EncodeImages(pb.EncodeImagesRequest(images=images), timeout=timeout)
@@ -287,7 +273,7 @@ def test_replies_from_every_front_end_wait_their_turn_and_stay_within_the_budget
         results = [f.result(60) for f in futures]
     sampling.set()
     sampler.join()
-    want = dict(zip(IMAGES, reference(server, IMAGES)))
+    want = dict(zip(IMAGES, reference_embeddings(server, IMAGES)))
     for images, got in zip(requests, results):
         assert len(got) == len(images)
         for data, tensor in zip(images, got):

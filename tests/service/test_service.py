@@ -14,27 +14,15 @@ from google.rpc import error_details_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_status import rpc_status
 
-from mmproc.batching import pack_images
 from mmproc.client import AsyncEncoderClient, EncoderClient
 from mmproc.errors import InvalidMediaError
 from mmproc.media import decode_image
-from mmproc.preprocess import preprocess_image, target_grid
+from mmproc.preprocess import target_grid
 from mmproc.transport import tensor_to_bytes
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from tests.support.media_samples import make_image_bytes
-
-
-def reference_embeddings(server, images: list[bytes]) -> list[torch.Tensor]:
-    """The same images through the library directly, one image per forward (no server, no batching)."""
-    engine = server.service.engine
-    out = []
-    for data in images:
-        pre = preprocess_image(decode_image(data, engine.media_limits).image, engine.preprocess)
-        with torch.inference_mode():
-            out.append(engine.encoder(pack_images([pre])).clone())
-    return out
-
+from tests.support.server import reference_embeddings
 
 IMAGES = [
     make_image_bytes(448, 448, fmt="PNG", seed=1),

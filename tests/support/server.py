@@ -11,7 +11,11 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
+import torch
 
+from mmproc.batching import pack_images
+from mmproc.media import decode_image
+from mmproc.preprocess import preprocess_image
 from service.pipeline.decode_pool import DecodePool
 from service.process.app import EngineFactory, Service, build_engine
 from service.process.config_sources import load_settings
@@ -141,3 +145,14 @@ def misbehaving_engine(settings, metrics):
         engine.media_limits, engine.preprocess, decode_config(settings), task=misbehaving_task
     )
     return engine
+
+
+def reference_embeddings(server: ServiceThread, images: list[bytes]) -> list[torch.Tensor]:
+    """The images through the library directly, one per forward (no server, no batching): what replies must equal."""
+    engine = server.service.engine
+    out = []
+    for data in images:
+        pre = preprocess_image(decode_image(data, engine.media_limits).image, engine.preprocess)
+        with torch.inference_mode():
+            out.append(engine.encoder(pack_images([pre])).clone())
+    return out
