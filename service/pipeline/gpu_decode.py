@@ -133,6 +133,11 @@ def gate_all(images: list[bytes], limits: MediaLimits) -> list[Gated]:
     return out
 
 
+def first_refused(gated: list[Gated]) -> int:
+    """The index of the first image the gate refused; len(gated) when none: the images after it are not decoded."""
+    return next((i for i, g in enumerate(gated) if isinstance(g, InvalidMediaError)), len(gated))
+
+
 def run_batch(requests: list[GpuRequest], limits: MediaLimits, decode: Decode) -> list[GpuResult]:
     """Each request's headers checked (under its own log context); the JPEGs before its first refused image, of
     the requests whose deadline has not passed, decoded in one `decode` call. A call that raises (the device out
@@ -142,7 +147,7 @@ def run_batch(requests: list[GpuRequest], limits: MediaLimits, decode: Decode) -
     now = time.monotonic()
     for r, request in enumerate(requests):
         gated = request.context.run(gate_all, request.images, limits)
-        first_bad = next((i for i, g in enumerate(gated) if isinstance(g, InvalidMediaError)), len(gated))
+        first_bad = first_refused(gated)
         expired = request.deadline is not None and now >= request.deadline
         results.append(GpuResult(gated, {}, expired))
         if not expired:
@@ -172,7 +177,7 @@ async def decode_split(
     if result.expired:
         raise DeadlineExceededError("deadline passed before the images were decoded")
     gated = result.gated
-    first_bad = next((i for i, g in enumerate(gated) if isinstance(g, InvalidMediaError)), len(images))
+    first_bad = first_refused(gated)
     results = {i: p for i, p in result.decoded.items() if p is not None}
     on_cpu = [i for i in range(first_bad) if i not in results]
     failed = len(result.decoded) - len(results)
