@@ -6,6 +6,8 @@
 #   OVERLOAD=3 DURATION=30 RES=448x448 bash scripts/gpu_overload_check.sh
 #   RES="1024x1024 448x448" ...: one server, one run per size in turn (files named overload_<size>.*)
 #   SERVER_ARGS="--flag value ..." (more server flags, e.g. --event-loop asyncio)
+#   PYSPY=1: py-spy (a wheel in .whl/) samples the threads holding the GIL for 20 s of the overload phase
+#   (overload_<size>_gil.txt, raw folded stacks) and every thread for the same 20 s (overload_<size>_all.txt)
 # The load comes from CLIENTS client processes (default 4; one Python process could not take in the replies at
 # 448², docs/benchmarks/overload.md); the report's last line is the server's event-loop lag under the load.
 set -uo pipefail
@@ -17,7 +19,7 @@ mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-  export PYTHONPATH=/tmp/site:$PWD
+  export PYTHONPATH=/tmp/site:$PWD PATH=/tmp/site/bin:$PATH
 else
   export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
@@ -35,6 +37,12 @@ metrics() {  # every mmproc counter and histogram sum/count (stage times, refusa
 }
 for res in $RES; do
   metrics > "$OUT/overload_${res}_metrics_before.txt"
+  if [ "${PYSPY:-0}" = 1 ]; then  # the capacity phase takes ~10 s: sample 15-35 s in, inside the overload
+    (sleep 15; py-spy record --nonblocking --gil --threads -r 100 -d 20 -f raw -o "$OUT/overload_${res}_gil.txt" -p $server \
+       > "$OUT/overload_${res}_pyspy.log" 2>&1) &
+    (sleep 15; py-spy record --nonblocking --threads --idle -r 50 -d 20 -f raw -o "$OUT/overload_${res}_all.txt" -p $server \
+       >> "$OUT/overload_${res}_pyspy.log" 2>&1) &
+  fi
   python3 -m mmproc.bench.serve --mode open --overload "${OVERLOAD:-3}" --duration "${DURATION:-30}" \
     --target 127.0.0.1:$PORT --http-target 127.0.0.1:$HTTP_PORT --resolutions "$res" --concurrency 8 --clients "${CLIENTS:-4}" \
     --capacity-seconds 10 --recovery-seconds 8 --server-log "$OUT/overload_server.log" --quiet \
