@@ -28,7 +28,7 @@ from mmproc.client.rpc import Assembler
 from mmproc.units import MiB
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire import read_chunk
-from service.frontends.replies import serialized_payloads, serialized_stream, stream_response_serializer
+from service.frontends.replies import passthrough_serializer, serialized_payloads, serialized_reply, serialized_stream
 from service.pipeline.engine import EncodedImage
 from service.process.host_memory import reuse_freed_host_memory, set_torch_threads
 from service.process.settings import ServerSettings
@@ -82,7 +82,7 @@ IMAGES, HIDDEN = 4, 7168  # a Kimi K2.5 reply: 4 images x tokens x 7168 x bf16
 def _server_wire(results: list[EncodedImage], chunk_bytes: int) -> list[bytes]:
     """What the EncodeImagesStream servicer hands gRPC: every message it yields, through the response
     serializer that its handler is registered with."""
-    return [stream_response_serializer(message) for message in serialized_stream("bench", results, chunk_bytes)]
+    return [passthrough_serializer(message) for message in serialized_stream("bench", results, chunk_bytes)]
 
 
 def _client_tensors(wire: Sequence[bytes], device: torch.device) -> list[torch.Tensor]:
@@ -161,7 +161,8 @@ def _loopback(results: list[EncodedImage], chunk_bytes: int) -> Iterator[str]:
 
 
 STAGES = {
-    "payloads": "server, unary/HTTP: GPU -> one bytes per image (serialized_payloads)",
+    "payloads": "server, HTTP: GPU -> one bytes per image (serialized_payloads)",
+    "server_unary": "server, unary gRPC: GPU -> the reply's bytes, as handed to gRPC (serialized_reply)",
     "server_stream": "server, stream: GPU -> the bytes of every message, as handed to gRPC (server staging)",
     "client_assemble": "client: those bytes -> tensors on the device (deserializer, Assembler, H2D)",
     "in_process": "both, in process (end to end without gRPC)",
@@ -192,6 +193,7 @@ def serialized_stages(
         assert torch.equal(got.view(torch.int16), want.embedding.view(torch.int16)), "serialized stages corrupt data"
     fns: dict[str, Callable[[], object]] = {
         "payloads": lambda: serialized_payloads(results),
+        "server_unary": lambda: serialized_reply("bench", results),
         "server_stream": lambda: _server_wire(results, chunk_bytes),
         "client_assemble": lambda: _client_tensors(wire, dev),
         "in_process": lambda: _client_tensors(_server_wire(results, chunk_bytes), dev),

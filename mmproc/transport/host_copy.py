@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import threading
 import warnings
+from collections.abc import Iterable
 
 import torch
 
@@ -60,15 +61,37 @@ def _payload_u8(payload: Payload) -> torch.Tensor:
     return _u8(payload) if len(payload) else torch.empty(0, dtype=torch.uint8)
 
 
+# Parts shorter than this (headers, tags, lengths) are written by numpy under the GIL: a torch op costs more.
+_SHORT = 64 * 1024
+
+
+def join_bytes(size: int, parts: Iterable[Payload]) -> bytes:
+    """`parts`, in order and `size` bytes in all, as one new bytes object: each payload copied once, by torch's
+    threads (GIL released), short parts by numpy. `parts` may be a generator that waits for a payload's D2H
+    before yielding it: earlier parts are copied while later ones are still in flight.
+
+    ValueError when the parts do not add up to `size` (the bytes are never handed out part-filled)."""
+    out = new_bytes(size)
+    target = _u8(out) if size else torch.empty(0, dtype=torch.uint8)
+    short = target.numpy()
+    pos = 0
+    for part in parts:
+        source = _payload_u8(part)
+        end = pos + source.numel()
+        if end > size:
+            raise ValueError(f"parts longer than the {size} bytes announced")
+        if end - pos < _SHORT:
+            short[pos:end] = source.numpy()
+        else:
+            with _ONE_COPY_AT_A_TIME:
+                target[pos:end].copy_(source)
+        pos = end
+    if pos != size:
+        raise ValueError(f"parts of {pos} bytes, {size} announced")
+    return out
+
+
 def concat_bytes(prefix: bytes, payload: Payload) -> bytes:
     """`prefix + payload` as one new bytes object, the payload copied once by torch's threads (GIL released)."""
     source = _payload_u8(payload)
-    out = new_bytes(len(prefix) + source.numel())
-    if not out:
-        return out
-    target = _u8(out)
-    if prefix:
-        target[: len(prefix)].numpy()[:] = memoryview(prefix)  # a few bytes: no torch op
-    with _ONE_COPY_AT_A_TIME:
-        target[len(prefix) :].copy_(source)
-    return out
+    return join_bytes(len(prefix) + source.numel(), (prefix, source))

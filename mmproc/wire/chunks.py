@@ -11,23 +11,10 @@ from dataclasses import dataclass
 
 from mmproc.transport import concat_bytes
 from mmproc.v1 import encoder_pb2 as pb
+from mmproc.wire.framing import LEN, len_field_head
 
 _DATA_FIELD = pb.EncodeImagesChunk.DESCRIPTOR.fields_by_name["data"]
-_LEN = 2  # wire type of bytes, strings and sub-messages
 assert _DATA_FIELD.type == _DATA_FIELD.TYPE_BYTES and not _DATA_FIELD.is_repeated, "EncodeImagesChunk.data changed"
-
-
-def _encode_varint(value: int) -> bytes:
-    """Base-128 varint: 7 bits per byte, least significant group first, high bit set on all but the last byte."""
-    out = bytearray()
-    while value >= 0x80:
-        out.append(value & 0x7F | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-_DATA_TAG_BYTES = _encode_varint(_DATA_FIELD.number << 3 | _LEN)
 
 
 def chunk_wire(
@@ -41,7 +28,7 @@ def chunk_wire(
     head = pb.EncodeImagesChunk(request_id=request_id, header=header, index=index, offset=offset).SerializeToString()
     if not len(data):  # proto3 writes no empty bytes field
         return head
-    return concat_bytes(b"".join((head, _DATA_TAG_BYTES, _encode_varint(len(data)))), data)
+    return concat_bytes(head + len_field_head(_DATA_FIELD.number, len(data)), data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +40,7 @@ class StreamChunk:
     data: memoryview
 
 
-_DATA_TAG = _DATA_FIELD.number << 3 | _LEN
+_DATA_TAG = _DATA_FIELD.number << 3 | LEN
 _FIXED_SIZES = {1: 8, 5: 4}  # wire types of fixed width: 64-bit and 32-bit
 
 

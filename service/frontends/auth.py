@@ -18,10 +18,12 @@ from typing import TYPE_CHECKING
 
 import grpc
 from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
 
 from mmproc.errors import UnauthenticatedError
 from service.frontends.error_mapping import map_error, to_grpc_status
 from service.frontends.http_app import mark_started, refusal
+from service.frontends.http_gate import add_header_gate
 
 if TYPE_CHECKING:
     from service.process.metrics import Metrics
@@ -95,9 +97,10 @@ def require_bearer_token(app: FastAPI, token: BearerToken, metrics: Metrics | No
     """HTTP: 401 (with `WWW-Authenticate: Bearer`) without the token, on every path but the probes' ones
     (/v1/* included). Call before serving."""
 
-    @app.middleware("http")
-    async def check_token(request: Request, call_next: Callable):
+    def check_token(request: Request) -> JSONResponse | None:
         mark_started(request)
         if request.scope["path"] not in OPEN_HTTP_PATHS and not token.matches(request.headers.get("authorization")):
             return refusal(request, UnauthenticatedError(_MESSAGE), metrics, {"www-authenticate": "Bearer"})
-        return await call_next(request)
+        return None
+
+    add_header_gate(app, check_token)

@@ -23,11 +23,11 @@ from service.frontends.replies import (
     headers_reply,
     in_pool,
     ipc_reply,
+    passthrough_serializer,
     payload_bytes,
     serialized_payloads,
     serialized_reply,
     serialized_stream,
-    stream_response_serializer,
 )
 from service.frontends.session import run_session
 from service.pipeline.encoded import EncodedImage
@@ -71,6 +71,7 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
     async def _serialize(
         self, results: list[EncodedImage], deadline: float, context: grpc.aio.ServicerContext
     ) -> list[bytes]:
+        """Each result's payload as bytes (EncodeVideos' reply), within the reply budget."""
         held = await self._hold_reply(results, deadline, context)
         with self._state.metrics.time_stage("transport"):
             return await held.off_loop(serialized_payloads, results)
@@ -103,7 +104,7 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
 
     async def EncodeImages(
         self, request: pb.EncodeImagesRequest, context: grpc.aio.ServicerContext
-    ) -> pb.EncodeImagesResponse:
+    ) -> pb.EncodeImagesResponse | bytes:
         try:
             request_id, deadline, results = await self._run(request, context)
             if request.headers_only:
@@ -111,14 +112,16 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
             if in_pool(results):
                 assert self._engine.pool is not None
                 return ipc_reply(request_id, results, self._engine.pool.identity)
-            payloads = await self._serialize(results, deadline, context)
-            size = sum(len(p) for p in payloads)
-            if size > self._info.max_message_bytes - 64 * 1024:
+            size = payload_bytes(results)
+            if size > self._info.max_message_bytes - 64 * 1024:  # before staging: nothing copied for a refusal
                 raise ReplyTooLargeError(
                     f"reply of {size} bytes exceeds the {self._info.max_message_bytes}-byte message cap; "
                     "use EncodeImagesStream"
                 )
-            return serialized_reply(request_id, results, payloads)
+            held = await self._hold_reply(results, deadline, context)
+            note_access(tokens=sum(r.num_tokens for r in results), transport="serialized")
+            with self._state.metrics.time_stage("transport"):
+                return await held.off_loop(serialized_reply, request_id, results)  # bytes: passed through
         except Exception as exc:  # every failure leaves through the one mapping
             await self._abort(context, request, exc)
             raise  # unreachable: abort raises
@@ -136,7 +139,7 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
             await self._abort(context, request, exc)
             return
         for message in messages:
-            yield message  # serialized already: passed through by stream_response_serializer (add_encoder_servicer)
+            yield message  # serialized already: passed through by passthrough_serializer (add_encoder_servicer)
 
     async def GetServerInfo(self, request: pb.GetServerInfoRequest, context: grpc.aio.ServicerContext) -> pb.ServerInfo:
         try:
@@ -181,17 +184,20 @@ class _HandlerRecorder:
 
 
 def add_encoder_servicer(servicer: GrpcServicer, server: grpc.aio.Server) -> None:
-    """What the generated `add_EncoderServicer_to_server` does, except that EncodeImagesStream's messages, which
-    the servicer yields already serialized (service.frontends.replies.serialized_stream), reach gRPC as they are.
+    """What the generated `add_EncoderServicer_to_server` does, except that the serialized replies, which the
+    servicer returns and yields as bytes already (service.frontends.replies), reach gRPC as they are.
 
     The handlers come from the generated code itself, so every other method keeps its generated (de)serializers.
     """
     recorder = _HandlerRecorder()
     pb_grpc.add_EncoderServicer_to_server(servicer, recorder)
     handlers = recorder.handlers
-    stream = handlers["EncodeImagesStream"]
+    unary, stream = handlers["EncodeImages"], handlers["EncodeImagesStream"]
+    handlers["EncodeImages"] = grpc.unary_unary_rpc_method_handler(
+        unary.unary_unary, unary.request_deserializer, passthrough_serializer
+    )
     handlers["EncodeImagesStream"] = grpc.unary_stream_rpc_method_handler(
-        stream.unary_stream, stream.request_deserializer, stream_response_serializer
+        stream.unary_stream, stream.request_deserializer, passthrough_serializer
     )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE_NAME, handlers),))
     server.add_registered_method_handlers(SERVICE_NAME, handlers)

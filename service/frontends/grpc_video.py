@@ -10,7 +10,7 @@ import grpc
 
 from mmproc.errors import InvalidRequestError, Reason
 from mmproc.v1 import encoder_pb2 as pb
-from service.frontends.replies import in_pool
+from service.frontends.replies import in_pool, payload_bytes
 from service.frontends.replies_video import all_chunks, ipc_video_reply, serialized_video_reply, video_items
 from service.pipeline.video_engine import VideoService
 
@@ -43,14 +43,14 @@ class VideoServicerMixin:
             chunks = all_chunks(videos)
             if in_pool(chunks):
                 return ipc_video_reply(request_id, videos, engine.pool.identity)
-            payloads = await self._serialize(chunks, deadline, context)
-            size = sum(len(p) for p in payloads)
-            if size > self._info.max_message_bytes - 64 * 1024:
+            size = payload_bytes(chunks)
+            if size > self._info.max_message_bytes - 64 * 1024:  # before staging: nothing copied for a refusal
                 raise InvalidRequestError(
                     f"reply of {size} bytes exceeds the {self._info.max_message_bytes}-byte message cap; "
                     "send fewer videos per request, sample fewer frames or use the IPC transport",
                     reason=Reason.TOO_MANY_FRAMES,
                 )
+            payloads = await self._serialize(chunks, deadline, context)
             return serialized_video_reply(request_id, videos, payloads)
         except Exception as exc:  # every failure leaves through the one mapping
             await self._abort(context, request, exc)

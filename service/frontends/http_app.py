@@ -19,7 +19,6 @@ import base64
 import binascii
 import hashlib
 import time
-from collections.abc import Callable
 from http import HTTPStatus
 from typing import TYPE_CHECKING
 
@@ -32,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from mmproc.errors import InvalidRequestError, Reason
 from mmproc.transport import DTYPE_NAMES
 from service.frontends.error_mapping import map_error
+from service.frontends.http_gate import add_header_gate
 from service.frontends.http_reply import held_reply
 from service.frontends.info_json import server_info_json
 from service.frontends.replies import serialized_payloads
@@ -166,8 +166,7 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
             request, InvalidRequestError(f"malformed request body: {problems}", reason=Reason.BAD_REQUEST), metrics
         )
 
-    @app.middleware("http")
-    async def limit_body(request: Request, call_next: Callable):
+    def limit_body(request: Request) -> JSONResponse | None:
         # Refuse oversized bodies from the declared length before reading them (base64 inflates by 4/3).
         mark_started(request)
         length = request.headers.get("content-length")
@@ -177,7 +176,9 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
         if length is None and request.method in ("POST", "PUT", "PATCH"):  # chunked: no size to check up front
             exc = InvalidRequestError("a Content-Length header is required", reason=Reason.BAD_REQUEST)
             return refusal(request, exc, metrics)
-        return await call_next(request)
+        return None
+
+    add_header_gate(app, limit_body)
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

@@ -28,9 +28,9 @@ def json_reply_bytes(results: list[EncodedImage], with_data: bool) -> int:
 
 class HeldReply(Response):
     """A rendered JSON reply that gives its budget back once its body has been sent, on every path (sent, client
-    gone, cancelled). Behind the app's BaseHTTPMiddleware (http_app.limit_body) the inner send of the last body
-    message returns only after the outer response has been sent, and uvicorn's final send waits for its write
-    buffer to drain: the bytes are with the kernel by then."""
+    gone, cancelled). The last body message's send is uvicorn's own (the app's gates are plain ASGI,
+    service/frontends/http_gate.py), and it waits for the transport's write buffer to drain: the bytes are with
+    the kernel by then."""
 
     media_type = "application/json"
 

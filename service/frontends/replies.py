@@ -1,5 +1,5 @@
-"""Engine results -> protobuf messages: serialized replies (the streamed one framed by mmproc/wire's `chunk_wire`
-with one copy of the payload, made while the D2H of later images is still running) and IPC descriptors. Shared by
+"""Engine results -> protobuf messages: serialized replies (framed by mmproc/wire, `reply_wire` and `chunk_wire`,
+with one copy of each payload, made while the D2H of later images is still running) and IPC descriptors. Shared by
 the gRPC servicer, the HTTP app and their tests."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from mmproc.transport import DTYPE_NAMES, concat_bytes, start_staging, tensor_bytes_view
 from mmproc.transport.ipc_pool import PoolIdentity
 from mmproc.v1 import encoder_pb2 as pb
-from mmproc.wire import NAME_TO_PB, chunk_wire
+from mmproc.wire import NAME_TO_PB, chunk_wire, reply_wire
 from service.pipeline.encoded import EncodedImage
 
 CACHE_TO_PB = {
@@ -55,13 +55,14 @@ def serialized_payloads(results: list[EncodedImage]) -> list[bytes]:
     return [concat_bytes(b"", staged.wait()) for staged in start_staging([r.embedding for r in results])]
 
 
-def serialized_reply(request_id: str, results: list[EncodedImage], payloads: list[bytes]) -> pb.EncodeImagesResponse:
-    reply = pb.EncodeImagesResponse(request_id=request_id, transport=pb.TRANSPORT_SERIALIZED)
-    for result, data in zip(results, payloads):
-        header = embedding_header(result)
-        header.data = data
-        reply.embeddings.append(header)
-    return reply
+def serialized_reply(request_id: str, results: list[EncodedImage]) -> bytes:
+    """EncodeImages' serialized reply, as the bytes gRPC sends (mmproc/wire/unary.py). From a GPU: one pinned
+    staging buffer per request (start_staging); image i's payload is copied once, into those bytes, as soon as its
+    own D2H has landed, while later images are still in flight."""
+    staged = start_staging([r.embedding for r in results])
+    head = pb.EncodeImagesResponse(request_id=request_id, transport=pb.TRANSPORT_SERIALIZED)
+    headers = [embedding_header(r) for r in results]
+    return reply_wire(head, headers, [r.embedding.nbytes for r in results], (s.wait() for s in staged))
 
 
 def serialized_stream(request_id: str, results: list[EncodedImage], chunk_bytes: int) -> list[bytes]:
@@ -82,8 +83,9 @@ def serialized_stream(request_id: str, results: list[EncodedImage], chunk_bytes:
     return messages
 
 
-def stream_response_serializer(message: bytes | pb.EncodeImagesChunk) -> bytes:
-    """EncodeImagesStream's response serializer: messages from `serialized_stream` are already serialized."""
+def passthrough_serializer(message: bytes | pb.EncodeImagesResponse | pb.EncodeImagesChunk) -> bytes:
+    """The response serializer of EncodeImages and EncodeImagesStream: the serialized replies
+    (`serialized_reply`, `serialized_stream`) are bytes already; other replies (IPC, headers) are messages."""
     return message if isinstance(message, bytes) else message.SerializeToString()
 
 

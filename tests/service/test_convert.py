@@ -11,7 +11,7 @@ from mmproc.transport import tensor_to_bytes
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire import chunk_wire
 from service.frontends.grpc_server import GrpcServicer, _HandlerRecorder, add_encoder_servicer
-from service.frontends.replies import embedding_header, serialized_stream, stream_response_serializer
+from service.frontends.replies import embedding_header, passthrough_serializer, serialized_stream
 from service.pipeline.state import ServingState
 from service.process.metrics import Metrics
 from tests.support.encoded import results_of
@@ -77,17 +77,19 @@ def test_the_stream_is_the_chunks_protobuf_would_build(chunk_bytes: int) -> None
     assert all(len(m.data) <= chunk_bytes for m in want)
 
 
-def test_the_stream_handler_passes_serialized_messages_through() -> None:
+def test_the_encode_handlers_pass_serialized_replies_through() -> None:
     recorder = _HandlerRecorder()
     servicer = GrpcServicer(ServingState(Metrics()), default_deadline_s=1.0)
     add_encoder_servicer(servicer, recorder)  # type: ignore[arg-type]  # stands in for the server
     service = pb.DESCRIPTOR.services_by_name["Encoder"]
     assert set(recorder.handlers) == {m.name for m in service.methods}  # every RPC, from the generated code
-    stream = recorder.handlers["EncodeImagesStream"]
+    stream, unary = recorder.handlers["EncodeImagesStream"], recorder.handlers["EncodeImages"]
     assert isinstance(stream, grpc.RpcMethodHandler) and stream.unary_stream is not None
-    assert stream.response_serializer is stream_response_serializer
-    assert stream_response_serializer(b"\x18\x01") == b"\x18\x01"
+    assert unary.unary_unary is not None
+    assert stream.response_serializer is passthrough_serializer is unary.response_serializer
+    assert passthrough_serializer(b"\x18\x01") == b"\x18\x01"
     message = pb.EncodeImagesChunk(index=1, data=b"xy")
-    assert stream_response_serializer(message) == message.SerializeToString()
-    unary = recorder.handlers["EncodeImages"]  # the others keep their generated serializers
-    assert unary.response_serializer(pb.EncodeImagesResponse(request_id="a")) == b"\n\x01a"
+    assert passthrough_serializer(message) == message.SerializeToString()
+    assert passthrough_serializer(pb.EncodeImagesResponse(request_id="a")) == b"\n\x01a"  # IPC, headers_only
+    info = recorder.handlers["GetServerInfo"]  # the others keep their generated serializers
+    assert info.response_serializer(pb.ServerInfo(model_name="m")) == pb.ServerInfo(model_name="m").SerializeToString()

@@ -9,7 +9,7 @@ import torch
 from mmproc.transport import stage_to_host, start_staging, tensor_to_bytes
 from mmproc.units import MiB
 from mmproc.v1 import encoder_pb2 as pb
-from service.frontends.replies import embedding_header, serialized_payloads, serialized_stream
+from service.frontends.replies import embedding_header, serialized_payloads, serialized_reply, serialized_stream
 from tests.support.encoded import results_of
 
 
@@ -44,3 +44,19 @@ def test_large_stream_is_protobufs_bytes() -> None:
                                              data=piece).SerializeToString())  # fmt: skip
     assert serialized_stream("req-big", results, chunk_bytes) == want  # byte for byte
     assert serialized_payloads(results) == [r.embedding.view(torch.uint8).numpy().tobytes() for r in results]
+
+
+@pytest.mark.parametrize("tokens", [[300, 0, 130], [1], []])
+def test_unary_reply_bytes_parse_to_the_message_protobuf_would_build(tokens: list[int]) -> None:
+    # The servicer returns these bytes to gRPC as they are: a client parses them with the generated code.
+    results = results_of(tokens, hidden=4096)
+    want = pb.EncodeImagesResponse(request_id="req-u", transport=pb.TRANSPORT_SERIALIZED)
+    for result in results:
+        header = embedding_header(result)
+        header.data = tensor_to_bytes(result.embedding)  # set even when empty: `data` sits in a oneof
+        want.embeddings.append(header)
+    wire = serialized_reply("req-u", results)
+    assert type(wire) is bytes and len(wire) == want.ByteSize()
+    got = pb.EncodeImagesResponse.FromString(wire)
+    assert got == want
+    assert [e.WhichOneof("payload") for e in got.embeddings] == ["data"] * len(results)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmproc.transport.host_copy import concat_bytes, new_bytes
+from mmproc.transport.host_copy import concat_bytes, join_bytes, new_bytes
 from mmproc.units import MiB
 
 
@@ -69,3 +69,22 @@ def test_filling_bytes_warns_nobody() -> None:
         concat_bytes(b"head", pattern(100))
         concat_bytes(b"", bytes(pattern(3 * MiB)))
     assert not caught
+
+
+def test_joined_parts_are_copied_in_order_as_they_come() -> None:
+    parts = [b"head", pattern(3 * MiB, seed=1), b"", b"tag", torch.arange(10, dtype=torch.int16)]
+    want = b"".join(p if isinstance(p, bytes) else p.numpy().tobytes() for p in parts)
+    handed: list[int] = []
+
+    def lazily():  # a payload is handed over only once the one before it is written (as after its D2H)
+        for i, part in enumerate(parts):
+            handed.append(i)
+            yield part
+
+    assert join_bytes(len(want), lazily()) == want and handed == list(range(len(parts)))
+
+
+@pytest.mark.parametrize("announced", [5, 7])
+def test_parts_that_do_not_add_up_are_refused(announced: int) -> None:
+    with pytest.raises(ValueError, match="announced"):
+        join_bytes(announced, [b"abc", b"def"])

@@ -1,0 +1,35 @@
+"""Checks on a request's headers, before its body is read, as plain ASGI middleware.
+
+Not Starlette's `@app.middleware("http")` (BaseHTTPMiddleware): that runs every request through its own task
+group and memory streams, about a sixth of the event loop's time at 1024² under overload on the H200 (py-spy,
+docs/benchmarks/overload.md), refusals included.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from fastapi import FastAPI, Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+Check = Callable[[Request], Response | None]  # the refusal to send, or None to let the request in
+
+
+class HeaderGate:
+    def __init__(self, app: ASGIApp, check: Check) -> None:
+        self.app = app
+        self.check = check
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            refused = self.check(Request(scope))
+            if refused is not None:
+                await refused(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def add_header_gate(app: FastAPI, check: Check) -> None:
+    """Run `check` on every HTTP request ahead of what is already there (the last gate added runs first)."""
+    app.add_middleware(HeaderGate, check=check)
