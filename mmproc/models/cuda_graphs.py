@@ -1,9 +1,14 @@
-"""CUDA graphs for small batches, whose latency is set by kernel launches, not math: a batch whose exact grids were
-seen `min_hits` times is captured once and replayed as one launch.
+"""CUDA graphs for batches of small images, whose forward is set by kernel launches, not math: a batch whose exact
+grids were seen `min_hits` times is captured once and replayed as one launch. Under load that matters twice: an
+eager forward releases and takes back the GIL at every one of its ~1,000 launches, waiting each time behind the
+front ends' event loop (at 448² on the H200, 175 ms per forward for 37 ms of the runner's own CPU,
+docs/benchmarks/overload.md); a replay takes it a few times. Large images (`max_image_patches`) are not launch
+bound and stay eager.
 
 Keyed by exact grids (not padded buckets: padding would change attention segments and position tables). Bounded:
 `capacity` graphs (LRU), `max_patches`, a bounded sighting table, no captures after one fails. One shared memory
-pool is safe because graphs replay one at a time and each result is copied out at once.
+pool and one shared output buffer are safe because graphs replay one at a time and each result is copied out at
+once; so the graphs' memory is their static inputs plus one buffer of `max_patches`' tokens, not one per graph.
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ _SIGHTINGS_PER_GRAPH = 8  # keys remembered (with their hit counts) per graph sl
 class CapturedForward:
     """One captured forward: static inputs (the batch's metadata is baked in), the graph, its output."""
 
-    def __init__(self, encoder: VisionEncoder, batch: PackedBatch, pool: tuple) -> None:
+    def __init__(self, encoder: VisionEncoder, batch: PackedBatch, pool: tuple, shared_out: Tensor) -> None:
         device = encoder.device
         self.inputs = encoder.prepare(batch)  # ours alone: the graph reads these addresses on every replay
         # The position tables the capture reads live in an LRU cache; holding them keeps them alive past eviction.
@@ -42,8 +47,9 @@ class CapturedForward:
         # thread_local: only this thread is barred from unsafe CUDA calls while capturing (reply copies go on)
         with torch.cuda.graph(self.graph, pool=pool, capture_error_mode="thread_local"):
             out = encoder.run(self.inputs)
-        assert out is not None
-        self.out: Tensor = out  # (T, text_hidden), overwritten by each replay
+            assert out is not None
+            shared_out[: out.shape[0]].copy_(out)  # the graph's own output is pool memory, reused by later captures
+        self.out: Tensor = shared_out[: out.shape[0]]  # (T, text_hidden), overwritten by each replay of any graph
 
     def replay(self, encoder: VisionEncoder, batch: PackedBatch, out: Tensor | list[Tensor] | None) -> Tensor | None:
         """The forward for `batch` (same grids as captured): pixels into the static input, replay, copy out."""
@@ -68,10 +74,12 @@ class GraphCache:
     """Captured forwards by key, bounded as the module docstring says. Used from the one thread that owns the
     device (the runner), like the encoder itself."""
 
-    def __init__(self, capacity: int, max_patches: int, min_hits: int = 2) -> None:
-        if capacity < 1 or max_patches < 1 or min_hits < 1:
-            raise ValueError("capacity, max_patches and min_hits must be >= 1")
+    def __init__(self, capacity: int, max_patches: int, min_hits: int = 2, max_image_patches: int = 1 << 30) -> None:
+        if capacity < 1 or max_patches < 1 or min_hits < 1 or max_image_patches < 1:
+            raise ValueError("capacity, max_patches, min_hits and max_image_patches must be >= 1")
         self.capacity, self.max_patches, self.min_hits = capacity, max_patches, min_hits
+        self.max_image_patches = max_image_patches
+        self.shared_out: Tensor | None = None  # made at the first capture, for the largest batch allowed
         self.graphs: OrderedDict[tuple, CapturedForward] = OrderedDict()
         self.sightings: OrderedDict[tuple, int] = OrderedDict()
         self.disabled = False
@@ -79,8 +87,10 @@ class GraphCache:
 
     def lookup(self, encoder: VisionEncoder, batch: PackedBatch) -> CapturedForward | None:
         """The captured forward for this batch, capturing it now if it has been seen often enough; None: run
-        eagerly (not CUDA, too large, not seen enough, or captures failed)."""
+        eagerly (not CUDA, too many patches, an image too large, not seen enough, or captures failed)."""
         if self.disabled or encoder.device.type != "cuda" or batch.num_patches > self.max_patches:
+            return None
+        if batch.max_seqlen > self.max_image_patches:
             return None
         key = (batch.grid_hws, batch.pixel_values.dtype, encoder.tower.options)
         captured = self.graphs.get(key)
@@ -101,8 +111,12 @@ class GraphCache:
     def _capture(self, key: tuple, encoder: VisionEncoder, batch: PackedBatch) -> CapturedForward | None:
         if self.pool is None:
             self.pool = torch.cuda.graph_pool_handle()
+        if self.shared_out is None:
+            kh, kw = encoder.config.merge_kernel_size  # an image's tokens: (h // kh) * (w // kw) <= its patches / kh kw
+            rows = self.max_patches // (kh * kw)
+            self.shared_out = torch.empty(rows, encoder.output_dim, dtype=encoder.dtype, device=encoder.device)
         try:
-            captured = CapturedForward(encoder, batch, self.pool)
+            captured = CapturedForward(encoder, batch, self.pool, self.shared_out)
         except Exception:  # an op this build cannot capture: every batch runs eagerly from now on
             logger.warning("CUDA graph capture failed for grids %s; CUDA graphs are off", key[0], exc_info=True)
             self.disabled = True

@@ -53,10 +53,13 @@ class VisionEncoder(nn.Module):
         self._upload_streams: dict[torch.device, torch.cuda.Stream] = {}  # per device, made on first use
         self._device_luts: dict[tuple, Tensor] = {}  # (table bytes, device, dtype) -> the table there
 
-    def use_cuda_graphs(self, capacity: int, max_patches: int, min_hits: int = 2) -> None:
+    def use_cuda_graphs(
+        self, capacity: int, max_patches: int, min_hits: int = 2, max_image_patches: int = 1 << 30
+    ) -> None:
         """Replay captured forwards for batches seen `min_hits` times, up to `capacity` of them and `max_patches`
-        patches each (CUDA only; capacity 0 turns it off). See mmproc/models/cuda_graphs.py."""
-        self.graphs = GraphCache(capacity, max_patches, min_hits) if capacity > 0 else None
+        patches each, of images of at most `max_image_patches` (CUDA only; capacity 0 turns it off). See
+        mmproc/models/cuda_graphs.py."""
+        self.graphs = GraphCache(capacity, max_patches, min_hits, max_image_patches) if capacity > 0 else None
 
     @property
     def device(self) -> torch.device:

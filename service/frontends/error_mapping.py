@@ -27,6 +27,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from mmproc.errors import HTTP_STATUS_BY_REASON, STATUS_ERRORS, InvalidMediaError, ResourceExhaustedError
+from service.process.logs import REQUEST_ID_HEADER
 
 if TYPE_CHECKING:
     from service.process.metrics import Metrics
@@ -67,9 +68,10 @@ def map_error(exc: BaseException, *, metrics: Metrics | None = None) -> MappedEr
     mapped = _classify(exc)
     if mapped.grpc_code is grpc.StatusCode.INTERNAL:
         logger.error("unexpected error", exc_info=exc)
-    else:
+    else:  # shed load at DEBUG: hundreds a second under overload, and each request's access line has the reason
         where = f" (item {mapped.index} of the request)" if mapped.index >= 0 else ""
-        logger.info("refused: %s %s%s: %s", mapped.grpc_code.name, mapped.reason, where, mapped.message)
+        level = logging.DEBUG if mapped.grpc_code is grpc.StatusCode.RESOURCE_EXHAUSTED else logging.INFO
+        logger.log(level, "refused: %s %s%s: %s", mapped.grpc_code.name, mapped.reason, where, mapped.message)
     if metrics is not None:
         metrics.rejections.labels(mapped.reason).inc()
     return mapped
@@ -88,9 +90,10 @@ def _classify(exc: BaseException) -> MappedError:
     return MappedError(grpc.StatusCode.INTERNAL, 500, INTERNAL_MESSAGE, "internal")
 
 
-def to_grpc_status(mapped: MappedError, items: str = "images") -> grpc.Status:
+def to_grpc_status(mapped: MappedError, items: str = "images", request_id: str = "") -> grpc.Status:
     """A grpc.Status with google.rpc details, for `context.abort_with_status`; `items`: the request's repeated
-    field a bad item's index refers to ("images", "videos")."""
+    field a bad item's index refers to ("images", "videos"); `request_id`: echoed as `x-request-id` trailing
+    metadata when given."""
     status = status_pb2.Status(code=getattr(code_pb2, mapped.grpc_code.name), message=mapped.message)
     if mapped.grpc_code is grpc.StatusCode.INVALID_ARGUMENT:
         field = f"{items}[{mapped.index}]" if mapped.index >= 0 else items
@@ -119,4 +122,7 @@ def to_grpc_status(mapped: MappedError, items: str = "images") -> grpc.Status:
             packed = any_pb2.Any()
             packed.Pack(detail)
             status.details.append(packed)
-    return rpc_status.to_status(status)
+    grpc_status = rpc_status.to_status(status)
+    if not request_id:
+        return grpc_status
+    return grpc_status._replace(trailing_metadata=(*grpc_status.trailing_metadata, (REQUEST_ID_HEADER, request_id)))

@@ -167,7 +167,9 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
             context.set_code(grpc.StatusCode.DEADLINE_EXCEEDED)
             raise asyncio.CancelledError
         items = "videos" if hasattr(request, "videos") else "images"  # EncodeVideosRequest or an image request
-        await context.abort_with_status(to_grpc_status(mapped, items))
+        note_access(reason=mapped.reason)
+        request_id = getattr(request, "request_id", "")  # named by the ObserveInterceptor
+        await context.abort_with_status(to_grpc_status(mapped, items, request_id))
 
 
 class _HandlerRecorder:

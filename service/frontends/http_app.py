@@ -108,7 +108,10 @@ def refusal(
     with request_context(request_id):
         mapped = map_error(exc, metrics=metrics)
         elapsed = time.perf_counter() - mark_started(request)
-        log_access("http", request.url.path[:200], mapped.grpc_code.name, elapsed, status=mapped.http_status)
+        log_access(
+            "http", request.url.path[:200], mapped.grpc_code.name, elapsed, status=mapped.http_status,
+            reason=mapped.reason,
+        )  # fmt: skip
     headers = {**mapped.http_headers, **(headers or {}), REQUEST_ID_HEADER: request_id}
     return JSONResponse(mapped.http_body(request_id), status_code=mapped.http_status, headers=headers)
 
@@ -206,10 +209,10 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
         started = mark_started(request)
         request_id = body.request_id or http_request_id(request)
         with request_context(request_id):
-            code, response, cache_field = await encode_request(body, request_id, request.headers.get(TIMEOUT_HEADER))
+            code, response, fields = await encode_request(body, request_id, request.headers.get(TIMEOUT_HEADER))
             elapsed = time.perf_counter() - started
             log_access("http", "/v1/encode", code, elapsed, images=len(body.images), status=response.status_code,
-                       **cache_field)  # fmt: skip
+                       **fields)  # fmt: skip
         metrics.observe_request("http:/v1/encode", code, elapsed)
         response.headers[REQUEST_ID_HEADER] = request_id
         return response
@@ -235,9 +238,9 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
             response = JSONResponse(
                 mapped.http_body(request_id), status_code=mapped.http_status, headers=mapped.http_headers
             )
-            return mapped.grpc_code.name, response, {}
-        cache_field = {"cache": ",".join(r.cache for r in results)} if any(r.cache for r in results) else {}
-        return "OK", response, cache_field
+            return mapped.grpc_code.name, response, {"reason": mapped.reason}
+        fields = {"cache": ",".join(r.cache for r in results)} if any(r.cache for r in results) else {}
+        return "OK", response, fields
 
     from service.frontends.http_video import add_video_routes  # imports this module's helpers
 

@@ -47,7 +47,9 @@ def load_model(settings: ServerSettings) -> tuple[VisionEncoder, PreprocessConfi
     dtype = getattr(torch, settings.torch_dtype_name)
     encoder = load_encoder(settings.model_path, preset=settings.model, device=settings.device, dtype=dtype)
     # Small batches are launch-bound on a GPU: replayed graphs (docs/benchmarks/encoder.md). A no-op on the CPU.
-    encoder.use_cuda_graphs(settings.cuda_graphs, settings.cuda_graph_max_patches)
+    encoder.use_cuda_graphs(
+        settings.cuda_graphs, settings.cuda_graph_max_patches, max_image_patches=settings.cuda_graph_max_image_patches
+    )
     family = encoder.config.family
     if settings.model_path is not None:
         preprocess = load_preprocess_config(settings.model_path, family)

@@ -49,13 +49,24 @@ class ServerSettings(LimitSettings):
         None, description="Weights and activations dtype; float32 on cpu and bfloat16 on cuda when not given"
     )
     cuda_graphs: int = Field(
-        8, ge=0, le=64, description="How many CUDA graphs to keep for small batches whose exact sizes repeat (0: none)"
+        24,
+        ge=0,
+        le=64,
+        description="How many CUDA graphs to keep for batches of small images whose exact sizes repeat (0: none)",
     )
     cuda_graph_max_patches: int = Field(
-        4096,
+        32768,
         ge=1,
         le=1 << 20,
-        description="Largest batch, in patches, captured as a CUDA graph; bigger ones run eagerly",
+        description="Largest batch, in patches, captured as a CUDA graph; bigger ones run eagerly (one output "
+        "buffer of this many patches' tokens is shared by all graphs)",
+    )
+    cuda_graph_max_image_patches: int = Field(
+        2048,
+        ge=1,
+        le=1 << 20,
+        description="Batches with an image of more patches run eagerly: a large image's forward is bound by the "
+        "GPU's math, not by kernel launches (448² is 1,024 patches, 1024² 5,476)",
     )
     gpu_preprocess: bool = Field(
         True,

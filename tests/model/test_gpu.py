@@ -211,6 +211,23 @@ def test_cuda_graph_replay_matches_eager_without_syncs(gpu):
     assert gpu.graphs is None
 
 
+@torch.inference_mode()
+def test_graphs_share_one_output_buffer_and_leave_large_images_eager(gpu):
+    small = pack_images(make_images([(4, 4), (8, 14)], seed=11), pin_memory=True)
+    other = pack_images(make_images([(16, 16)], seed=12), pin_memory=True)
+    large = pack_images(make_images([(32, 32)], seed=13), pin_memory=True)  # one image of 1,024 patches
+    want = [gpu(batch) for batch in (small, other, large)]  # eager: no graphs yet
+    gpu.use_cuda_graphs(capacity=2, max_patches=2048, min_hits=1, max_image_patches=512)
+    try:
+        for _ in range(2):  # alternating replays write one buffer: each result must still be its own
+            got = [gpu(batch) for batch in (small, other, large)]
+            assert all(rel_err(g, w) < 1e-3 for g, w in zip(got, want))
+        assert len(gpu.graphs.graphs) == 2  # small and other; large (1,024 patches > 512 per image) ran eagerly
+        assert gpu.graphs.shared_out.shape == (2048 // 4, TEXT_HIDDEN)  # one buffer for the largest batch allowed
+    finally:
+        gpu.use_cuda_graphs(capacity=0, max_patches=1)
+
+
 def byte_images(grids, seed=0):
     """uint8 patches with one normalization table: what the decode workers ship for a CUDA encoder."""
     gen = torch.Generator().manual_seed(seed)

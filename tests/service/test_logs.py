@@ -142,6 +142,37 @@ def test_grpc_reads_and_echoes_x_request_id(tiny_server, captured) -> None:
     assert line.fields["tokens"] == reply.embeddings[0].num_tokens and line.fields["transport"] == "serialized"
 
 
+def test_a_grpc_error_echoes_x_request_id_in_its_trailers_and_its_reason_in_the_access_line(
+    tiny_server, captured
+) -> None:
+    import grpc
+
+    from mmproc.v1 import encoder_pb2 as pb
+    from mmproc.v1 import encoder_pb2_grpc as pb_grpc
+
+    request = pb.EncodeImagesRequest(images=[b"GIF89a-garbage"])
+    with grpc.insecure_channel(tiny_server.grpc_target) as channel, pytest.raises(grpc.RpcError) as refused:
+        pb_grpc.EncoderStub(channel).EncodeImages(request, metadata=(("x-request-id", "trace-bad-9"),), timeout=60)
+    assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert ("x-request-id", "trace-bad-9") in tuple(refused.value.trailing_metadata())
+    (line,) = [r for r in access_lines(captured, 1) if r.request_id == "trace-bad-9"]
+    assert (
+        line.fields["code"] == "INVALID_ARGUMENT" and line.fields["reason"] == "too_many_pixels"
+    )  # a GIF header of 26413 x 29281
+
+
+def test_shed_load_is_logged_at_debug_and_bad_input_at_info(caplog) -> None:
+    from mmproc.errors import InvalidMediaError, ResourceExhaustedError
+    from service.frontends.error_mapping import map_error
+
+    with caplog.at_level(logging.DEBUG, logger="service.frontends.error_mapping"):
+        map_error(ResourceExhaustedError("overloaded", retry_after_s=0.1, cause="queue_delay"))
+        map_error(InvalidMediaError("not an image", reason="undecodable"))
+    shed, bad = [r for r in caplog.records if "refused" in r.getMessage()]
+    assert shed.levelno == logging.DEBUG and "queue_delay" in shed.getMessage()
+    assert bad.levelno == logging.INFO and "undecodable" in bad.getMessage()
+
+
 def test_http_reads_and_echoes_x_request_id(tiny_server, captured) -> None:
     import base64
 
