@@ -49,13 +49,13 @@ class ServerSettings(LimitSettings):
         None, description="Weights and activations dtype; float32 on cpu and bfloat16 on cuda when not given"
     )
     cuda_graphs: int = Field(
-        24,
+        8,
         ge=0,
         le=64,
         description="How many CUDA graphs to keep for batches of small images whose exact sizes repeat (0: none)",
     )
     cuda_graph_max_patches: int = Field(
-        32768,
+        4096,
         ge=1,
         le=1 << 20,
         description="Largest batch, in patches, captured as a CUDA graph; bigger ones run eagerly (one output "
@@ -169,6 +169,13 @@ class ServerSettings(LimitSettings):
     event_loop: Literal["auto", "asyncio", "uvloop"] = Field(
         "auto",
         description="The front ends' event loop: uvloop when installed (auto, as uvicorn picks), or asyncio's own",
+    )
+    gil_switch_interval_ms: float = Field(
+        5.0,
+        gt=0,
+        le=100,
+        description="How long a thread waiting for the GIL waits before asking its holder to let go (Python's "
+        "default: 5). The runner waits once per kernel launch of an eager forward while the event loop is busy",
     )
 
     # Concurrency and batching
