@@ -8,7 +8,6 @@ import contextlib
 import logging
 import signal
 import socket
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -324,7 +323,6 @@ async def serve(settings: ServerSettings) -> int:
     limit_malloc_arenas(settings.malloc_arena_max)
     reuse_freed_host_memory(settings.host_malloc_reuse_mb * MiB)
     set_torch_threads(settings.torch_threads)
-    sys.setswitchinterval(settings.gil_switch_interval_ms / 1000)
     check_model_before_binding(settings)
     service = Service(settings)
     loop = asyncio.get_running_loop()

@@ -170,13 +170,6 @@ class ServerSettings(LimitSettings):
         "auto",
         description="The front ends' event loop: uvloop when installed (auto, as uvicorn picks), or asyncio's own",
     )
-    gil_switch_interval_ms: float = Field(
-        5.0,
-        gt=0,
-        le=100,
-        description="How long a thread waiting for the GIL waits before asking its holder to let go (Python's "
-        "default: 5). The runner waits once per kernel launch of an eager forward while the event loop is busy",
-    )
 
     # Concurrency and batching
     preprocess_workers: int | None = Field(
