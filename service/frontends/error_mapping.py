@@ -27,7 +27,7 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from mmproc.errors import HTTP_STATUS_BY_REASON, STATUS_ERRORS, InvalidMediaError, ResourceExhaustedError
-from service.process.logs import REQUEST_ID_HEADER
+from service.process.logs import NO_REQUEST, REQUEST_ID, REQUEST_ID_HEADER
 
 if TYPE_CHECKING:
     from service.process.metrics import Metrics
@@ -90,10 +90,10 @@ def _classify(exc: BaseException) -> MappedError:
     return MappedError(grpc.StatusCode.INTERNAL, 500, INTERNAL_MESSAGE, "internal")
 
 
-def to_grpc_status(mapped: MappedError, items: str = "images", request_id: str = "") -> grpc.Status:
+def to_grpc_status(mapped: MappedError, items: str = "images") -> grpc.Status:
     """A grpc.Status with google.rpc details, for `context.abort_with_status`; `items`: the request's repeated
-    field a bad item's index refers to ("images", "videos"); `request_id`: echoed as `x-request-id` trailing
-    metadata when given."""
+    field a bad item's index refers to ("images", "videos"). The current request's id (the logging context's)
+    goes back as `x-request-id` trailing metadata."""
     status = status_pb2.Status(code=getattr(code_pb2, mapped.grpc_code.name), message=mapped.message)
     if mapped.grpc_code is grpc.StatusCode.INVALID_ARGUMENT:
         field = f"{items}[{mapped.index}]" if mapped.index >= 0 else items
@@ -123,6 +123,7 @@ def to_grpc_status(mapped: MappedError, items: str = "images", request_id: str =
             packed.Pack(detail)
             status.details.append(packed)
     grpc_status = rpc_status.to_status(status)
-    if not request_id:
+    request_id = REQUEST_ID.get()
+    if request_id == NO_REQUEST:
         return grpc_status
     return grpc_status._replace(trailing_metadata=(*grpc_status.trailing_metadata, (REQUEST_ID_HEADER, request_id)))

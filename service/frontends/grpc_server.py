@@ -168,8 +168,7 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
             raise asyncio.CancelledError
         items = "videos" if hasattr(request, "videos") else "images"  # EncodeVideosRequest or an image request
         note_access(reason=mapped.reason)
-        request_id = getattr(request, "request_id", "")  # named by the ObserveInterceptor
-        await context.abort_with_status(to_grpc_status(mapped, items, request_id))
+        await context.abort_with_status(to_grpc_status(mapped, items))
 
 
 class _HandlerRecorder:

@@ -241,6 +241,7 @@ def test_refusals_before_the_handler_carry_the_callers_request_id(captured, tmp_
     assert denied.headers["x-request-id"] == "auth-1"
     assert big.status_code == 401 and big.headers["x-request-id"] == "big-1"  # auth is checked first
     assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert ("x-request-id", "auth-2") in tuple(refused.value.trailing_metadata())
     for request_id, front_end in (("auth-1", "http"), ("big-1", "http"), ("auth-2", "grpc")):
         lines = [r for r in captured.records if r.request_id == request_id]
         assert any(
