@@ -148,7 +148,7 @@ class ServerSettings(LimitSettings):
     max_message_mb: int = Field(64, ge=1, le=2047, description="Largest gRPC message, received or sent")
     stream_chunk_mb: int = Field(4, ge=1, le=64, description="Chunk size of streamed serialized replies")
     host_malloc_reuse_mb: int = Field(
-        256,
+        1024,
         ge=0,
         le=2047,
         description="Freed host memory kept for the next reply instead of returned (glibc); 0: glibc's",
