@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
+import torch
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -145,6 +146,13 @@ class Metrics:
         self.decode_workers_rss = Gauge(
             "mmproc_decode_workers_resident_bytes", "Resident memory of the decode worker processes.", registry=r
         )
+        self.pinned_host_bytes = Gauge(
+            "mmproc_pinned_host_bytes",
+            "Page-locked host memory held by torch's pinned allocator (reply staging buffers, in use and cached "
+            "for reuse): part of the server's resident memory.",
+            registry=r,
+        )
+        self.pinned_host_bytes.set_function(_pinned_host_bytes)
 
         # IPC transport: defined here, updated by mmproc's IPC pool set-up (service/pipeline/ipc_setup.py).
         self.ipc_pool_bytes = Gauge("mmproc_ipc_pool_bytes_in_use", "IPC pool bytes leased out.", registry=r)
@@ -279,6 +287,13 @@ class _CacheCollector:
         yield CounterMetricFamily(
             "mmproc_cache_bypassed", "Images of requests that bypassed the cache.", value=bypassed
         )
+
+
+def _pinned_host_bytes() -> float:
+    """Bytes of the pinned blocks torch's host allocator owns (0 before CUDA is initialized: none yet)."""
+    if not torch.cuda.is_initialized():
+        return 0.0
+    return float(torch.cuda.host_memory_stats().get("allocated_bytes.current", 0))
 
 
 def _resident_bytes(pid: int) -> int:

@@ -52,6 +52,7 @@ def test_every_family_is_exported_before_any_traffic(tiny_server) -> None:
         assert ("mmproc_stage_duration_seconds_count", frozenset({("stage", stage)})) in samples
     assert value(samples, "mmproc_ready") == 1.0
     assert value(samples, "mmproc_ipc_fallbacks_total") == 0.0
+    assert value(samples, "mmproc_pinned_host_bytes") == 0.0  # a CPU server pins nothing
 
 
 def test_counters_and_histograms_move_under_load(tiny_server) -> None:
