@@ -1,7 +1,7 @@
 """A grpc.aio interceptor for the Encoder service: every RPC runs with its request id in the logging context
 (the request's field, else the client's `x-request-id` metadata, else a new one; written into the request and
-sent back as `x-request-id`: initial metadata before a reply, trailing metadata with an error, so that a refusal
-costs no extra send), is counted and timed by method and final status code in the
+sent back as `x-request-id` trailing metadata, which goes out with the status: initial metadata would cost every
+call a send of its own), is counted and timed by method and final status code in the
 Service's metrics, and leaves one access line (service.process.logs.log_access). Health and reflection pass untouched.
 
 A call the client ended — its deadline passed or it cancelled — is counted and logged as DEADLINE_EXCEEDED or
@@ -74,7 +74,6 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):
                     remaining = context.time_remaining()
                     if remaining is not None and remaining <= 0:  # a reply now would race the core closing the call
                         raise asyncio.CancelledError  # counted as the client saw it: DEADLINE_EXCEEDED
-                    await context.send_initial_metadata(((REQUEST_ID_HEADER, outcome["request_id"]),))
                     outcome.update(_reply_fields(response))
                     return response
 
@@ -83,12 +82,8 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):
             inner_stream = handler.unary_stream
 
             async def stream(request, context):
-                with self._observed(method, request, context) as outcome:
-                    sent = False
+                with self._observed(method, request, context):
                     async for item in inner_stream(request, context):
-                        if not sent:
-                            await context.send_initial_metadata(((REQUEST_ID_HEADER, outcome["request_id"]),))
-                            sent = True
                         yield item
 
             return grpc.unary_stream_rpc_method_handler(
@@ -103,6 +98,7 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):
             request.request_id = request_id  # type: ignore[attr-defined]
         images = len(getattr(request, "images", ())) or len(getattr(request, "keys", ()))
         outcome: dict = {"request_id": request_id}
+        context.set_trailing_metadata(((REQUEST_ID_HEADER, request_id),))  # sent with the status: no send of its own
         started = time.perf_counter()
         failed = False
         over: str | None = None

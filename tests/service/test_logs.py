@@ -136,7 +136,7 @@ def test_grpc_reads_and_echoes_x_request_id(tiny_server, captured) -> None:
             request, metadata=(("x-request-id", "trace-abc-123"),), timeout=60
         )
     assert reply.request_id == "trace-abc-123"
-    assert ("x-request-id", "trace-abc-123") in tuple(call.initial_metadata())
+    assert ("x-request-id", "trace-abc-123") in tuple(call.trailing_metadata())
     (line,) = [r for r in access_lines(captured, 1) if r.request_id == "trace-abc-123"]
     assert line.fields["code"] == "OK" and line.fields["method"] == "EncodeImages"
     assert line.fields["tokens"] == reply.embeddings[0].num_tokens and line.fields["transport"] == "serialized"
