@@ -31,6 +31,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from mmproc.errors import InvalidRequestError, Reason
 from mmproc.transport import DTYPE_NAMES
 from service.frontends.error_mapping import map_error
+from service.frontends.http_disconnect import client_closed, unless_disconnected
 from service.frontends.http_gate import add_header_gate
 from service.frontends.http_reply import held_reply
 from service.frontends.info_json import server_info_json
@@ -209,7 +210,12 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
         started = mark_started(request)
         request_id = body.request_id or http_request_id(request)
         with request_context(request_id):
-            code, response, fields = await encode_request(body, request_id, request.headers.get(TIMEOUT_HEADER))
+            work = encode_request(body, request_id, request.headers.get(TIMEOUT_HEADER))
+            outcome = await unless_disconnected(work, request.receive)
+            if outcome is None:  # the client left: its work was cancelled
+                metrics.rejections.labels("cancelled").inc()
+                outcome = "CANCELLED", client_closed(), {}
+            code, response, fields = outcome
             elapsed = time.perf_counter() - started
             log_access("http", "/v1/encode", code, elapsed, images=len(body.images), status=response.status_code,
                        **fields)  # fmt: skip

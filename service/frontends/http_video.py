@@ -18,6 +18,7 @@ from pydantic import BaseModel, Field
 from service.frontends.error_mapping import map_error
 from service.frontends.grpc_video import video_service
 from service.frontends.http_app import TIMEOUT_HEADER, decode_image_field, request_budget_s
+from service.frontends.http_disconnect import client_closed, unless_disconnected
 from service.frontends.http_reply import held_reply
 from service.frontends.replies import serialized_payloads
 from service.frontends.replies_video import all_chunks, video_json
@@ -56,7 +57,13 @@ def add_video_routes(app: FastAPI, state: ServingState, *, default_deadline_s: f
         started = time.perf_counter()
         request_id = body.request_id or client_request_id(request.headers.get(REQUEST_ID_HEADER))
         with request_context(request_id):
-            code, response = await _encode(body, request_id, request.headers.get(TIMEOUT_HEADER))
+            outcome = await unless_disconnected(
+                _encode(body, request_id, request.headers.get(TIMEOUT_HEADER)), request.receive
+            )
+            if outcome is None:  # the client left: its work was cancelled
+                metrics.rejections.labels("cancelled").inc()
+                outcome = "CANCELLED", client_closed()
+            code, response = outcome
             elapsed = time.perf_counter() - started
             log_access("http", "/v1/encode_video", code, elapsed, images=len(body.videos), status=response.status_code)
         metrics.observe_request("http:/v1/encode_video", code, elapsed)

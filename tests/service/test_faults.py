@@ -84,6 +84,31 @@ def test_cancelled_call_frees_its_work(server: ServiceThread) -> None:
         assert len(client.encode_images([SMALL])) == 1
 
 
+def test_an_http_client_that_disconnects_has_its_work_cancelled(server: ServiceThread) -> None:
+    import base64
+    import json
+    import socket
+
+    def cancelled() -> float:
+        text = httpx.get(f"{server.http_url}/metrics", timeout=10).text
+        line = 'mmproc_requests_total{code="CANCELLED",method="http:/v1/encode"} '
+        return float(next((row.removeprefix(line) for row in text.splitlines() if row.startswith(line)), 0))
+
+    before = cancelled()
+    body = json.dumps({"images": [base64.b64encode(image).decode() for image in HEAVY]}).encode()
+    host, port = server.http_url.removeprefix("http://").rsplit(":", 1)
+    head = f"POST /v1/encode HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+    head += f"Content-Length: {len(body)}\r\n\r\n"
+    with socket.create_connection((host, int(port))) as sock:
+        sock.sendall(head.encode() + body)
+        wait_inflight(server, interval=0.002)
+        time.sleep(0.1)  # let it reach decoding or the runner queue
+    settle(server, timeout=5)  # the socket closed: its work is dropped and everything given back
+    assert cancelled() == before + 1  # counted as the client saw it, not OK for a reply nobody read
+    with EncoderClient(server.grpc_target) as client:  # and the server still serves
+        assert len(client.encode_images([SMALL])) == 1
+
+
 class HeldModel:
     """The tiny encoder behind a gate: the runner's worker blocks in forward until the gate opens."""
 
