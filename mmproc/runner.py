@@ -209,7 +209,8 @@ class Runner:
                 raise UnavailableError("encoder is shutting down")
             if len(self._queue) + len(images) > self._config.max_queued_images:
                 raise ResourceExhaustedError(
-                    f"encoder queue full ({len(self._queue)} images queued, limit {self._config.max_queued_images})"
+                    f"encoder queue full ({len(self._queue)} images queued, limit {self._config.max_queued_images})",
+                    cause="queue_full",
                 )
             self._queue.extend(_Item(job, i, image) for i, image in enumerate(images))
             self._cond.notify()

@@ -146,10 +146,13 @@ class Admission:
         check_deadline(deadline, "before admission")
         limit = self.inflight_limits
         if self.inflight >= limit.max_requests:
-            raise ResourceExhaustedError(f"too many requests in flight (limit {limit.max_requests})")
+            raise ResourceExhaustedError(
+                f"too many requests in flight (limit {limit.max_requests})", cause="inflight_requests"
+            )
         if self.inflight_patches and self.inflight_patches + patches > limit.max_patches:
             raise ResourceExhaustedError(
-                f"too many patches in flight ({self.inflight_patches} + {patches}, limit {limit.max_patches})"
+                f"too many patches in flight ({self.inflight_patches} + {patches}, limit {limit.max_patches})",
+                cause="inflight_patches",
             )
         ticket = self.overload.admit(patches, items, deadline)  # early refusal, before any work
         try:
@@ -176,7 +179,9 @@ class Admission:
         queued = self._queued_images() + self.decoding_images
         if count and queued + count > self._max_queued_images:
             limit = self._max_queued_images
-            raise ResourceExhaustedError(f"encoder queue full ({queued} images queued or decoding, limit {limit})")
+            raise ResourceExhaustedError(
+                f"encoder queue full ({queued} images queued or decoding, limit {limit})", cause="queue_full"
+            )
         self.decoding_images += count
 
     def unreserve(self, admitted: Admitted) -> None:
@@ -198,7 +203,8 @@ class Admission:
             limit = self.inflight_limits.max_patches
             if self.inflight_patches + extra > limit:
                 raise ResourceExhaustedError(
-                    f"too many patches in flight ({self.inflight_patches} + {extra} found by decoding, limit {limit})"
+                    f"too many patches in flight ({self.inflight_patches} + {extra} found by decoding, limit {limit})",
+                    cause="inflight_patches",
                 )
             self.inflight_patches += extra
             admitted.patches += extra

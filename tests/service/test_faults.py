@@ -193,8 +193,9 @@ def test_patches_in_flight_are_bounded_and_returned() -> None:
         with EncoderClient(server.grpc_target) as client, concurrent.futures.ThreadPoolExecutor(1) as pool:
             first = pool.submit(client.encode_images, HEAVY[:2])
             wait_inflight(server)
-            with pytest.raises(ResourceExhaustedError, match="patches in flight"):
+            with pytest.raises(ResourceExhaustedError, match="patches in flight") as refused:
                 client.encode_images(HEAVY[2:])
+            assert refused.value.cause == "inflight_patches"  # the limit that refused it, as the metric's label
             assert len(client.encode_images([SMALL])) == 1
             assert len(first.result(60)) == 2
             assert engine.idle
