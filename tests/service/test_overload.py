@@ -216,6 +216,10 @@ def test_overload_is_refused_early_and_the_service_recovers(server: ServiceThrea
             rate = min(600.0, max(100.0, 4 * capacity))  # 4x what it just served: overload on any machine
             tasks = await bench.open_loop(load, images, rate=rate, seconds=2.5, seed=1)
             outcomes = list(await asyncio.gather(*tasks))
+            for _ in range(50):  # calls whose clients gave up may still be ending on the server (a loaded machine)
+                if server.service.engine.inflight == 0:
+                    break
+                await asyncio.sleep(0.1)
             after = await bench.closed_loop(load, base, 2 * 10**6, 1.0, 2)
         finally:
             await load.close()
@@ -242,7 +246,7 @@ def test_overload_is_refused_early_and_the_service_recovers(server: ServiceThrea
     encoded = delta["mmproc_images_encoded_total"]
     late = delta['mmproc_dropped_images_total{stage="late"}'] + delta['mmproc_dropped_images_total{stage="delivery"}']
     assert encoded <= server_codes["OK"] + late + 4, (encoded, server_codes, late)
-    assert all(o.code == "OK" for o in after), Counter(o.code for o in after)  # served again at once
+    assert all(o.code == "OK" for o in after), Counter(o.code for o in after)  # served again once drained (<= 5 s)
     assert values["mmproc_pending_bytes"] == 0 and server.service.engine.inflight == 0
     assert server.service.engine.overload.ahead_s() == 0  # every admitted request gave its share back
     assert not errors.records, [r.getMessage() for r in errors.records]
