@@ -3,6 +3,8 @@ carry exactly protobuf's bytes."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -60,3 +62,11 @@ def test_unary_reply_bytes_parse_to_the_message_protobuf_would_build(tokens: lis
     got = pb.EncodeImagesResponse.FromString(wire)
     assert got == want
     assert [e.WhichOneof("payload") for e in got.embeddings] == ["data"] * len(results)
+
+
+@pytest.mark.cuda
+def test_unary_reply_from_the_gpu_carries_the_same_bytes_as_from_the_cpu() -> None:
+    # Each payload is copied out of the pinned staging buffer as soon as its own D2H has landed.
+    results = results_of([300, 0, 1300, 7], hidden=4096)
+    on_gpu = [dataclasses.replace(r, embedding=r.embedding.cuda()) for r in results]
+    assert serialized_reply("req-g", on_gpu) == serialized_reply("req-g", results)
