@@ -182,6 +182,7 @@ class Scraper:
         self.split: list[tuple[float, float]] = []  # (server's own, decode workers) bytes
         self.cached: list[float] = []  # the embedding cache's host tier, bytes: memory it is configured to hold
         self.pinned: list[float] = []  # torch's pinned host blocks (staging buffers, in use and cached), bytes
+        self.pending: list[float] = []  # decoded pixels of admitted requests waiting for the encoder, bytes
         self._task: asyncio.Task | None = None
 
     async def scrape(self) -> dict[str, float]:
@@ -196,6 +197,7 @@ class Scraper:
         self.split.append((main, workers))
         self.cached.append(values.get('mmproc_cache_bytes{tier="host"}', 0))
         self.pinned.append(values.get("mmproc_pinned_host_bytes", 0))
+        self.pending.append(values.get("mmproc_pending_bytes", 0))
         return values
 
     def start(self) -> None:
@@ -261,7 +263,8 @@ def _error_lines(path: Path | None, offset: int) -> int | None:
 
 def report(args, capacity: float, load: list[Outcome], recovery: list[Outcome], t0: float, t_stop: float,
            rss_idle: float, rss_peak: float, rss_detail: str, codes: Counter, errors: int | None,
-           cache_growth: float = 0.0, pinned_growth: float = 0.0) -> tuple[str, dict]:  # fmt: skip
+           cache_growth: float = 0.0, pinned_growth: float = 0.0,
+           pending_growth: float = 0.0) -> tuple[str, dict]:  # fmt: skip
     ok = [o for o in load if o.code == "OK" and (o.deadline_s is None or o.end - o.start <= o.deadline_s)]
     duration = t_stop - t0
     goodput = len(ok) / duration
@@ -292,6 +295,7 @@ def report(args, capacity: float, load: list[Outcome], recovery: list[Outcome], 
         "rss_detail": rss_detail,
         "cache_growth_mb": cache_growth / 2**20,
         "pinned_growth_mb": pinned_growth / 2**20,
+        "pending_growth_mb": pending_growth / 2**20,
         "recovery_s": rec,
         "client_codes": dict(client),
         "server_codes": dict(codes),
@@ -319,8 +323,9 @@ def report(args, capacity: float, load: list[Outcome], recovery: list[Outcome], 
         f"server RSS (main + decode workers): idle {rss_idle / 2**20:.0f} MB, peak {rss_peak / 2**20:.0f} MB "
         f"(+{(rss_peak - rss_idle) / 2**20:.0f} MB); {rss_detail}",
         f"  of which the embedding cache's host tier (bounded by --cache-mb): +{cache_growth / 2**20:.0f} MB at the "
-        f"peak, pinned staging buffers +{pinned_growth / 2**20:.0f} MB; the rest "
-        f"+{(rss_peak - rss_idle - cache_growth - pinned_growth) / 2**20:.0f} MB",
+        f"peak, pinned staging buffers +{pinned_growth / 2**20:.0f} MB, decoded pixels waiting for the encoder "
+        f"+{pending_growth / 2**20:.0f} MB; the rest "
+        f"+{(rss_peak - rss_idle - cache_growth - pinned_growth - pending_growth) / 2**20:.0f} MB",
         f"recovery to {RECOVERED:.0%} of C: " + ("not within the probe" if rec is None else f"{rec:.2f} s"),
         "server vs client: " + ", ".join(f"{c} {codes.get(c, 0)}/{client.get(c, 0)}" for c in OVER_CODES),
         f"ERROR lines in the server log: {'-' if errors is None else errors}",
@@ -359,8 +364,8 @@ async def run(args, argv: Sequence[str] | None) -> int:
         args.rate = args.rate or args.overload * capacity
         await asyncio.sleep(1.0)
         before = await scraper.scrape()
-        rss_idle, idle, cache_idle, pinned_idle = (
-            scraper.rss[-1][1], scraper.split[-1], scraper.cached[-1], scraper.pinned[-1]
+        rss_idle, idle, cache_idle, pinned_idle, pending_idle = (
+            scraper.rss[-1][1], scraper.split[-1], scraper.cached[-1], scraper.pinned[-1], scraper.pending[-1]
         )  # fmt: skip
         scraper.start()
         t0 = time.perf_counter()  # the processes start START_MARGIN_S later: t0 is set from their first arrival
@@ -376,12 +381,13 @@ async def run(args, argv: Sequence[str] | None) -> int:
     rss_peak = scraper.rss[peak_at][1]
     cache_growth = scraper.cached[peak_at] - cache_idle
     pinned_growth = scraper.pinned[peak_at] - pinned_idle
+    pending_growth = scraper.pending[peak_at] - pending_idle
     loaded = scraper.split[len(scraper.split) - sum(1 for t, _ in scraper.rss if t >= t0) :]
     mb = [round(v / 2**20) for v in (*first, *idle, max(m for m, _ in loaded), max(w for _, w in loaded))]
     detail = f"server/workers MB: before capacity {mb[0]}/{mb[1]}, idle {mb[2]}/{mb[3]}, peak {mb[4]}/{mb[5]}"
     text, record = report(args, capacity, outcomes, recovery, t0, t_stop, rss_idle, rss_peak, detail,
                           server_codes(before, after), _error_lines(args.server_log, log_offset), cache_growth,
-                          pinned_growth)  # fmt: skip
+                          pinned_growth, pending_growth)  # fmt: skip
     record = {"bench": "serve.open", "environment": environment(argv, "cpu"), "target": args.target,
               "http_target": args.http_target, **record}  # fmt: skip
     lag = record["loop_lag_ms"] = loop_lag_ms(before, after)
