@@ -31,7 +31,7 @@ from mmproc.wire import read_chunk
 from service.frontends.replies import passthrough_serializer, serialized_payloads, serialized_reply, serialized_stream
 from service.pipeline.engine import EncodedImage
 from service.process.host_memory import reuse_freed_host_memory, set_torch_threads
-from service.process.settings import ServerSettings
+from service.process.settings import CUDA_HOST_MALLOC_REUSE_MB, ServerSettings
 
 
 def _copy_ms(src: torch.Tensor, dst: torch.Tensor, reps: int) -> float:
@@ -244,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=20, help="repetitions per stage (median reported)")
     parser.add_argument("--chunk-mb", type=int, default=4, help="stream chunk size in MiB (the server's default)")
     parser.add_argument("--json", type=Path, help="write the record here")
-    parser.add_argument("--host-malloc-reuse-mb", type=int, default=ServerSettings.model_fields["host_malloc_reuse_mb"].default,
+    parser.add_argument("--host-malloc-reuse-mb", type=int, default=CUDA_HOST_MALLOC_REUSE_MB,
                         help="as the server's setting (0: glibc defaults)")  # fmt: skip
     parser.add_argument("--torch-threads", type=int, default=ServerSettings.model_fields["torch_threads"].default,
                         help="as the server's setting (0: torch's default)")  # fmt: skip

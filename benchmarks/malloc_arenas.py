@@ -23,7 +23,7 @@ from pathlib import Path
 
 from mmproc.units import MiB
 from service.process.host_memory import limit_malloc_arenas, reuse_freed_host_memory
-from service.process.settings import ServerSettings
+from service.process.settings import CUDA_HOST_MALLOC_REUSE_MB
 
 CHECKOUT = Path(__file__).resolve().parents[1]  # each cap runs as `python -m benchmarks.malloc_arenas` from here
 
@@ -36,7 +36,7 @@ def _status_mb(key: str) -> int:
 def child(cap: int, threads: int, holders: int, rounds: int) -> str:
     """One cap, in this (fresh) process: a markdown table row."""
     limit_malloc_arenas(cap)
-    reuse_freed_host_memory(ServerSettings.model_fields["host_malloc_reuse_mb"].default * MiB)
+    reuse_freed_host_memory(CUDA_HOST_MALLOC_REUSE_MB * MiB)  # the serving default with a GPU
     turns = threading.Semaphore(holders)
 
     def replies(seed: int) -> None:

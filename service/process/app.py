@@ -321,7 +321,7 @@ class Service:
 async def serve(settings: ServerSettings) -> int:
     # Process-wide, so only the serving process does it; before any thread pool starts (glibc fixes the arena limit then).
     limit_malloc_arenas(settings.malloc_arena_max)
-    reuse_freed_host_memory(settings.host_malloc_reuse_mb * MiB)
+    reuse_freed_host_memory(settings.host_malloc_reuse_bytes)
     set_torch_threads(settings.torch_threads)
     check_model_before_binding(settings)
     service = Service(settings)

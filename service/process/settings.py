@@ -24,6 +24,8 @@ from service.pipeline.reply_budget import ReplyBudgetConfig
 from service.pipeline.request_limits import InflightLimits
 from service.process.limit_settings import LimitSettings
 
+CUDA_HOST_MALLOC_REUSE_MB = 1024  # host_malloc_reuse_mb's default with a CUDA encoder
+
 # Defaults come from the core's dataclasses (each written once, there); these modules are torch-free, so that the
 # settings alone (`mmproc serve --help`, `mmproc health`, `mmproc config`) load no torch.
 
@@ -147,11 +149,12 @@ class ServerSettings(LimitSettings):
     )
     max_message_mb: int = Field(64, ge=1, le=2047, description="Largest gRPC message, received or sent")
     stream_chunk_mb: int = Field(4, ge=1, le=64, description="Chunk size of streamed serialized replies")
-    host_malloc_reuse_mb: int = Field(
-        1024,
+    host_malloc_reuse_mb: int | None = Field(
+        None,
         ge=0,
         le=2047,
-        description="Freed host memory kept for the next reply instead of returned (glibc); 0: glibc's",
+        description="Freed host memory kept for the next reply instead of returned (glibc); 0: glibc's; default: "
+        f"{CUDA_HOST_MALLOC_REUSE_MB} with a CUDA encoder (tens of MB staged per reply), 0 on the CPU",
     )
     malloc_arena_max: int = Field(
         1,
@@ -352,6 +355,16 @@ class ServerSettings(LimitSettings):
         return self
 
     # -- derived values (the core's configs are built from these in service/process/configs.py) ------------
+
+    @property
+    def host_malloc_reuse_bytes(self) -> int:
+        """host_malloc_reuse_mb, or its device's default: the reuse pays for staging large replies from a GPU; on the
+        CPU machine it only kept the heap's peak (RSS under 3 x overload, cache off: +185 and +193 MB with glibc's
+        thresholds, +259 to +541 with 1024 MB kept; docs/benchmarks/overload.md)."""
+        mb = self.host_malloc_reuse_mb
+        if mb is None:
+            mb = 0 if self.device == "cpu" else CUDA_HOST_MALLOC_REUSE_MB
+        return mb * MiB
 
     @property
     def torch_dtype_name(self) -> str:

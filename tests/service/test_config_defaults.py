@@ -115,3 +115,12 @@ def test_overload_settings_reach_the_engine() -> None:
         assert engine.delivery.replies.max_bytes == 3 << 20
     finally:
         engine.close()
+
+
+def test_freed_heap_is_kept_for_replies_only_where_a_gpu_stages_them() -> None:
+    from mmproc.units import MiB
+    from service.process.settings import CUDA_HOST_MALLOC_REUSE_MB
+
+    assert ServerSettings(device="cpu").host_malloc_reuse_bytes == 0  # glibc's thresholds: RSS returns to idle
+    assert ServerSettings(device="cuda:1").host_malloc_reuse_bytes == CUDA_HOST_MALLOC_REUSE_MB * MiB
+    assert ServerSettings(device="cpu", host_malloc_reuse_mb=64).host_malloc_reuse_bytes == 64 * MiB  # as set
