@@ -213,8 +213,7 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
             work = encode_request(body, request_id, request.headers.get(TIMEOUT_HEADER))
             outcome = await unless_disconnected(work, request.receive)
             if outcome is None:  # the client left: its work was cancelled
-                metrics.rejections.labels("cancelled").inc()
-                outcome = "CANCELLED", client_closed(), {}
+                outcome = "CANCELLED", client_closed(metrics), {}
             code, response, fields = outcome
             elapsed = time.perf_counter() - started
             log_access("http", "/v1/encode", code, elapsed, images=len(body.images), status=response.status_code,

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from starlette.responses import Response
 from starlette.types import Receive
+
+if TYPE_CHECKING:
+    from service.process.metrics import Metrics
 
 T = TypeVar("T")
 
@@ -40,5 +43,8 @@ async def _disconnected(receive: Receive) -> None:
         pass
 
 
-def client_closed() -> Response:
+def client_closed(metrics: Metrics) -> Response:
+    """What a handler whose client left answers (nobody reads it), counted as the gRPC front end counts a
+    cancellation."""
+    metrics.rejections.labels("cancelled").inc()
     return Response(status_code=CLIENT_CLOSED)

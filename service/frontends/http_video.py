@@ -61,8 +61,7 @@ def add_video_routes(app: FastAPI, state: ServingState, *, default_deadline_s: f
                 _encode(body, request_id, request.headers.get(TIMEOUT_HEADER)), request.receive
             )
             if outcome is None:  # the client left: its work was cancelled
-                metrics.rejections.labels("cancelled").inc()
-                outcome = "CANCELLED", client_closed()
+                outcome = "CANCELLED", client_closed(metrics)
             code, response = outcome
             elapsed = time.perf_counter() - started
             log_access("http", "/v1/encode_video", code, elapsed, images=len(body.videos), status=response.status_code)
