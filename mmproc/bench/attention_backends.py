@@ -1,6 +1,6 @@
 """`mmproc bench encoder --attention`: one image's attention (1, H, L, dh) per SDPA backend and q/k/v layout (CUDA),
-and with the head zero-padded to a wider dh (80, 96, 128: what a kernel without a dh-72 variant runs). TFLOP/s
-always count the model's real head dim."""
+with the head zero-padded to a wider dh (80, 96, 128: what a kernel without a dh-72 variant runs), and through each
+varlen backend that loads here (q/k/v as the tower passes them). TFLOP/s always count the model's real head dim."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from mmproc.bench.timing import time_forward
+from mmproc.layers.attention import VARLEN_BACKENDS, VarlenMeta
 from mmproc.models import VisionConfig
 
 ATTN_SEQS = (1024, 5476, 11660)  # 448^2, 1024^2 and the largest mixed-set image, in patches
@@ -36,7 +37,18 @@ def attention_table(config: VisionConfig, dtype: torch.dtype, reps: int = 10) ->
                     rows.append(row | {"error": str(exc)[:80]})
                     continue
                 rows.append(row | {"ms": t["ms"], "tflops": flops / t["ms"] / 1e9})
-        del qkv, strided, dense, padded
+        cu = torch.tensor([0, seq], dtype=torch.int32)
+        meta = VarlenMeta.from_cu_seqlens(cu, seq, cu.cuda())
+        tower_views = (*qkv.unbind(1), meta)  # (L, H, dh) row-strided views, as the tower passes them
+        for name, (make, _) in VARLEN_BACKENDS.items():
+            fn = make(qkv.device)
+            if fn is None:
+                continue
+            t = time_forward(lambda b, f=fn, a=tower_views: f(*a), None, 2, reps)
+            rows.append(
+                {"seq": seq, "backend": name, "layout": "varlen", "ms": t["ms"], "tflops": flops / t["ms"] / 1e9}
+            )
+        del qkv, strided, dense, padded, tower_views
     for r in rows:
         perf = f"{r['ms']:8.3f} ms {r['tflops']:6.1f} TFLOP/s" if "ms" in r else r["error"]
         print(f"attention L={r['seq']:>6} {r['backend']:>20} {r['layout']:>10} {perf}")

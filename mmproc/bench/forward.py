@@ -42,6 +42,8 @@ VARIANTS: dict[str, dict[str, object]] = {
     "no-fused-add-norm": {"fused_add_norm": False},
     "attn-streams=2": {"attention_streams": 2},
     "attn-streams=4": {"attention_streams": 4},
+    "attn=torch_varlen": {"attention_backend": "torch_varlen"},  # the default before flash_attn_cute
+    "attn=sdpa": {"attention_backend": "sdpa"},
 }
 # Our default encoder fed a batch packed in another pixel dtype: what shipping pixels in the model dtype is worth.
 PIXEL_VARIANTS: dict[str, torch.dtype] = {"f32-pixels": torch.float32}

@@ -1,10 +1,12 @@
 """Block-diagonal (per image) attention over a packed varlen sequence; softmax scale 1/sqrt(dh).
 
-Backends, chosen once per (device, dtype) by `select_attention`: "flash_attn", "torch_varlen" (CUDA, fp16/bf16)
-and "sdpa" (a loop over segments: CPU, float32, the fallback). A varlen backend is probed against "sdpa" before
-it is trusted; segments of LONG_SEGMENT patches or more go to per-segment SDPA (cuDNN wins on long ones; figures
-in docs/benchmarks/encoder.md); equal-length segments may take one batched SDPA call. Segment bounds are
-CPU ints, so nothing is read back from the GPU.
+Backends, chosen once per (device, dtype) by `select_attention`: "flash_attn_cute" (FlashAttention 4's CuTe-DSL
+kernels, Hopper and Blackwell: the head dim of 72 padded to 80 inside the kernel where cuDNN pads it to 128),
+"flash_attn", "torch_varlen" (CUDA, fp16/bf16) and "sdpa" (a loop over segments: CPU, float32, the fallback). A
+varlen backend is probed against "sdpa" before it is trusted. With flash_attn or torch_varlen, segments of
+LONG_SEGMENT patches or more go to per-segment SDPA (cuDNN wins on long ones; figures in
+docs/benchmarks/encoder.md); flash_attn_cute keeps them. Equal-length segments may take one batched SDPA call.
+Segment bounds are CPU ints, so nothing is read back from the GPU.
 """
 
 from __future__ import annotations
@@ -187,7 +189,7 @@ def prefer_sdpa_backend(fn: AttentionFn, backend: str) -> AttentionFn:
     return preferred
 
 
-def _flash_attn_backend() -> AttentionFn | None:
+def _flash_attn_backend(device: torch.device) -> AttentionFn | None:
     try:
         from flash_attn import flash_attn_varlen_func
     except ImportError:
@@ -201,7 +203,25 @@ def _flash_attn_backend() -> AttentionFn | None:
     return flash_attn
 
 
-def _torch_varlen_backend() -> AttentionFn | None:
+def _flash_attn_cute_backend(device: torch.device) -> AttentionFn | None:
+    if torch.cuda.get_device_capability(device)[0] not in (9, 10, 11):  # its kernels: Hopper and Blackwell only
+        return None
+    try:  # an optional install (flash-attn's flash_attn/cute with nvidia-cutlass-dsl); JIT-compiled on first call
+        from flash_attn.cute import flash_attn_varlen_func as cute_varlen
+    except Exception as exc:  # absent: quietly; present but not loading (a CUTLASS DSL mismatch): said once
+        if not (isinstance(exc, ImportError) and exc.name in ("flash_attn", "flash_attn.cute")):
+            logger.warning("flash_attn.cute is installed but does not load; not used", exc_info=True)
+        return None
+
+    def flash_attn_cute(q: Tensor, k: Tensor, v: Tensor, meta: VarlenMeta) -> Tensor:
+        cu = meta.cu_seqlens_device
+        out, _ = cute_varlen(q, k, v, cu, cu, max_seqlen_q=meta.max_seqlen, max_seqlen_k=meta.max_seqlen)
+        return out
+
+    return flash_attn_cute
+
+
+def _torch_varlen_backend(device: torch.device) -> AttentionFn | None:
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
@@ -233,12 +253,24 @@ def _probe(fn: AttentionFn, device: torch.device, dtype: torch.dtype, num_heads:
         return False
 
 
+# name -> (constructor, keeps long segments): a backend that keeps them runs every segment itself; the others
+# hand segments of `long_segment` patches or more to per-segment SDPA. Tried in this order by "auto".
+VARLEN_BACKENDS: dict[str, tuple[Callable[[torch.device], AttentionFn | None], bool]] = {
+    "flash_attn_cute": (_flash_attn_cute_backend, True),
+    "flash_attn": (_flash_attn_backend, False),
+    "torch_varlen": (_torch_varlen_backend, False),
+}
+ATTENTION_BACKENDS = ("auto", *VARLEN_BACKENDS, "sdpa")
+_NO_LONG_SEGMENT = 1 << 62  # longer than any packed batch: every segment stays in the varlen kernel
+
+
 def select_attention(
     device: torch.device | str,
     dtype: torch.dtype,
     num_heads: int,
     head_dim: int,
     *,
+    backend: str = "auto",
     long_segment: int = LONG_SEGMENT,
     uniform_batched: bool = False,
     sdpa_backend: str = "auto",
@@ -246,27 +278,35 @@ def select_attention(
 ) -> tuple[str, AttentionFn]:
     """The fastest working backend for this device and dtype: (name, fn). Call once, reuse the fn.
 
+    backend: "auto" (the first of VARLEN_BACKENDS that loads and passes its probe, else "sdpa"), or one name of
+    ATTENTION_BACKENDS to use only that one (falling back to "sdpa" if it cannot run here).
     sdpa_backend: "auto" (torch's order) or one of SDPA_BACKENDS to try first for the SDPA calls (CUDA only).
     streams: how many CUDA streams a mixed batch's per-segment calls are spread over (1: the caller's only).
     """
+    if backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention backend must be one of {ATTENTION_BACKENDS}, got {backend!r}")
     device = torch.device(device)
+    names = list(VARLEN_BACKENDS) if backend == "auto" else [b for b in (backend,) if b in VARLEN_BACKENDS]
     if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
-        for name, make in (("flash_attn", _flash_attn_backend), ("torch_varlen", _torch_varlen_backend)):
-            fn = make()
-            if fn is not None and _probe(fn, device, dtype, num_heads, head_dim):
-                logger.info(
-                    "attention backend: %s (segments >= %d patches: sdpa; equal segments batched: %s) on %s/%s",
-                    name,
-                    long_segment,
-                    uniform_batched,
-                    device,
-                    dtype,
-                )
-                side = tuple(torch.cuda.Stream(device) for _ in range(streams)) if streams > 1 else ()
-                hybrid = long_segments_on_sdpa(fn, long_segment, uniform_batched, side)
-                name += f"+streams{streams}" if side else ""
-                if sdpa_backend != "auto":
-                    return f"{name}+sdpa@{sdpa_backend}", prefer_sdpa_backend(hybrid, sdpa_backend)
-                return name, hybrid
+        for name in names:
+            make, keeps_long = VARLEN_BACKENDS[name]
+            fn = make(device)
+            if fn is None or not _probe(fn, device, dtype, num_heads, head_dim):
+                continue
+            long_segment = _NO_LONG_SEGMENT if keeps_long else long_segment
+            logger.info(
+                "attention backend: %s (segments >= %s patches: sdpa; equal segments batched: %s) on %s/%s",
+                name,
+                "none" if keeps_long else long_segment,
+                uniform_batched,
+                device,
+                dtype,
+            )
+            side = tuple(torch.cuda.Stream(device) for _ in range(streams)) if streams > 1 else ()
+            hybrid = long_segments_on_sdpa(fn, long_segment, uniform_batched, side)
+            name += f"+streams{streams}" if side else ""
+            if sdpa_backend != "auto":
+                return f"{name}+sdpa@{sdpa_backend}", prefer_sdpa_backend(hybrid, sdpa_backend)
+            return name, hybrid
     logger.info("attention backend: sdpa (per segment) on %s/%s", device, dtype)
     return "sdpa", sdpa_segments

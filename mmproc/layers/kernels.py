@@ -69,6 +69,7 @@ class KernelOptions:
     sdpa_backend: "auto" or the SDPA backend to try first ("cudnn", "flash", "efficient"; CUDA only).
     fused_add_norm: each residual add and the norm after it as one Triton kernel (CUDA).
     attention_streams: CUDA streams the per-segment attention calls of a mixed batch are spread over (1: none).
+    attention_backend: "auto" (the fastest that loads and passes its probe) or one name of ATTENTION_BACKENDS.
     The defaults were chosen by `mmproc bench encoder --variants` (docs/benchmarks/encoder.md).
     """
 
@@ -79,6 +80,7 @@ class KernelOptions:
     sdpa_backend: str = "auto"
     fused_add_norm: bool = True
     attention_streams: int = 1
+    attention_backend: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -108,6 +110,7 @@ def select_kernels(
         dtype,
         num_heads,
         head_dim,
+        backend=options.attention_backend,
         long_segment=options.long_segment,
         uniform_batched=options.uniform_attention,
         sdpa_backend=options.sdpa_backend,

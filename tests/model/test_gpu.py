@@ -138,6 +138,29 @@ def test_attention_runs_on_side_streams_give_the_same_result_without_syncs(gpu, 
 
 
 @torch.inference_mode()
+@pytest.mark.parametrize("backend", ["flash_attn_cute", "torch_varlen"])
+def test_each_varlen_attention_backend_matches_per_segment_sdpa_without_syncs(gpu, batch, backend):
+    # GRIDS has short and long (>= 2048 patches) segments: flash_attn_cute keeps the long one, torch_varlen hands
+    # it to SDPA; the uniform batch is varlen too with uniform_attention off.
+    gpu.tower.set_options(attention_backend="sdpa")
+    want = gpu(batch)
+    gpu.tower.set_options(attention_backend=backend, uniform_attention=False)
+    try:
+        if not gpu.tower.kernels(gpu.device, gpu.dtype).names[0].startswith(backend):
+            pytest.skip(f"{backend} does not load or pass its probe on this host")
+        gpu(batch)  # warm-up: JIT compile, probe
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            got = gpu(batch)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert rel_err(got, want) < 1e-2
+    finally:
+        gpu.tower.set_options(attention_backend="auto", uniform_attention=True)
+
+
+@torch.inference_mode()
 @pytest.mark.parametrize("backend", ["cudnn", "flash"])
 def test_preferred_sdpa_backend_gives_the_same_result(gpu, batch, backend):
     want = gpu(batch)

@@ -238,6 +238,17 @@ def test_sdpa_segments_is_block_diagonal():
     assert select_attention("cpu", torch.float32, 2, 8)[0] == "sdpa"
 
 
+@pytest.mark.parametrize("backend", ["auto", "flash_attn_cute", "torch_varlen", "sdpa"])
+def test_a_named_attention_backend_falls_back_to_sdpa_where_it_cannot_run(backend):
+    # CPU float32: no varlen kernel runs here, whichever is asked for; the service still serves.
+    assert select_attention("cpu", torch.float32, 2, 8, backend=backend)[0] == "sdpa"
+
+
+def test_an_unknown_attention_backend_is_refused():
+    with pytest.raises(ValueError, match="flash_attn_cute"):
+        select_attention("cpu", torch.float32, 2, 8, backend="flash3")
+
+
 @pytest.mark.parametrize("lengths", [[3, 9, 2, 2, 12, 1], [9], [9, 9], [1, 2], [2, 10, 3]])
 def test_long_segments_split_from_varlen_runs(lengths):
     offsets = torch.tensor([0, *lengths]).cumsum(0).to(torch.int32)
