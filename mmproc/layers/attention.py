@@ -5,7 +5,7 @@ kernels, Hopper and Blackwell: the head dim of 72 padded to 80 inside the kernel
 "flash_attn", "torch_varlen" (CUDA, fp16/bf16) and "sdpa" (a loop over segments: CPU, float32, the fallback). A
 varlen backend is probed against "sdpa" before it is trusted. With flash_attn or torch_varlen, segments of
 LONG_SEGMENT patches or more go to per-segment SDPA (cuDNN wins on long ones; figures in
-docs/benchmarks/encoder.md); flash_attn_cute keeps them. Equal-length segments may take one batched SDPA call.
+docs/benchmarks/encoder.md) and equal-length segments may take one batched SDPA call; flash_attn_cute keeps both.
 Segment bounds are CPU ints, so nothing is read back from the GPU.
 """
 
@@ -215,7 +215,9 @@ def _flash_attn_cute_backend(device: torch.device) -> AttentionFn | None:
 
     def flash_attn_cute(q: Tensor, k: Tensor, v: Tensor, meta: VarlenMeta) -> Tensor:
         cu = meta.cu_seqlens_device
-        out, _ = cute_varlen(q, k, v, cu, cu, max_seqlen_q=meta.max_seqlen, max_seqlen_k=meta.max_seqlen)
+        out, _ = cute_varlen(  # keywords: the positional order changed between releases
+            q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=meta.max_seqlen, max_seqlen_k=meta.max_seqlen
+        )
         return out
 
     return flash_attn_cute
@@ -254,7 +256,8 @@ def _probe(fn: AttentionFn, device: torch.device, dtype: torch.dtype, num_heads:
 
 
 # name -> (constructor, keeps long segments): a backend that keeps them runs every segment itself; the others
-# hand segments of `long_segment` patches or more to per-segment SDPA. Tried in this order by "auto".
+# hand segments of `long_segment` patches or more to per-segment SDPA (and batches of equal ones to one batched
+# SDPA call where asked). Tried in this order by "auto". Figures: docs/benchmarks/encoder.md.
 VARLEN_BACKENDS: dict[str, tuple[Callable[[torch.device], AttentionFn | None], bool]] = {
     "flash_attn_cute": (_flash_attn_cute_backend, True),
     "flash_attn": (_flash_attn_backend, False),
@@ -293,7 +296,8 @@ def select_attention(
             fn = make(device)
             if fn is None or not _probe(fn, device, dtype, num_heads, head_dim):
                 continue
-            long_segment = _NO_LONG_SEGMENT if keeps_long else long_segment
+            if keeps_long:  # it takes every segment: long ones and batches of equal ones too (faster than SDPA's)
+                long_segment, uniform_batched = _NO_LONG_SEGMENT, False
             logger.info(
                 "attention backend: %s (segments >= %s patches: sdpa; equal segments batched: %s) on %s/%s",
                 name,

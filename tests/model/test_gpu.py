@@ -62,7 +62,7 @@ def batch():
 def test_no_device_to_host_sync_in_forward(gpu, batch):
     uniform = pack_images(make_images(UNIFORM, seed=1), pin_memory=True)
     out = torch.empty(batch.num_tokens, TEXT_HIDDEN, device="cuda", dtype=torch.bfloat16)
-    assert gpu.tower.options.uniform_attention  # the default: equal segments take the batched SDPA route
+    assert gpu.tower.options.uniform_attention  # default: equal segments batched where the backend uses SDPA
     for b in (batch, uniform):
         gpu(b)  # warm-up: RoPE table, pos-emb cache, attention probe, Triton compile may sync once
     torch.cuda.synchronize()
