@@ -23,6 +23,7 @@ from torch import Tensor
 logger = logging.getLogger(__name__)
 
 LONG_SEGMENT = 2048  # patches: from here on one SDPA call per segment beats varlen (see above)
+_UNBOUNDED = 1 << 62  # patches: longer than any packed batch
 
 
 @dataclass(frozen=True)
@@ -122,10 +123,12 @@ def long_segments_on_sdpa(
     long_segment: int = LONG_SEGMENT,
     uniform_batched: bool = False,
     streams: tuple[torch.cuda.Stream, ...] = (),
+    uniform_below: int = _UNBOUNDED,
 ) -> AttentionFn:
     """Wrap a varlen backend: short segments go through it together, long ones one by one through SDPA.
 
-    uniform_batched: a batch of equal segments (more than one) goes through one batched SDPA call instead.
+    uniform_batched: a batch of equal segments (more than one) goes through one batched SDPA call instead;
+    uniform_below: only when they are shorter than this.
     streams: side CUDA streams (none: everything on the caller's stream). With them, the runs of a mixed batch
     (each long segment, each stretch of short ones) are issued round-robin on the side streams, so that one
     image's attention can fill the SMs left idle by the last wave of the previous one (an image of 2-6k patches
@@ -139,7 +142,7 @@ def long_segments_on_sdpa(
         return _sdpa(q[s:e], k[s:e], v[s:e]) if run.meta is None else varlen(q[s:e], k[s:e], v[s:e], run.meta)
 
     def hybrid(q: Tensor, k: Tensor, v: Tensor, meta: VarlenMeta) -> Tensor:
-        if uniform_batched and meta.uniform and len(meta.bounds) > 1:
+        if uniform_batched and meta.uniform and len(meta.bounds) > 1 and meta.uniform < uniform_below:
             return sdpa_uniform(q, k, v, meta)
         if meta.max_seqlen < long_segment:
             return varlen(q, k, v, meta)
@@ -264,7 +267,6 @@ VARLEN_BACKENDS: dict[str, tuple[Callable[[torch.device], AttentionFn | None], b
     "torch_varlen": (_torch_varlen_backend, False),
 }
 ATTENTION_BACKENDS = ("auto", *VARLEN_BACKENDS, "sdpa")
-_NO_LONG_SEGMENT = 1 << 62  # longer than any packed batch: every segment stays in the varlen kernel
 
 
 def select_attention(
@@ -296,18 +298,18 @@ def select_attention(
             fn = make(device)
             if fn is None or not _probe(fn, device, dtype, num_heads, head_dim):
                 continue
-            if keeps_long:  # it takes every segment: long ones and batches of equal ones too (faster than SDPA's)
-                long_segment, uniform_batched = _NO_LONG_SEGMENT, False
+            # A backend that keeps long segments takes equal long ones too: batched SDPA only below long_segment.
+            batch_below, to_sdpa_from = (long_segment, _UNBOUNDED) if keeps_long else (_UNBOUNDED, long_segment)
             logger.info(
                 "attention backend: %s (segments >= %s patches: sdpa; equal segments batched: %s) on %s/%s",
                 name,
                 "none" if keeps_long else long_segment,
-                uniform_batched,
+                f"below {batch_below} patches" if uniform_batched and keeps_long else uniform_batched,
                 device,
                 dtype,
             )
             side = tuple(torch.cuda.Stream(device) for _ in range(streams)) if streams > 1 else ()
-            hybrid = long_segments_on_sdpa(fn, long_segment, uniform_batched, side)
+            hybrid = long_segments_on_sdpa(fn, to_sdpa_from, uniform_batched, side, batch_below)
             name += f"+streams{streams}" if side else ""
             if sdpa_backend != "auto":
                 return f"{name}+sdpa@{sdpa_backend}", prefer_sdpa_backend(hybrid, sdpa_backend)

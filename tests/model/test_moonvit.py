@@ -238,6 +238,22 @@ def test_sdpa_segments_is_block_diagonal():
     assert select_attention("cpu", torch.float32, 2, 8)[0] == "sdpa"
 
 
+@pytest.mark.parametrize(("length", "batched"), [(4, True), (9, False)])
+def test_equal_segments_are_batched_only_below_uniform_below(length, batched):
+    # flash_attn_cute's setting: equal short segments take one batched SDPA call, equal long ones stay varlen.
+    calls = []
+
+    def recording_varlen(q, k, v, meta):
+        calls.append(meta.uniform)
+        return sdpa_segments(q, k, v, meta)
+
+    meta = VarlenMeta.from_cu_seqlens(torch.arange(0, 3 * length + 1, length, dtype=torch.int32), length)
+    q, k, v = torch.randn(3, 3 * length, 2, 8).unbind(0)
+    fn = long_segments_on_sdpa(recording_varlen, long_segment=1 << 30, uniform_batched=True, uniform_below=8)
+    torch.testing.assert_close(fn(q, k, v, meta), sdpa_segments(q, k, v, meta), atol=1e-6, rtol=1e-6)
+    assert calls == ([] if batched else [length])
+
+
 @pytest.mark.parametrize("backend", ["auto", "flash_attn_cute", "torch_varlen", "sdpa"])
 def test_a_named_attention_backend_falls_back_to_sdpa_where_it_cannot_run(backend):
     # CPU float32: no varlen kernel runs here, whichever is asked for; the service still serves.
