@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 def load_model(settings: ServerSettings) -> tuple[VisionEncoder, PreprocessConfig]:
     dtype = getattr(torch, settings.torch_dtype_name)
     encoder = load_encoder(settings.model_path, preset=settings.model, device=settings.device, dtype=dtype)
+    encoder.tower.set_options(attention_backend=settings.attention_backend)
     # Small batches are launch-bound on a GPU: replayed graphs (docs/benchmarks/encoder.md). A no-op on the CPU.
     encoder.use_cuda_graphs(
         settings.cuda_graphs, settings.cuda_graph_max_patches, max_image_patches=settings.cuda_graph_max_image_patches

@@ -70,6 +70,12 @@ class ServerSettings(LimitSettings):
         description="Batches with an image of more patches run eagerly: a large image's forward is bound by the "
         "GPU's math, not by kernel launches (448² is 1,024 patches, 1024² 5,476)",
     )
+    attention_backend: Literal["auto", "flash_attn_cute", "flash_attn", "torch_varlen", "sdpa"] = Field(
+        "auto",
+        description="Attention kernel: auto tries flash_attn_cute (FlashAttention 4 on Hopper/Blackwell, the fa4 "
+        "extra), flash_attn, torch_varlen, then SDPA per image; a named one falls back to SDPA where it cannot run; "
+        "the choice is logged at start-up",
+    )
     gpu_preprocess: bool = Field(
         True,
         description="With a CUDA model, normalize pixels on the GPU: decode workers ship uint8 bytes, a quarter of "

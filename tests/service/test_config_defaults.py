@@ -124,3 +124,24 @@ def test_freed_heap_is_kept_for_replies_only_where_a_gpu_stages_them() -> None:
     assert ServerSettings(device="cpu").host_malloc_reuse_bytes == 0  # glibc's thresholds: RSS returns to idle
     assert ServerSettings(device="cuda:1").host_malloc_reuse_bytes == CUDA_HOST_MALLOC_REUSE_MB * MiB
     assert ServerSettings(device="cpu", host_malloc_reuse_mb=64).host_malloc_reuse_bytes == 64 * MiB  # as set
+
+
+def test_attention_backend_setting_names_exactly_the_encoder_backends() -> None:
+    import typing
+
+    from mmproc.layers.attention import ATTENTION_BACKENDS
+    from mmproc.layers.kernels import KernelOptions
+
+    field = ServerSettings.model_fields["attention_backend"]
+    assert typing.get_args(field.annotation) == ATTENTION_BACKENDS  # settings load no torch: a copy, kept equal
+    assert field.default == KernelOptions.attention_backend
+
+
+def test_the_attention_backend_setting_reaches_the_encoder() -> None:
+    from service.process.app import load_model
+
+    settings = ServerSettings(attention_backend="torch_varlen")
+    encoder, _ = load_model(settings)
+    assert encoder.tower.options.attention_backend == "torch_varlen"
+    with pytest.raises(ValueError, match="attention_backend"):
+        ServerSettings(attention_backend="flash3")
