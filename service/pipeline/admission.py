@@ -145,14 +145,19 @@ class Admission:
         self.check_open()
         check_deadline(deadline, "before admission")
         limit = self.inflight_limits
+        # Retry-after of a fixed bound: when enough of the admitted work has drained for this request to fit.
         if self.inflight >= limit.max_requests:
             raise ResourceExhaustedError(
-                f"too many requests in flight (limit {limit.max_requests})", cause="inflight_requests"
+                f"too many requests in flight (limit {limit.max_requests})",
+                cause="inflight_requests",
+                retry_after_s=self.overload.drain_s((self.inflight + 1 - limit.max_requests) / self.inflight),
             )
-        if self.inflight_patches and self.inflight_patches + patches > limit.max_patches:
+        excess = self.inflight_patches + patches - limit.max_patches
+        if self.inflight_patches and excess > 0:
             raise ResourceExhaustedError(
                 f"too many patches in flight ({self.inflight_patches} + {patches}, limit {limit.max_patches})",
                 cause="inflight_patches",
+                retry_after_s=self.overload.drain_s(min(1.0, excess / self.inflight_patches)),
             )
         ticket = self.overload.admit(patches, items, deadline)  # early refusal, before any work
         try:
@@ -180,7 +185,9 @@ class Admission:
         if count and queued + count > self._max_queued_images:
             limit = self._max_queued_images
             raise ResourceExhaustedError(
-                f"encoder queue full ({queued} images queued or decoding, limit {limit})", cause="queue_full"
+                f"encoder queue full ({queued} images queued or decoding, limit {limit})",
+                cause="queue_full",
+                retry_after_s=self.overload.drain_s(min(1.0, (queued + count - limit) / max(1, queued))),
             )
         self.decoding_images += count
 

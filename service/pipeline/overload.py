@@ -131,6 +131,11 @@ class OverloadGuard:
         patches = self._patches + self._announced
         return self.forward.seconds(patches, 1 + patches // max(1, self.batch_patches()))
 
+    def drain_s(self, share: float) -> float:
+        """When about `share` (0..1) of the admitted work will have drained at the measured rate: the retry-after of
+        a refusal by a fixed bound (a slot frees as that work finishes)."""
+        return max(MIN_RETRY_AFTER_S, share * self.ahead_s())
+
     def batch_patches(self) -> int:
         """The next batch's patch budget: a `BATCH_SHARE` of the target delay at the measured rate (a request
         waits for the batch running and then its own; batches far longer than the target would break the bound

@@ -58,6 +58,18 @@ def batch():
     return pack_images(make_images(GRIDS), pin_memory=True)
 
 
+def warm_then_forward_without_syncs(gpu: VisionEncoder, batch) -> torch.Tensor:
+    """One warm-up forward (kernels selected again after set_options: probes and JIT compiles may sync), then one
+    under sync-debug "error": any device-to-host sync in it raises."""
+    gpu(batch)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        return gpu(batch)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+
+
 @torch.inference_mode()
 def test_no_device_to_host_sync_in_forward(gpu, batch):
     uniform = pack_images(make_images(UNIFORM, seed=1), pin_memory=True)
@@ -125,13 +137,7 @@ def test_attention_runs_on_side_streams_give_the_same_result_without_syncs(gpu, 
     gpu.tower.set_options(attention_streams=3)
     try:
         assert "streams3" in gpu.tower.kernels(gpu.device, gpu.dtype).names[0]
-        gpu(batch)  # warm-up: the kernels were selected again (probes may sync)
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            got = gpu(batch)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+        got = warm_then_forward_without_syncs(gpu, batch)
         assert rel_err(got, want) < 1e-3  # the same kernels on the same data: expected identical
     finally:
         gpu.tower.set_options(attention_streams=1)
@@ -148,14 +154,7 @@ def test_each_varlen_attention_backend_matches_per_segment_sdpa_without_syncs(gp
     try:
         if not gpu.tower.kernels(gpu.device, gpu.dtype).names[0].startswith(backend):
             pytest.skip(f"{backend} does not load or pass its probe on this host")
-        gpu(batch)  # warm-up: JIT compile, probe
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            got = gpu(batch)
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
-        assert rel_err(got, want) < 1e-2
+        assert rel_err(warm_then_forward_without_syncs(gpu, batch), want) < 1e-2
     finally:
         gpu.tower.set_options(attention_backend="auto", uniform_attention=True)
 

@@ -85,6 +85,35 @@ def test_requests_still_decoding_count_as_work_ahead_by_what_their_headers_annou
     assert guard.ahead_s() == 0
 
 
+def test_refusals_by_a_fixed_bound_say_when_a_slot_frees() -> None:
+    from contextlib import ExitStack
+
+    from mmproc.preprocess import PreprocessConfig
+    from service.pipeline.admission import Admission
+    from service.pipeline.request_limits import InflightLimits, RequestLimits
+
+    guard = OverloadGuard(OverloadConfig(max_pending_bytes=1 << 30, bytes_per_patch=10))
+    guard.forward.observe(1.0, 1000)  # 1 ms a patch
+    limits = InflightLimits(max_requests=4, max_patches=1000)
+    admission = Admission(
+        RequestLimits(), limits, PreprocessConfig.kimi_k25(), guard, max_queued_images=64, queued_images=lambda: 0
+    )
+    admission.ready = True
+    with ExitStack() as held:
+        for _ in range(4):  # four requests of 200 announced patches: 0.8 s of work ahead
+            held.enter_context(admission.admit(200, 1, None, reserve=0))
+        with pytest.raises(ResourceExhaustedError) as by_count, admission.admit(10, 1, None, reserve=0):
+            pass
+        # one of the four must finish: a quarter of the work ahead, not the 1 s default
+        assert by_count.value.cause == "inflight_requests" and by_count.value.retry_after_s == pytest.approx(0.2)
+    with ExitStack() as held:
+        held.enter_context(admission.admit(800, 1, None, reserve=0))
+        with pytest.raises(ResourceExhaustedError) as by_patches, admission.admit(400, 1, None, reserve=0):
+            pass
+        # 200 patches over the bound: a quarter of the 800 in flight must drain first
+        assert by_patches.value.cause == "inflight_patches" and by_patches.value.retry_after_s == pytest.approx(0.2)
+
+
 def test_a_wait_clock_reports_its_oldest_waiter() -> None:
     clock = WaitClock()
     assert clock.oldest_s() == 0
