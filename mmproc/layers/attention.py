@@ -291,7 +291,7 @@ def select_attention(
     if backend not in ATTENTION_BACKENDS:
         raise ValueError(f"attention backend must be one of {ATTENTION_BACKENDS}, got {backend!r}")
     device = torch.device(device)
-    names = list(VARLEN_BACKENDS) if backend == "auto" else [b for b in (backend,) if b in VARLEN_BACKENDS]
+    names = list(VARLEN_BACKENDS) if backend == "auto" else [backend] if backend in VARLEN_BACKENDS else []
     if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
         for name in names:
             make, keeps_long = VARLEN_BACKENDS[name]
@@ -300,14 +300,10 @@ def select_attention(
                 continue
             # A backend that keeps long segments takes equal long ones too: batched SDPA only below long_segment.
             batch_below, to_sdpa_from = (long_segment, _UNBOUNDED) if keeps_long else (_UNBOUNDED, long_segment)
-            logger.info(
-                "attention backend: %s (segments >= %s patches: sdpa; equal segments batched: %s) on %s/%s",
-                name,
-                "none" if keeps_long else long_segment,
-                f"below {batch_below} patches" if uniform_batched and keeps_long else uniform_batched,
-                device,
-                dtype,
-            )
+            routing = "every segment" if keeps_long else f"segments >= {long_segment} patches on sdpa"
+            if uniform_batched:
+                routing += "; equal segments batched on sdpa" + (f" below {batch_below} patches" if keeps_long else "")
+            logger.info("attention backend: %s (%s) on %s/%s", name, routing, device, dtype)
             side = tuple(torch.cuda.Stream(device) for _ in range(streams)) if streams > 1 else ()
             hybrid = long_segments_on_sdpa(fn, to_sdpa_from, uniform_batched, side, batch_below)
             name += f"+streams{streams}" if side else ""
