@@ -19,12 +19,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from mmproc.client.rpc import Assembler
+from mmproc.transport import start_staging
 from mmproc.units import MiB
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire import read_chunk
@@ -164,6 +166,8 @@ STAGES = {
     "payloads": "server, HTTP: GPU -> one bytes per image (serialized_payloads)",
     "server_unary": "server, unary gRPC: GPU -> the reply's bytes, as handed to gRPC (serialized_reply)",
     "server_stream": "server, stream: GPU -> the bytes of every message, as handed to gRPC (server staging)",
+    "stream_d2h_only": "  its D2H and the waits for it alone (start_staging, no copy, no framing)",
+    "stream_from_host": "  its framing and copies alone, the embeddings already in pinned host memory",
     "client_assemble": "client: those bytes -> tensors on the device (deserializer, Assembler, H2D)",
     "in_process": "both, in process (end to end without gRPC)",
     "grpc_loopback": "EncoderClient.encode_images over loopback gRPC (real server and client, no model)",
@@ -189,12 +193,17 @@ def serialized_stages(
     if reference is None:
         reference = ("host memcpy", _host_memcpy_gb_per_s(nbytes, reps))
     wire = _server_wire(results, chunk_bytes)
+    # The stream's two halves timed apart (their sum against server_stream: how much of them overlaps)
+    pinned = dev.type == "cuda"
+    on_host = [replace(r, embedding=r.embedding.cpu().pin_memory() if pinned else r.embedding) for r in results]
     for got, want in zip(_client_tensors(wire, dev), results):  # the stages move the right bytes
         assert torch.equal(got.view(torch.int16), want.embedding.view(torch.int16)), "serialized stages corrupt data"
     fns: dict[str, Callable[[], object]] = {
         "payloads": lambda: serialized_payloads(results),
         "server_unary": lambda: serialized_reply("bench", results),
         "server_stream": lambda: _server_wire(results, chunk_bytes),
+        "stream_d2h_only": lambda: [staged.wait() for staged in start_staging([r.embedding for r in results])],
+        "stream_from_host": lambda: _server_wire(on_host, chunk_bytes),
         "client_assemble": lambda: _client_tensors(wire, dev),
         "in_process": lambda: _client_tensors(_server_wire(results, chunk_bytes), dev),
     }
