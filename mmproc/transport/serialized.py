@@ -45,6 +45,10 @@ class StagedTensor:
             self.ready.synchronize()
         return self.host
 
+    def wait_bytes(self) -> torch.Tensor:
+        """`wait()`'s tensor as its raw row-major bytes, (nbytes,) uint8: a view, no copy when it is contiguous."""
+        return self.wait().contiguous().reshape(-1).view(torch.uint8)
+
 
 def start_staging(embeddings: Sequence[torch.Tensor]) -> list[StagedTensor]:
     """Start copying device tensors (T_i, hidden) to the CPU; CPU tensors pass through, already ready.
@@ -63,7 +67,9 @@ def start_staging(embeddings: Sequence[torch.Tensor]) -> list[StagedTensor]:
         tensor = embeddings[i]
         host = staging[start : start + tensor.nbytes].view(tensor.dtype).view(tensor.shape)
         host.copy_(tensor, non_blocking=True)  # enqueued on the current stream of tensor.device
-        ready = torch.cuda.Event(blocking=True)  # a waiting thread sleeps instead of spinning on a core
+        # Its waiter spins (GIL released) for at most this copy's D2H, a fraction of a millisecond: a sleeping
+        # wait made a 20 MB reply's staging ~0.3 ms slower on the H200 (docs/benchmarks/transport.md, session 11).
+        ready = torch.cuda.Event()
         ready.record(torch.cuda.current_stream(tensor.device))  # fires once this copy (and earlier work) is done
         out[i] = StagedTensor(host, ready)
         start += tensor.nbytes

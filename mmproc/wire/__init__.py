@@ -3,7 +3,7 @@ dtypes, the replies' hand-written framing (streamed chunks, the unary reply), th
 errors and reassembly of replies stay with the client (mmproc/client/rpc.py); results -> messages with the
 service (service/frontends/replies.py)."""
 
-from mmproc.wire.chunks import StreamChunk, chunk_wire, read_chunk
+from mmproc.wire.chunks import StreamChunk, chunk_head, read_chunk
 from mmproc.wire.dtypes import NAME_TO_PB, PB_TO_DTYPE, PB_TO_NAME
 from mmproc.wire.pool import descriptor_from_pb, identity_from_pb, pool_info_pb
 from mmproc.wire.unary import reply_wire
@@ -13,7 +13,7 @@ __all__ = [
     "PB_TO_DTYPE",
     "PB_TO_NAME",
     "StreamChunk",
-    "chunk_wire",
+    "chunk_head",
     "descriptor_from_pb",
     "identity_from_pb",
     "pool_info_pb",

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mmproc.transport import concat_bytes
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire.framing import LEN, len_field_head
 
@@ -17,18 +16,16 @@ _DATA_FIELD = pb.EncodeImagesChunk.DESCRIPTOR.fields_by_name["data"]
 assert _DATA_FIELD.type == _DATA_FIELD.TYPE_BYTES and not _DATA_FIELD.is_repeated, "EncodeImagesChunk.data changed"
 
 
-def chunk_wire(
-    request_id: str, index: int, offset: int, data: memoryview | bytes, header: pb.Embedding | None = None
-) -> bytes:
-    """The serialized EncodeImagesChunk with these fields, copying `data` once (into the returned bytes).
+def chunk_head(request_id: str, index: int, offset: int, length: int, header: pb.Embedding | None = None) -> bytes:
+    """The bytes of an EncodeImagesChunk with these fields that precede its `length` bytes of `data`: the message
+    is these bytes and then the payload, copied once (host_copy.concat_bytes).
 
     `pb.EncodeImagesChunk(..., data=bytes(data)).SerializeToString()` gives the same bytes, but copies the payload
-    three times (into a bytes object, into the message, into the serialization).
-    """
+    three times (into a bytes object, into the message, into the serialization)."""
     head = pb.EncodeImagesChunk(request_id=request_id, header=header, index=index, offset=offset).SerializeToString()
-    if not len(data):  # proto3 writes no empty bytes field
+    if not length:  # proto3 writes no empty bytes field
         return head
-    return concat_bytes(head + len_field_head(_DATA_FIELD.number, len(data)), data)
+    return head + len_field_head(_DATA_FIELD.number, length)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,13 +1,13 @@
-"""Engine results -> protobuf messages: serialized replies (framed by mmproc/wire, `reply_wire` and `chunk_wire`,
+"""Engine results -> protobuf messages: serialized replies (framed by mmproc/wire, `reply_wire` and `chunk_head`,
 with one copy of each payload, made while the D2H of later images is still running) and IPC descriptors. Shared by
 the gRPC servicer, the HTTP app and their tests."""
 
 from __future__ import annotations
 
-from mmproc.transport import DTYPE_NAMES, concat_bytes, start_staging, tensor_bytes_view
+from mmproc.transport import DTYPE_NAMES, concat_bytes, start_staging
 from mmproc.transport.ipc_pool import PoolIdentity
 from mmproc.v1 import encoder_pb2 as pb
-from mmproc.wire import NAME_TO_PB, chunk_wire, reply_wire
+from mmproc.wire import NAME_TO_PB, chunk_head, reply_wire
 from service.pipeline.encoded import EncodedImage
 
 CACHE_TO_PB = {
@@ -69,18 +69,32 @@ def serialized_stream(request_id: str, results: list[EncodedImage], chunk_bytes:
     """Every message of a streamed reply, already serialized: what EncodeImagesStream hands gRPC.
 
     Each image: a message with its header and the first `chunk_bytes` of its payload, then the rest in
-    `chunk_bytes` pieces. From a GPU: one pinned staging buffer per request (start_staging). The payload is
-    copied exactly once, from the staging buffer into each message's bytes, by torch's threads; image i's
-    copies start as soon as its own D2H has landed, while later images are still in flight.
+    `chunk_bytes` pieces. From a GPU: one pinned staging buffer per request (start_staging). Every message's head
+    is written while the D2H runs; the payload is copied exactly once, from the staging buffer into each
+    message's bytes, by torch's threads; image i's copies start as soon as its own D2H has landed.
     """
+    staged = start_staging([r.embedding for r in results])
+    heads = [_chunk_heads(request_id, result, chunk_bytes) for result in results]
     messages = []
-    for result, staged in zip(results, start_staging([r.embedding for r in results])):
-        data = tensor_bytes_view(staged.wait())  # (nbytes,) over the staging buffer, no copy
-        header = embedding_header(result)
-        for offset in range(0, max(len(data), 1), chunk_bytes):  # an empty payload still sends its header
-            piece = data[offset : offset + chunk_bytes]
-            messages.append(chunk_wire(request_id, result.index, offset, piece, header if offset == 0 else None))
+    for image, image_heads in zip(staged, heads):
+        payload = image.wait_bytes()  # (nbytes,) uint8 over the staging buffer, no copy
+        messages += [concat_bytes(head, payload[offset : offset + chunk_bytes]) for offset, head in image_heads]
     return messages
+
+
+def _chunk_heads(request_id: str, result: EncodedImage, chunk_bytes: int) -> list[tuple[int, bytes]]:
+    """(offset, head) of each message of one image's payload; an empty payload still sends its header."""
+    nbytes = result.embedding.nbytes
+    header = embedding_header(result)
+    return [
+        (
+            offset,
+            chunk_head(
+                request_id, result.index, offset, min(chunk_bytes, nbytes - offset), header if offset == 0 else None
+            ),
+        )
+        for offset in range(0, max(nbytes, 1), chunk_bytes)
+    ]
 
 
 def passthrough_serializer(message: bytes | pb.EncodeImagesResponse | pb.EncodeImagesChunk) -> bytes:

@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmproc.transport import tensor_to_bytes
+from mmproc.transport import concat_bytes, tensor_to_bytes
 from mmproc.v1 import encoder_pb2 as pb
-from mmproc.wire import chunk_wire
+from mmproc.wire import chunk_head
 from service.frontends.grpc_server import GrpcServicer, _HandlerRecorder, add_encoder_servicer
 from service.frontends.replies import embedding_header, passthrough_serializer, serialized_stream
 from service.pipeline.state import ServingState
@@ -27,7 +27,7 @@ def normal(request_id: str, index: int, offset: int, data: bytes, header: pb.Emb
 
 def check(request_id: str, index: int, offset: int, data: bytes, header: pb.Embedding | None) -> None:
     want = normal(request_id, index, offset, data, header)
-    wire = chunk_wire(request_id, index, offset, memoryview(data), header)
+    wire = concat_bytes(chunk_head(request_id, index, offset, len(data), header), memoryview(data))
     got = pb.EncodeImagesChunk.FromString(wire)
     assert got == want
     assert got.data == data and got.HasField("header") == (header is not None)
