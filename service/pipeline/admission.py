@@ -171,6 +171,12 @@ class Admission:
         self.arriving += 1
         try:
             yield admitted
+        except BaseException:
+            if deadline is not None and time.monotonic() >= deadline:  # expired, however that surfaced
+                self.overload.finished(ticket)  # how long it had: a lower bound of what it needed
+            raise
+        else:
+            self.overload.finished(ticket)
         finally:
             self.handed_over(admitted)
             self.unreserve(admitted)

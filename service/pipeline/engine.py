@@ -99,6 +99,7 @@ class Engine:
         metrics.track_overload(
             pending_bytes=lambda: self.overload.pending_bytes,
             estimated_wait=self.overload.ahead_s,
+            estimate_overrun=lambda: self.overload.overrun.seconds,
             worker_pids=lambda: self.decode.pool.worker_pids(),
         )
 

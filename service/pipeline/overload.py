@@ -91,15 +91,37 @@ class BatchCost:
         return (batches * self.fixed_s + patches * self.per_patch_s) if patches > 0 else 0.0
 
 
+class Overrun:
+    """How much longer admitted requests take than the model of `modelled_s` says (decode, delivery and waits for
+    the GIL are not in it), exponentially weighted. One sample counts for at most `max_sample_s` either way, so
+    one outlier (a first compile, a stalled client) moves it by at most alpha x that. Written on the event loop,
+    read anywhere."""
+
+    def __init__(self, alpha: float = 0.05, max_sample_s: float = 1.0) -> None:
+        self.alpha, self.max_sample_s = alpha, max_sample_s
+        self.seconds = 0.0
+
+    def observe(self, taken_s: float, modelled_s: float) -> None:
+        sample = min(self.max_sample_s, max(-self.max_sample_s, taken_s - modelled_s))
+        self.seconds += self.alpha * (sample - self.seconds)
+
+    def correction_s(self) -> float:
+        """What every estimate adds: never less than the model alone."""
+        return max(0.0, self.seconds)
+
+
 @dataclass
 class Ticket:
     """What one admitted request holds until `OverloadGuard.release`: until decoded, the images it decodes and the
-    patches its headers announced; then its decoded patches and their bytes."""
+    patches its headers announced; then its decoded patches and their bytes. `admitted_at` and `modelled_s` (the
+    model's time to finish at admission) are for `OverloadGuard.finished`."""
 
     patches: int
     images: int
     pending_bytes: int
     announced: int = 0
+    admitted_at: float = 0.0
+    modelled_s: float = 0.0
 
 
 class OverloadGuard:
@@ -111,6 +133,7 @@ class OverloadGuard:
         self.config = config
         self._queue_wait = queue_wait
         self.forward = BatchCost()  # measured after warm-up, on the runner thread
+        self.overrun = Overrun()  # measured on finished and expired requests
         self._lock = threading.Lock()
         self._patches = 0  # of admitted requests, not yet finished (decoding, queued or in a forward)
         self._decoding = 0  # images of admitted requests not yet decoded
@@ -146,9 +169,15 @@ class OverloadGuard:
             return 1 << 30
         return max(1, int(budget_s / per_patch))
 
-    def estimate_s(self, patches: int) -> float:
-        """Seconds until a request of `patches` admitted now would be done: the work ahead and its own forward."""
+    def modelled_s(self, patches: int) -> float:
+        """The model's seconds until a request of `patches` admitted now would be done: the work ahead and its
+        own forward."""
         return self.ahead_s() + self.forward.seconds(patches)
+
+    def estimate_s(self, patches: int) -> float:
+        """`modelled_s` plus what requests measurably took beyond the model (`overrun`): without it, a server
+        whose decode, delivery or event loop adds time admits requests that then expire."""
+        return self.modelled_s(patches) + self.overrun.correction_s()
 
     def admit(self, patches: int, images: int, deadline: float | None, now: float | None = None) -> Ticket:
         """A ticket, or ResourceExhaustedError (cause "deadline", "queue_delay" or "pending_bytes")."""
@@ -165,12 +194,16 @@ class OverloadGuard:
                     cause="pending_bytes",
                 )
             ahead = self.ahead_s()
-            estimate = self.estimate_s(patches)
+            modelled = self.modelled_s(patches)
+            estimate = modelled + self.overrun.correction_s()
             left = None if deadline is None else deadline - now
             # An idle server tries even a request too heavy for its deadline: the deadline checks then end it.
             if left is not None and estimate > left and (self._patches or self._decoding):
+                beyond = (
+                    f" ({(estimate - modelled) * 1e3:.0f} ms measured beyond the model)" if estimate > modelled else ""
+                )
                 raise ResourceExhaustedError(
-                    f"cannot finish before the deadline: about {estimate * 1e3:.0f} ms of work ahead and own, "
+                    f"cannot finish before the deadline: about {estimate * 1e3:.0f} ms of work ahead and own{beyond}, "
                     f"{left * 1e3:.0f} ms left",
                     retry_after_s=max(MIN_RETRY_AFTER_S, estimate - left),
                     cause="deadline",
@@ -202,7 +235,13 @@ class OverloadGuard:
             # its decode and gives its share back then, within milliseconds.
             self._decoding += images
             self._announced += patches
-        return Ticket(0, images, 0, announced=patches)
+        return Ticket(0, images, 0, announced=patches, admitted_at=now, modelled_s=modelled)
+
+    def finished(self, ticket: Ticket, now: float | None = None) -> None:
+        """The request ended with its result, or expired (then its time is a lower bound of what it needed): its
+        time from admission against the model's, into `overrun`."""
+        now = time.monotonic() if now is None else now
+        self.overrun.observe(now - ticket.admitted_at, ticket.modelled_s)
 
     def _leave_decode(self, ticket: Ticket) -> None:
         """(under the lock) The ticket is decoded, failed or gone: it no longer counts as decoding."""

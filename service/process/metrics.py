@@ -137,6 +137,12 @@ class Metrics:
         self.estimated_wait = Gauge(
             "mmproc_estimated_wait_seconds", "Estimated encoder work ahead of a request arriving now.", registry=r
         )
+        self.estimate_overrun = Gauge(
+            "mmproc_estimate_overrun_seconds",
+            "How much longer admitted requests took than the admission's model said (weighted mean); every "
+            "admission estimate adds it when positive.",
+            registry=r,
+        )
         self.decode_paths = Counter(
             "mmproc_decoded_images", "Images by where they were decoded: gpu, fallback (to the CPU after the GPU "
             "failed them) or cpu (not a JPEG the GPU takes, or no GPU decoder).", ["path"], registry=r,
@@ -229,11 +235,13 @@ class Metrics:
         *,
         pending_bytes: Callable[[], float],
         estimated_wait: Callable[[], float],
+        estimate_overrun: Callable[[], float],
         worker_pids: Callable[[], list],
     ) -> None:
         """Overload gauges, read at scrape time (service/pipeline/overload.py, the decode pool's workers)."""
         self.pending_bytes.set_function(pending_bytes)
         self.estimated_wait.set_function(estimated_wait)
+        self.estimate_overrun.set_function(estimate_overrun)
         self.decode_workers_rss.set_function(lambda: sum(_resident_bytes(pid) for pid in worker_pids()))
 
     def track_cpu(self, worker_pids: Callable[[], list[int]]) -> None:

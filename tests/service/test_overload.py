@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import re
 import time
@@ -112,6 +113,68 @@ def test_refusals_by_a_fixed_bound_say_when_a_slot_frees() -> None:
             pass
         # 200 patches over the bound: a quarter of the 800 in flight must drain first
         assert by_patches.value.cause == "inflight_patches" and by_patches.value.retry_after_s == pytest.approx(0.2)
+
+
+def test_requests_that_take_longer_than_modelled_lengthen_later_estimates() -> None:
+    guard = OverloadGuard(OverloadConfig(max_pending_bytes=1 << 30, bytes_per_patch=10))
+    guard.forward.observe(1.0, 1000)  # the model: 1 ms a patch, forwards only
+    now = 100.0
+    busy = guard.admit(200, 1, deadline=None, now=now)  # 0.2 s of work ahead of anyone arriving now
+    guard.release(guard.admit(100, 1, deadline=now + 0.5, now=now))  # 0.2 + 0.1 s modelled: fits 0.5 s
+    for _ in range(100):  # but each takes 0.5 s more than modelled (decode, delivery, the event loop)
+        ticket = guard.admit(100, 1, deadline=now + 60, now=now)
+        guard.finished(ticket, now=now + ticket.modelled_s + 0.5)
+        guard.release(ticket)
+    assert guard.overrun.seconds == pytest.approx(0.5, abs=0.01)
+    with pytest.raises(ResourceExhaustedError) as late:
+        guard.admit(100, 1, deadline=now + 0.5, now=now)  # refused now, before any work: it would expire
+    assert late.value.cause == "deadline" and late.value.retry_after_s == pytest.approx(0.3, abs=0.01)
+    assert "497 ms measured beyond the model" in str(late.value)
+    guard.release(busy)
+
+    quick = OverloadGuard(OverloadConfig())
+    quick.forward.observe(1.0, 1000)
+    for _ in range(100):  # faster than modelled: the estimate never drops below the model
+        quick.finished(quick.admit(100, 1, deadline=None, now=now), now=now)
+    assert quick.overrun.seconds < 0 and quick.estimate_s(100) == quick.modelled_s(100)
+    outlier = OverloadGuard(OverloadConfig())
+    outlier.finished(outlier.admit(100, 1, deadline=None, now=now), now=now + 30)  # a first compile, say
+    assert 0 < outlier.overrun.seconds <= 0.05  # one sample moves it by at most alpha x 1 s
+
+
+def test_the_door_learns_from_requests_that_finish_or_expire_not_from_failures(monkeypatch) -> None:
+    from mmproc.errors import DeadlineExceededError, InvalidMediaError, Reason
+    from mmproc.preprocess import PreprocessConfig
+    from service.pipeline.admission import Admission
+    from service.pipeline.request_limits import InflightLimits, RequestLimits
+
+    guard = OverloadGuard(OverloadConfig())
+    admission = Admission(
+        RequestLimits(), InflightLimits(), PreprocessConfig.kimi_k25(), guard, max_queued_images=64,
+        queued_images=lambda: 0,
+    )  # fmt: skip
+    admission.ready = True
+    learned: list[str] = []
+    now_running = [""]
+    monkeypatch.setattr(guard, "finished", lambda ticket, now=None: learned.append(now_running[0]))
+    for outcome, error, expire in [
+        ("finished", None, False),
+        ("invalid media", InvalidMediaError("bad", reason=Reason.UNDECODABLE), False),
+        ("expired in the pipeline", DeadlineExceededError("late"), True),
+        ("expired, seen as a cancellation", asyncio.CancelledError(), True),
+        ("cancelled in time", asyncio.CancelledError(), False),
+    ]:
+        now_running[0] = outcome
+        deadline = time.monotonic() + (0.02 if expire else 60)
+        with (
+            pytest.raises(type(error)) if error else contextlib.nullcontext(),
+            admission.admit(100, 1, deadline, reserve=0),
+        ):
+            time.sleep(0.03 if expire else 0)
+            if error:
+                raise error
+    assert learned == ["finished", "expired in the pipeline", "expired, seen as a cancellation"]
+    assert admission.inflight == 0 and guard.ahead_s() == 0
 
 
 def test_a_wait_clock_reports_its_oldest_waiter() -> None:
