@@ -34,15 +34,19 @@ def tensor_nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
 @dataclass(frozen=True)
 class StagedTensor:
     """A tensor on its way to the host: `host` (same shape and dtype, on the CPU) holds its values once `ready`
-    has fired. `ready` is None for a tensor that was on the CPU already (then `host` is that tensor)."""
+    has fired. `queued` fires when the work queued before the copy (a forward, say) is done. Both are None for a
+    tensor that was on the CPU already (then `host` is that tensor)."""
 
     host: torch.Tensor
     ready: torch.cuda.Event | None = None
+    queued: torch.cuda.Event | None = None
 
     def wait(self) -> torch.Tensor:
         """`host`, after its D2H copy has landed (blocks this thread only, not the device)."""
+        if self.queued is not None:
+            self.queued.synchronize()  # sleeps while the device finishes what was queued before the copy
         if self.ready is not None:
-            self.ready.synchronize()
+            self.ready.synchronize()  # spins (GIL released) through the copy alone
         return self.host
 
     def wait_bytes(self) -> torch.Tensor:
@@ -56,6 +60,11 @@ def start_staging(embeddings: Sequence[torch.Tensor]) -> list[StagedTensor]:
     From CUDA the copies go into one pinned buffer for the whole request, non-blocking on the current stream of
     each tensor's device, with an event recorded right after each copy: the caller can serialize tensor i while
     the copies of tensors i+1.. are still in flight, and must `wait()` each one before reading it.
+
+    Waiting sleeps through whatever the stream ran before a copy (in the server, the forward that made the
+    tensor, and maybe the next one) and spins only through the copy: a sleeping wait on the copy itself made a
+    20 MB reply's staging ~0.3 ms slower on the H200, and spinning through a forward would burn a core per
+    waiting reply (docs/benchmarks/transport.md, session 11).
     """
     out = [StagedTensor(t) if t.device.type == "cpu" else None for t in embeddings]
     on_gpu = [i for i, t in enumerate(embeddings) if t.device.type != "cpu"]
@@ -65,13 +74,14 @@ def start_staging(embeddings: Sequence[torch.Tensor]) -> list[StagedTensor]:
     start = 0
     for i in on_gpu:
         tensor = embeddings[i]
+        stream = torch.cuda.current_stream(tensor.device)
+        queued = torch.cuda.Event(blocking=True)
+        queued.record(stream)
         host = staging[start : start + tensor.nbytes].view(tensor.dtype).view(tensor.shape)
-        host.copy_(tensor, non_blocking=True)  # enqueued on the current stream of tensor.device
-        # Its waiter spins (GIL released) for at most this copy's D2H, a fraction of a millisecond: a sleeping
-        # wait made a 20 MB reply's staging ~0.3 ms slower on the H200 (docs/benchmarks/transport.md, session 11).
+        host.copy_(tensor, non_blocking=True)  # enqueued on that same stream
         ready = torch.cuda.Event()
-        ready.record(torch.cuda.current_stream(tensor.device))  # fires once this copy (and earlier work) is done
-        out[i] = StagedTensor(host, ready)
+        ready.record(stream)
+        out[i] = StagedTensor(host, ready, queued)
         start += tensor.nbytes
     return out  # type: ignore[return-value]
 

@@ -4,6 +4,7 @@ carry exactly protobuf's bytes."""
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 import torch
@@ -30,6 +31,20 @@ def test_gpu_tensors_land_in_one_pinned_buffer_each_with_its_event() -> None:
     hosts = [s.wait() for s in reversed(staged)][::-1]  # any order: each waits for its own copy
     assert all(h.device.type == "cpu" and torch.equal(h, t.cpu()) for h, t in zip(hosts, tensors))
     assert hosts[0].is_pinned() and hosts[0].untyped_storage().data_ptr() == hosts[2].untyped_storage().data_ptr()
+
+
+@pytest.mark.cuda
+def test_a_wait_behind_queued_gpu_work_sleeps_and_spins_only_through_the_copy() -> None:
+    tensor = torch.randn(1000, 7168, device="cuda").bfloat16()  # a 14 MB reply
+    torch.cuda.synchronize()
+    torch.cuda._sleep(300_000_000)  # ~0.15 s of device time queued before the copy, as a forward would be
+    (staged,) = start_staging([tensor])
+    cpu, wall = time.thread_time(), time.perf_counter()
+    host = staged.wait()
+    cpu, wall = time.thread_time() - cpu, time.perf_counter() - wall
+    assert wall > 0.05, "the copy did not wait for the work queued before it"
+    assert cpu < 0.25 * wall, f"the waiting thread used {cpu * 1e3:.0f} ms of CPU in {wall * 1e3:.0f} ms"
+    assert torch.equal(host.view(torch.int16), tensor.cpu().view(torch.int16))
 
 
 def test_large_stream_is_protobufs_bytes() -> None:
