@@ -43,7 +43,7 @@ class StagedTensor:
 
     def wait(self) -> torch.Tensor:
         """`host`, after its D2H copy has landed (blocks this thread only, not the device)."""
-        if self.queued is not None:
+        if self.queued is not None and not self.queued.query():  # (a sleeping wait costs even when done)
             self.queued.synchronize()  # sleeps while the device finishes what was queued before the copy
         if self.ready is not None:
             self.ready.synchronize()  # spins (GIL released) through the copy alone
@@ -71,12 +71,15 @@ def start_staging(embeddings: Sequence[torch.Tensor]) -> list[StagedTensor]:
     if not on_gpu:
         return out  # type: ignore[return-value]
     staging = torch.empty(sum(embeddings[i].nbytes for i in on_gpu), dtype=torch.uint8, pin_memory=True)
+    queued_on: dict[torch.device, torch.cuda.Event] = {}  # one per device: its copies follow each other
     start = 0
     for i in on_gpu:
         tensor = embeddings[i]
         stream = torch.cuda.current_stream(tensor.device)
-        queued = torch.cuda.Event(blocking=True)
-        queued.record(stream)
+        queued = queued_on.get(tensor.device)
+        if queued is None:
+            queued = queued_on[tensor.device] = torch.cuda.Event(blocking=True)
+            queued.record(stream)
         host = staging[start : start + tensor.nbytes].view(tensor.dtype).view(tensor.shape)
         host.copy_(tensor, non_blocking=True)  # enqueued on that same stream
         ready = torch.cuda.Event()
