@@ -27,6 +27,7 @@ from mmproc.models import VisionEncoder
 from mmproc.preprocess import PreprocessConfig, preprocess_image
 from mmproc.runner import BatchStats, Runner
 from mmproc.transport.ipc_pool import IpcPool
+from mmproc.types import PreprocessedImage
 from service.cache.cache_key import CacheKeys, model_context
 from service.cache.cached_encode import EmbeddingCache
 from service.pipeline.admission import Admission, check_readers
@@ -156,13 +157,40 @@ class Engine:
         if warmup:
             started = time.monotonic()
             size = self.preprocess.patch_size * 2 * max(self.preprocess.merge_kernel_size)
-            from PIL import Image
-
-            blank = Image.new("RGB", (size, size), (127, 127, 127))
-            image = preprocess_image(blank, self.preprocess, normalize=self.decode.pool.config.normalize)
-            self.run.runner.submit([image]).result(timeout=600)
+            self.run.runner.submit([self._blank_image(size, size)]).result(timeout=600)
             logger.info("warm-up forward took %.1f ms", (time.monotonic() - started) * 1000)
+            self._capture_graphs(self.config.graph_warmup_sizes)
         self.admission.ready = True
+
+    def _blank_image(self, width: int, height: int) -> PreprocessedImage:
+        """A grey image of that size, preprocessed as the decoders hand images to the runner."""
+        from PIL import Image
+
+        blank = Image.new("RGB", (width, height), (127, 127, 127))
+        return preprocess_image(blank, self.preprocess, normalize=self.decode.pool.config.normalize)
+
+    def _capture_graphs(self, sizes: tuple[tuple[int, int], ...]) -> None:
+        """Capture the CUDA graphs of batches of 1..n images of each size now, through the runner as traffic
+        comes, so that traffic of those sizes replays from its first batch: a capture under load (an eager
+        forward and a capture, each) stalls the runner while requests wait (docs/benchmarks/overload.md). n is
+        bounded by the graph cache's share per size, its patch bound and the runner's batch bounds."""
+        graphs = self.encoder.graphs
+        if not sizes or graphs is None or self.encoder.device.type != "cuda":
+            return
+        started, runner = time.monotonic(), self.config.runner
+        for width, height in sizes:
+            image = self._blank_image(width, height)
+            if image.num_patches > graphs.max_image_patches:
+                logger.warning("no CUDA graphs for %dx%d images: over cuda_graph_max_image_patches", width, height)
+                continue
+            per_batch = min(graphs.max_patches, runner.max_batch_patches) // image.num_patches
+            for count in range(1, min(graphs.capacity // len(sizes), per_batch, runner.max_batch_images) + 1):
+                for _ in range(graphs.min_hits):  # seen min_hits times: captured
+                    self.run.runner.submit([image] * count).result(timeout=600)
+        logger.info(
+            "%d CUDA graphs captured for %s in %.1f s",
+            len(graphs.graphs), ", ".join(f"{w}x{h}" for w, h in sizes), time.monotonic() - started,
+        )  # fmt: skip
 
     def begin_drain(self) -> None:
         """Refuse new requests (UNAVAILABLE); requests already admitted run to completion."""

@@ -21,7 +21,9 @@ class EngineConfig:
     """cache_context: what the cache key binds besides the bytes (service/cache/cache_key.py: model_context);
     None: derived from the model object itself (a library user or a test without settings).
     gpu_decode: JPEGs decoded on the encoder's GPU (service/pipeline/gpu_decode.py): "auto" where a CUDA encoder
-    takes uint8 pixels and nvImageCodec loads, "on" (or the engine does not start), "off"."""
+    takes uint8 pixels and nvImageCodec loads, "on" (or the engine does not start), "off".
+    graph_warmup_sizes: (width, height) of images whose batches of 1..n images are captured as CUDA graphs before
+    serving (Engine.start)."""
 
     media: MediaLimits = field(default_factory=MediaLimits)
     request: RequestLimits = field(default_factory=RequestLimits)
@@ -34,3 +36,4 @@ class EngineConfig:
     replies: ReplyBudgetConfig = field(default_factory=ReplyBudgetConfig)
     cache_context: str | None = None
     gpu_decode: Literal["auto", "on", "off"] = "auto"
+    graph_warmup_sizes: tuple[tuple[int, int], ...] = ()

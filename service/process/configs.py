@@ -16,7 +16,7 @@ from service.pipeline.key_store import KeyStoreConfig
 from service.pipeline.overload import OverloadConfig
 from service.pipeline.reply_budget import ReplyBudgetConfig
 from service.pipeline.request_limits import InflightLimits, RequestLimits, VideoRequestLimits
-from service.process.settings import ServerSettings
+from service.process.settings import ServerSettings, image_sizes
 
 
 def media_limits(s: ServerSettings) -> MediaLimits:
@@ -134,4 +134,5 @@ def engine_config(s: ServerSettings, *, cache_context: str) -> EngineConfig:
         replies=reply_budget_config(s),
         cache_context=cache_context,
         gpu_decode=s.gpu_decode,
+        graph_warmup_sizes=image_sizes(s.cuda_graph_warmup_sizes),
     )

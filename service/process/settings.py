@@ -30,6 +30,17 @@ CUDA_HOST_MALLOC_REUSE_MB = 1024  # host_malloc_reuse_mb's default with a CUDA e
 # settings alone (`mmproc serve --help`, `mmproc health`, `mmproc config`) load no torch.
 
 
+def image_sizes(text: str) -> tuple[tuple[int, int], ...]:
+    """'448x448,1024x768' -> ((448, 448), (1024, 768)): (width, height) pairs, each side 1..65535."""
+    sizes = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        width, sep, height = item.lower().partition("x")
+        if not sep or not width.isdigit() or not height.isdigit() or not (0 < int(width) < 65536 > int(height) > 0):
+            raise ValueError(f"image sizes are WxH, comma-separated (e.g. 448x448), got {item!r}")
+        sizes.append((int(width), int(height)))
+    return tuple(sizes)
+
+
 def _check_host_port(name: str, value: str, form: str) -> str:
     host, sep, port = value.rpartition(":")
     if not sep or not host.strip("[]") or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -69,6 +80,12 @@ class ServerSettings(LimitSettings):
         le=1 << 20,
         description="Batches with an image of more patches run eagerly: a large image's forward is bound by the "
         "GPU's math, not by kernel launches (448² is 1,024 patches, 1024² 5,476)",
+    )
+    cuda_graph_warmup_sizes: str = Field(
+        "",
+        description="Image sizes WxH, comma-separated (e.g. 448x448), whose batches of 1..n images are captured as "
+        "CUDA graphs at start-up (n within cuda_graphs and cuda_graph_max_patches): traffic of those sizes replays "
+        "graphs from its first batch, where a capture under load would stall the runner",
     )
     attention_backend: Literal["auto", "flash_attn_cute", "flash_attn", "torch_varlen", "sdpa"] = Field(
         "auto",
@@ -301,6 +318,12 @@ class ServerSettings(LimitSettings):
         "INFO", description="Lowest level logged; third-party libraries stay at WARNING"
     )
     log_json: bool = Field(False, description="Log JSON lines (ISO-8601 UTC times, structured fields) instead of text")
+
+    @field_validator("cuda_graph_warmup_sizes")
+    @classmethod
+    def _image_sizes(cls, value: str) -> str:
+        image_sizes(value)
+        return value
 
     @field_validator("device")
     @classmethod
