@@ -58,7 +58,7 @@ def _payload_u8(payload: Payload) -> torch.Tensor:
         if payload.device.type != "cpu":
             raise ValueError("host copies need a CPU tensor; stage it to the host first")
         if payload.dtype == torch.uint8 and payload.dim() == 1 and payload.is_contiguous():
-            return payload  # a staged payload's pieces (serialized.StagedTensor.payload): no further torch op
+            return payload  # pieces of a staged payload (StagedTensor.wait_bytes): no further torch op
         return payload.contiguous().reshape(-1).view(torch.uint8)
     return _u8(payload) if len(payload) else torch.empty(0, dtype=torch.uint8)
 

@@ -84,17 +84,12 @@ def serialized_stream(request_id: str, results: list[EncodedImage], chunk_bytes:
 
 def _chunk_heads(request_id: str, result: EncodedImage, chunk_bytes: int) -> list[tuple[int, bytes]]:
     """(offset, head) of each message of one image's payload; an empty payload still sends its header."""
-    nbytes = result.embedding.nbytes
-    header = embedding_header(result)
-    return [
-        (
-            offset,
-            chunk_head(
-                request_id, result.index, offset, min(chunk_bytes, nbytes - offset), header if offset == 0 else None
-            ),
-        )
-        for offset in range(0, max(nbytes, 1), chunk_bytes)
-    ]
+    nbytes, header = result.embedding.nbytes, embedding_header(result)
+    heads = []
+    for offset in range(0, max(nbytes, 1), chunk_bytes):
+        length = min(chunk_bytes, nbytes - offset)
+        heads.append((offset, chunk_head(request_id, result.index, offset, length, header if offset == 0 else None)))
+    return heads
 
 
 def passthrough_serializer(message: bytes | pb.EncodeImagesResponse | pb.EncodeImagesChunk) -> bytes:

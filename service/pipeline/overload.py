@@ -174,11 +174,6 @@ class OverloadGuard:
         own forward."""
         return self.ahead_s() + self.forward.seconds(patches)
 
-    def estimate_s(self, patches: int) -> float:
-        """`modelled_s` plus what requests measurably took beyond the model (`overrun`): without it, a server
-        whose decode, delivery or event loop adds time admits requests that then expire."""
-        return self.modelled_s(patches) + self.overrun.correction_s()
-
     def admit(self, patches: int, images: int, deadline: float | None, now: float | None = None) -> Ticket:
         """A ticket, or ResourceExhaustedError (cause "deadline", "queue_delay" or "pending_bytes")."""
         now = time.monotonic() if now is None else now
@@ -195,6 +190,8 @@ class OverloadGuard:
                 )
             ahead = self.ahead_s()
             modelled = self.modelled_s(patches)
+            # What requests measurably took beyond the model: without it, a server whose decode, delivery or
+            # event loop adds time admits requests that then expire.
             estimate = modelled + self.overrun.correction_s()
             left = None if deadline is None else deadline - now
             # An idle server tries even a request too heavy for its deadline: the deadline checks then end it.
