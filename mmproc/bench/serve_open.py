@@ -183,6 +183,7 @@ class Scraper:
         self.cached: list[float] = []  # the embedding cache's host tier, bytes: memory it is configured to hold
         self.pinned: list[float] = []  # torch's pinned host blocks (staging buffers, in use and cached), bytes
         self.pending: list[float] = []  # decoded pixels of admitted requests waiting for the encoder, bytes
+        self.overrun: list[float | None] = []  # what the admission adds to its model, s (None: an older server)
         self._task: asyncio.Task | None = None
 
     async def scrape(self) -> dict[str, float]:
@@ -198,6 +199,7 @@ class Scraper:
         self.cached.append(values.get('mmproc_cache_bytes{tier="host"}', 0))
         self.pinned.append(values.get("mmproc_pinned_host_bytes", 0))
         self.pending.append(values.get("mmproc_pending_bytes", 0))
+        self.overrun.append(values.get("mmproc_estimate_overrun_seconds"))
         return values
 
     def start(self) -> None:
@@ -394,6 +396,13 @@ async def run(args, argv: Sequence[str] | None) -> int:
     if lag["p99"] is not None:
         text += (
             f"server event-loop lag under load: p50 <= {lag['p50']:g} ms, p99 <= {lag['p99']:g} ms (bucket bounds)\n"
+        )
+    overrun = sorted(v for v in (scraper.overrun[i] for i in loaded_at) if v is not None)
+    if overrun:
+        record["estimate_overrun_ms"] = {"p50": 1e3 * overrun[len(overrun) // 2], "max": 1e3 * overrun[-1]}
+        text += (
+            f"admission's measured overrun under load (mmproc_estimate_overrun_seconds): p50 "
+            f"{record['estimate_overrun_ms']['p50']:.0f} ms, max {record['estimate_overrun_ms']['max']:.0f} ms\n"
         )
     print(text, end="")
     if args.json is not None:
