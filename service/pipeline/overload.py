@@ -120,6 +120,7 @@ class Ticket:
     images: int
     pending_bytes: int
     announced: int = 0
+    items: int = 0  # images (or video chunks) it holds until released: each batch takes at least one
     admitted_at: float = 0.0
     modelled_s: float = 0.0
 
@@ -138,6 +139,7 @@ class OverloadGuard:
         self._patches = 0  # of admitted requests, not yet finished (decoding, queued or in a forward)
         self._decoding = 0  # images of admitted requests not yet decoded
         self._announced = 0  # patches their headers announced
+        self._items = 0  # images (or video chunks) of admitted requests not finished
         self._pending_bytes = 0
         self._above_since: float | None = None  # when the queue's sojourn went above max_queue_delay_s
         self._below_since: float | None = None  # ... and back below it
@@ -152,7 +154,11 @@ class OverloadGuard:
         itself is left out: images differ too much in decode cost for one rate; a slow decode stage shows in the
         measured sojourn (`queue_wait`)."""
         patches = self._patches + self._announced
-        return self.forward.seconds(patches, 1 + patches // max(1, self.batch_patches()))
+        # As many batches as the patch budget makes, and never more than there are images: when the fitted fixed
+        # cost alone passes the budget (a loaded CPU), the budget is one patch and the runner still batches whole
+        # images; counting a batch per patch made seconds of work look like minutes and refused everything.
+        batches = min(1 + patches // max(1, self.batch_patches()), max(1, self._items))
+        return self.forward.seconds(patches, batches)
 
     def drain_s(self, share: float) -> float:
         """When about `share` (0..1) of the admitted work will have drained at the measured rate: the retry-after of
@@ -232,7 +238,8 @@ class OverloadGuard:
             # its decode and gives its share back then, within milliseconds.
             self._decoding += images
             self._announced += patches
-        return Ticket(0, images, 0, announced=patches, admitted_at=now, modelled_s=modelled)
+            self._items += images
+        return Ticket(0, images, 0, announced=patches, items=images, admitted_at=now, modelled_s=modelled)
 
     def finished(self, ticket: Ticket, now: float | None = None) -> None:
         """The request ended with its result, or expired (then its time is a lower bound of what it needed): its
@@ -269,4 +276,5 @@ class OverloadGuard:
             self._leave_decode(ticket)
             self._patches -= ticket.patches
             self._pending_bytes -= ticket.pending_bytes
-            ticket.images = ticket.patches = ticket.pending_bytes = 0
+            self._items -= ticket.items
+            ticket.images = ticket.patches = ticket.pending_bytes = ticket.items = 0

@@ -86,6 +86,22 @@ def test_requests_still_decoding_count_as_work_ahead_by_what_their_headers_annou
     assert guard.ahead_s() == 0
 
 
+def test_a_fixed_cost_over_the_batch_budget_is_charged_per_image_not_per_patch() -> None:
+    # A loaded CPU: every forward takes 0.4 s whatever its size, past the 0.25 s a batch may take (a quarter of the
+    # 1 s target), so the patch budget collapses to one. The runner still batches whole images; so must the
+    # estimate (it once charged 0.4 s a patch: "about 1046206 ms of work ahead", and refused every request).
+    guard = OverloadGuard(OverloadConfig(max_queue_delay_s=1.0, max_pending_bytes=1 << 30, bytes_per_patch=10))
+    for patches in (1000, 3000) * 5:
+        guard.forward.observe(0.4 + 1e-5 * patches, patches)
+    assert guard.forward.fixed_s > 0.25 and guard.batch_patches() == 1
+    now = 100.0
+    tickets = [guard.admit(1000, 1, deadline=None, now=now) for _ in range(3)]
+    assert guard.ahead_s() == pytest.approx(3 * 0.4 + 3000 * 1e-5, rel=0.01)  # three images: three forwards at most
+    guard.admit(1000, 1, deadline=now + 2.0, now=now)  # 1.6 s ahead and own: admitted, with 2 s left
+    for ticket in tickets:
+        guard.release(ticket)
+
+
 def test_refusals_by_a_fixed_bound_say_when_a_slot_frees() -> None:
     from contextlib import ExitStack
 
