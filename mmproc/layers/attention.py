@@ -291,7 +291,7 @@ def select_attention(
     if backend not in ATTENTION_BACKENDS:
         raise ValueError(f"attention backend must be one of {ATTENTION_BACKENDS}, got {backend!r}")
     device = torch.device(device)
-    names = list(VARLEN_BACKENDS) if backend == "auto" else [backend] if backend in VARLEN_BACKENDS else []
+    names = [name for name in VARLEN_BACKENDS if backend in ("auto", name)]  # "sdpa": none
     if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
         for name in names:
             make, keeps_long = VARLEN_BACKENDS[name]

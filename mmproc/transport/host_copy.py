@@ -81,18 +81,14 @@ def join_bytes(size: int, parts: Iterable[Payload]) -> bytes:
     address = target.data_ptr()
     pos = 0
     for part in parts:
-        if isinstance(part, bytes) and len(part) < _SHORT:  # a head: one memmove, no tensor made
-            end = pos + len(part)
-            if end > size:
-                raise ValueError(f"parts longer than the {size} bytes announced")
-            ctypes.memmove(address + pos, part, len(part))
-            pos = end
-            continue
-        source = _payload_u8(part)
-        end = pos + source.numel()
+        head = isinstance(part, bytes) and len(part) < _SHORT  # one memmove, no tensor made
+        source = None if head else _payload_u8(part)
+        end = pos + (len(part) if source is None else source.numel())
         if end > size:
             raise ValueError(f"parts longer than the {size} bytes announced")
-        if end - pos < _SHORT:
+        if source is None:
+            ctypes.memmove(address + pos, part, end - pos)
+        elif end - pos < _SHORT:
             target[pos:end].numpy()[:] = source.numpy()
         else:
             with _ONE_COPY_AT_A_TIME:

@@ -35,7 +35,8 @@ def image_sizes(text: str) -> tuple[tuple[int, int], ...]:
     sizes = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         width, sep, height = item.lower().partition("x")
-        if not sep or not width.isdigit() or not height.isdigit() or not (0 < int(width) < 65536 > int(height) > 0):
+        sides = (width, height) if sep else ()
+        if not sides or not all(side.isdigit() and 0 < int(side) < 65536 for side in sides):
             raise ValueError(f"image sizes are WxH, comma-separated (e.g. 448x448), got {item!r}")
         sizes.append((int(width), int(height)))
     return tuple(sizes)
