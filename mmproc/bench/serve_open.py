@@ -244,6 +244,28 @@ def loop_lag_ms(before: dict[str, float], after: dict[str, float]) -> dict[str, 
     return quantiles
 
 
+def gc_pauses(before: dict[str, float], after: dict[str, float]) -> dict[str, dict[str, float]]:
+    """The server's garbage-collector pauses between two scrapes (mmproc_gc_pause_seconds), by generation: how
+    many, their total ms, and the longest as the upper bound of its histogram bucket; {} for an older server."""
+    pattern = re.compile(r'mmproc_gc_pause_seconds_bucket\{generation="(\d)",le="([^"]+)"\}')
+    buckets: dict[str, list[tuple[float, float]]] = {}
+    for key, value in after.items():
+        if m := pattern.fullmatch(key):
+            buckets.setdefault(m.group(1), []).append((float(m.group(2)), value - before.get(key, 0.0)))
+    out = {}
+    for generation, counts in sorted(buckets.items()):
+        counts.sort()
+        total = counts[-1][1]
+        if total:
+            total_key = f'mmproc_gc_pause_seconds_sum{{generation="{generation}"}}'
+            out[generation] = {
+                "count": total,
+                "total_ms": 1e3 * (after.get(total_key, 0.0) - before.get(total_key, 0.0)),
+                "longest_ms_at_most": 1e3 * next(le for le, count in counts if count >= total),
+            }
+    return out
+
+
 def _recovery_s(samples: list[Outcome], t_stop: float, capacity: float) -> float | None:
     """Seconds from `t_stop` to the end of the first 1 s window of >= RECOVERED x capacity OK completions."""
     ends = sorted(s.end - t_stop for s in samples if s.code == "OK")
@@ -396,6 +418,16 @@ async def run(args, argv: Sequence[str] | None) -> int:
     if lag["p99"] is not None:
         text += (
             f"server event-loop lag under load: p50 <= {lag['p50']:g} ms, p99 <= {lag['p99']:g} ms (bucket bounds)\n"
+        )
+    pauses = record["gc_pauses"] = gc_pauses(before, after)
+    if pauses:
+        text += (
+            "server GC pauses under load: "
+            + "; ".join(
+                f"generation {g}: {p['count']:.0f}, {p['total_ms']:.0f} ms in all, longest <= {p['longest_ms_at_most']:g} ms"
+                for g, p in pauses.items()
+            )
+            + "\n"
         )
     overrun = sorted(v for v in (scraper.overrun[i] for i in loaded_at) if v is not None)
     if overrun:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import time
 from collections.abc import Callable
 
@@ -118,8 +119,14 @@ class _PhaseRunner:
 
 
 def _open_images(base: list[bytes], first: int, rate: float, seconds: float) -> list[bytes]:
+    """The open phase's images, made before its start; then this process's objects so far are frozen out of the
+    garbage collector's scans: a full pass over them (~0.1 s with torch loaded) would stall this client's loop
+    in the middle of the load and add to the latencies it measures."""
     arrivals = int(rate * seconds * 1.2) + 100  # Poisson: room for more than the mean
-    return [unique_jpeg(base[i % len(base)], first + i) for i in range(arrivals)]
+    images = [unique_jpeg(base[i % len(base)], first + i) for i in range(arrivals)]
+    gc.collect()
+    gc.freeze()
+    return images
 
 
 async def _open_then_recover(

@@ -9,6 +9,7 @@ worker costs no imports.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import resource
 import signal
@@ -106,6 +107,9 @@ def init_worker(memory_budget_bytes: int, log_level: str, log_json: bool) -> Non
     signal.signal(signal.SIGPROF, signal.SIG_DFL)
     signal.signal(signal.SIGALRM, signal.SIG_DFL)
     torch.set_num_threads(1)  # the worker calls no torch kernels; keep an intra-op pool from ever spawning
+    # The imports' objects out of the garbage collector's scans: a full pass over them (~0.1 s) inside a task
+    # would count against that image's CPU budget (service/process/gc_pauses.py).
+    gc.freeze()
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if memory_budget_bytes > 0:
         cap = address_space_bytes() + memory_budget_bytes

@@ -35,6 +35,7 @@ from service.pipeline.ipc_setup import setup_ipc
 from service.pipeline.state import ServingState
 from service.pipeline.video_engine import build_video_service
 from service.process import configs
+from service.process.gc_pauses import GcPauses, freeze_start_up_objects
 from service.process.host_memory import limit_malloc_arenas, reuse_freed_host_memory, set_torch_threads
 from service.process.loop_lag import watch_loop_lag
 from service.process.metrics import Metrics
@@ -149,8 +150,15 @@ class Service:
     model in a thread; once it is loaded and warmed up, health turns SERVING (`wait_ready()`).
     `run_until_stopped()` serves until `stop()`, then drains (see `shutdown`)."""
 
-    def __init__(self, settings: ServerSettings, *, engine_factory: EngineFactory = build_engine) -> None:
+    def __init__(
+        self,
+        settings: ServerSettings,
+        *,
+        engine_factory: EngineFactory = build_engine,
+        before_serving: Callable[[], object] | None = None,
+    ) -> None:
         self.settings = settings
+        self._before_serving = before_serving  # runs once the model is warm, before health turns SERVING
         self.metrics = Metrics()
         self.state = ServingState(self.metrics)
         self.metrics.ready.set_function(lambda: float(self.state.status == "ready"))
@@ -230,6 +238,8 @@ class Service:
         self.metrics.describe(self.info)
         if self.state.draining:  # stopped while loading: never report SERVING
             return
+        if self._before_serving is not None:
+            self._before_serving()
         await set_serving(self._health, True)
         info = self.info
         logger.info(
@@ -325,11 +335,12 @@ async def serve(settings: ServerSettings) -> int:
     reuse_freed_host_memory(settings.host_malloc_reuse_bytes)
     set_torch_threads(settings.torch_threads)
     check_model_before_binding(settings)
-    service = Service(settings)
+    service = Service(settings, before_serving=freeze_start_up_objects)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, service.stop)
-    await service.start()
-    await service.run_until_stopped()
+    with GcPauses(service.metrics.gc_pause):
+        await service.start()
+        await service.run_until_stopped()
     logger.info("stopped")
     return 0

@@ -105,6 +105,10 @@ class Metrics:
             "mmproc_event_loop_lag_seconds", "How late the event loop ran a due timer (every request waits as long).",
             buckets=LOOP_LAG_BUCKETS, registry=r,
         )  # fmt: skip
+        self.gc_pause = Histogram(
+            "mmproc_gc_pause_seconds", "Pauses of Python's garbage collector, by generation (every thread waits).",
+            ["generation"], buckets=LOOP_LAG_BUCKETS, registry=r,
+        )  # fmt: skip
         self.images = Counter("mmproc_images_encoded", "Images run through the encoder.", registry=r)
         self.tokens = Counter("mmproc_tokens_encoded", "Embedding tokens produced.", registry=r)
         self.stage_seconds = Histogram(

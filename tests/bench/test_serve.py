@@ -157,6 +157,23 @@ def test_open_loop_report_reads_the_servers_loop_lag_between_two_scrapes() -> No
     assert loop_lag_ms({}, {"process_resident_memory_bytes": 1.0}) == {"p50": None, "p99": None}
 
 
+def test_open_loop_report_reads_the_servers_gc_pauses_between_two_scrapes() -> None:
+    import gc
+
+    from mmproc.bench.serve_open import gc_pauses, parse
+    from service.process.gc_pauses import GcPauses
+    from service.process.metrics import Metrics
+
+    metrics = Metrics()
+    before = parse(metrics.render()[0].decode())
+    with GcPauses(metrics.gc_pause):
+        gc.collect()
+        gc.collect()
+    full = gc_pauses(before, parse(metrics.render()[0].decode()))["2"]
+    assert full["count"] == 2 and 0 < full["total_ms"] <= 2 * full["longest_ms_at_most"], full
+    assert gc_pauses({}, {"process_resident_memory_bytes": 1.0}) == {}
+
+
 def test_open_mode_phases_run_in_client_processes_on_one_clock(tiny_server) -> None:
     import argparse
     import asyncio

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -80,6 +81,23 @@ def test_sigterm_finishes_in_flight_work_refuses_new_work_and_exits_zero(server_
     result = outcome.get("result")
     assert result is not None and len(result) == 6, "the in-flight request was lost"
     assert all(t.shape == (1089, 256) for t in result)
+
+
+def test_the_serving_process_freezes_start_up_objects_and_reports_gc_pauses(server_process) -> None:
+    """A full pass of the garbage collector stops every thread: the server freezes what start-up made out of its
+    scans before serving, and exports every pause (docs/deploy.md, "Metrics")."""
+    import httpx
+
+    proc, _ = server_process
+    metrics = httpx.get(f"{proc.http_url}/metrics", timeout=5).text
+    full_passes = [
+        line for line in metrics.splitlines() if line.startswith('mmproc_gc_pause_seconds_count{generation="2"}')
+    ]
+    assert full_passes and float(full_passes[0].split()[1]) >= 1, full_passes  # the one before the freeze at least
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(60) == 0
+    frozen = re.search(r"garbage collector: (\d+) start-up objects frozen", proc.stdout.read())
+    assert frozen and int(frozen.group(1)) > 10_000, "start-up objects were not frozen before serving"
 
 
 def wait_admitted(http_url: str, timeout: float = 30) -> None:
