@@ -8,8 +8,10 @@ Opaque images only: an image with alpha keeps the CPU path (Pillow premultiplies
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from mmproc.errors import InvalidMediaError, Reason
@@ -36,28 +38,41 @@ def _device_lut(cfg: PreprocessConfig, device: torch.device) -> Tensor:
 def preprocess_tensor(rgb: Tensor, cfg: PreprocessConfig, normalize: bool = True) -> PreprocessedImage:
     """(H, W, 3) uint8 on any device -> patches (grid_h * grid_w, 3, p, p) float32 on that device, grid, tokens;
     with normalize=False the uint8 patches and the family's (CPU) table, as `preprocess_image` gives them."""
-    if rgb.dtype != torch.uint8 or rgb.dim() != 3 or rgb.shape[2] != 3:
-        raise ValueError(f"want an (H, W, 3) uint8 image, got {rgb.dtype} {tuple(rgb.shape)}")
-    height, width = rgb.shape[0], rgb.shape[1]
+    return preprocess_same_size([rgb], cfg, normalize)[0]
+
+
+def preprocess_same_size(
+    rgbs: Sequence[Tensor], cfg: PreprocessConfig, normalize: bool = True
+) -> list[PreprocessedImage]:
+    """`preprocess_tensor` of each of `rgbs`, images of one (H, W) on one device: one plan, and padding, patch
+    layout and normalization each one op over the whole stack. Why: a thread short of the GIL (the server's GPU
+    decoder, beside a busy event loop) pays per Python step, not per pixel (docs/benchmarks/preprocess.md,
+    session 12). The patches of image i are a view of the stack's: the stack lives until the last is freed."""
+    first = rgbs[0]
+    if first.dtype != torch.uint8 or first.dim() != 3 or first.shape[2] != 3:
+        raise ValueError(f"want (H, W, 3) uint8 images, got {first.dtype} {tuple(first.shape)}")
+    if any(rgb.shape != first.shape for rgb in rgbs):
+        raise ValueError("images of one size only")
+    height, width = first.shape[0], first.shape[1]
     if width < 1 or height < 1:
         raise InvalidMediaError(f"image is {width}x{height}", reason=Reason.TOO_SMALL)
-    rule = RULES[cfg.family]
-    plan = rule.plan(width, height, cfg)
+    plan = RULES[cfg.family].plan(width, height, cfg)
     if plan.resize_to is not None and plan.resize_to != (width, height):
-        rgb = pillow_bicubic(rgb, plan.resize_to)
-    pad_w, pad_h = plan.pad_wh
-    p = cfg.patch_size
+        rgbs = [pillow_bicubic(rgb, plan.resize_to) for rgb in rgbs]  # large images: their device work dominates
+    stack = torch.stack(rgbs) if len(rgbs) > 1 else rgbs[0].unsqueeze(0)  # (N, h, w, 3)
+    n, p = len(rgbs), cfg.patch_size
     gh, gw = plan.grid_hw
-    padded = torch.zeros(gh * p, gw * p, 3, dtype=torch.uint8, device=rgb.device)  # black bytes, as the references
-    padded[: rgb.shape[0], : rgb.shape[1]] = rgb
-    assert padded.shape[0] == rgb.shape[0] + pad_h and padded.shape[1] == rgb.shape[1] + pad_w, (plan, rgb.shape)
-    grid = padded.view(gh, p, gw, p, 3).permute(0, 2, 4, 1, 3)  # (gh, gw, 3, p, p) uint8 view
+    pad_w, pad_h = plan.pad_wh
+    padded = F.pad(stack, (0, 0, 0, pad_w, 0, pad_h))  # black bytes right and below, as the references
+    assert padded.shape[1:3] == (gh * p, gw * p), (plan, stack.shape)
+    grid = padded.view(n, gh, p, gw, p, 3).permute(0, 1, 3, 5, 2, 4)  # (N, gh, gw, 3, p, p) uint8 view
     kh, kw = cfg.merge_kernel_size
     tokens, size = (gh // kh) * (gw // kw), (width, height)
-    if not normalize:
-        patches = grid.reshape(gh * gw, 3, p, p)  # one copy, into the layout `pad_patchify` gives
-        return PreprocessedImage(patches, (gh, gw), tokens, image_size=size, lut=_cpu_lut(cfg))
-    lut = _device_lut(cfg, rgb.device)  # (3, 256) float32
-    channel = torch.arange(3, device=rgb.device).view(1, 1, 3, 1, 1)
-    patches = lut[channel, grid.long()]  # gather: (gh, gw, 3, p, p) float32
-    return PreprocessedImage(patches.reshape(gh * gw, 3, p, p), (gh, gw), tokens, image_size=size)
+    if normalize:
+        lut = _device_lut(cfg, first.device)  # (3, 256) float32
+        channel = torch.arange(3, device=first.device).view(1, 1, 1, 3, 1, 1)
+        patches, table = lut[channel, grid.long()], None  # gather: (N, gh, gw, 3, p, p) float32
+    else:
+        patches, table = grid, _cpu_lut(cfg)
+    each = patches.reshape(n * gh * gw, 3, p, p).split(gh * gw)  # one copy, into the layout `pad_patchify` gives
+    return [PreprocessedImage(image, (gh, gw), tokens, image_size=size, lut=table) for image in each]

@@ -27,7 +27,7 @@ from mmproc.media.gpu_jpeg import GpuJpeg, gpu_jpeg, orient
 from mmproc.media.limits import MediaLimits
 from mmproc.media.nvjpeg import NvJpegDecoder
 from mmproc.preprocess import PreprocessConfig
-from mmproc.preprocess.device import preprocess_tensor
+from mmproc.preprocess.device import preprocess_same_size
 from service.pipeline.batch_thread import BatchThread
 from service.pipeline.decode_worker import Prepared
 from service.pipeline.wait_clock import WaitClock
@@ -101,17 +101,21 @@ class GpuDecoder:
     def _decode_all(self, images: list[bytes], gated: list[GpuJpeg]) -> list[Prepared | None]:
         """(decode thread) Decode, orient and preprocess on the side stream; return once the device is done."""
         started = time.perf_counter()
-        out: list[Prepared | None] = []
+        out: list[Prepared | None] = [None] * len(images)
         with torch.cuda.device(self.device), torch.cuda.stream(self._stream):
             decoded = self.decoder.decode(images, self._stream)
             decoded_at = time.perf_counter()
-            for pixels, facts in zip(decoded, gated, strict=True):
+            by_size: dict[tuple[int, ...], list[tuple[int, torch.Tensor]]] = {}
+            for i, (pixels, facts) in enumerate(zip(decoded, gated, strict=True)):
                 width, height = facts.size
                 if pixels is None or tuple(pixels.shape) != (height, width, 3):  # the stream disagreed with its header
-                    out.append(None)
                     continue
                 upright = orient(pixels, facts.orientation)
-                out.append(Prepared(preprocess_tensor(upright, self.preprocess, normalize=False), 0.0, 0.0))
+                by_size.setdefault(tuple(upright.shape), []).append((i, upright))
+            for same in by_size.values():  # a few ops per size, not per image: this thread is short of the GIL
+                done = preprocess_same_size([pixels for _, pixels in same], self.preprocess, normalize=False)
+                for (i, _), image in zip(same, done, strict=True):
+                    out[i] = Prepared(image, 0.0, 0.0)
             self._done.record(self._stream)
         self._done.synchronize()
         finished = time.perf_counter()

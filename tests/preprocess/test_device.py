@@ -11,7 +11,7 @@ import torch
 from PIL import Image
 
 from mmproc.preprocess import PreprocessConfig, preprocess_image
-from mmproc.preprocess.device import preprocess_tensor
+from mmproc.preprocess.device import preprocess_same_size, preprocess_tensor
 from mmproc.preprocess.resize import pillow_bicubic
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
@@ -75,3 +75,20 @@ def test_device_bytes_equal_the_cpu_paths_bytes(family, device) -> None:
         assert got.patches.dtype == torch.uint8 and got.patches.device.type == device
         assert torch.equal(got.patches.cpu(), want.patches) and torch.equal(got.lut, want.lut), (w, h)
         assert torch.equal(got.normalized().cpu(), want.normalized()), (w, h)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("normalize", [True, False])
+def test_a_stack_of_same_size_images_gives_each_images_own_patches(device, normalize) -> None:
+    """The GPU decoder preprocesses the same-size images of a batch together: image i's patches are its own."""
+    cfg = PreprocessConfig.kimi_k25()
+    for w, h in [(448, 448), (333, 517), (4000, 300)]:  # exact grid, padded, resized by the patch limits
+        pixels = [np.random.default_rng(7 * i + w).integers(0, 256, (h, w, 3), dtype=np.uint8) for i in range(3)]
+        got = preprocess_same_size([torch.from_numpy(p).to(device) for p in pixels], cfg, normalize)
+        assert len(got) == 3
+        for image, p in zip(got, pixels):
+            want = preprocess_image(Image.fromarray(p), cfg, normalize=normalize)
+            assert (image.grid_hw, image.num_tokens, image.image_size) == (want.grid_hw, want.num_tokens, (w, h))
+            assert torch.equal(image.patches.cpu(), want.patches), (w, h, normalize)
+    with pytest.raises(ValueError, match="one size"):
+        preprocess_same_size([torch.zeros(4, 4, 3, dtype=torch.uint8), torch.zeros(4, 5, 3, dtype=torch.uint8)], cfg)

@@ -123,6 +123,21 @@ def test_one_request_mixing_gpu_and_cpu_images_equals_the_cpu_path(gpu_and_cpu) 
 
 
 @cuda
+def test_same_size_images_preprocessed_together_each_get_their_own_answer(gpu_and_cpu) -> None:
+    """The decoder preprocesses the images of one upright size in one stack: five 448² photos, and two 333x517 ones,
+    the second stored 517x333 with EXIF 6. Each answer is its own image's (the contents differ), as on the CPU."""
+    gpu, cpu = gpu_and_cpu
+    images = [_photo(448, 448, 10 + i) for i in range(5)]
+    images += [_photo(333, 517, 20), _photo(517, 333, 21, exif_orientation=6)]
+    with EncoderClient(gpu.grpc_target) as on_gpu, EncoderClient(cpu.grpc_target) as on_cpu:
+        got, want = on_gpu.encode(images), on_cpu.encode(images)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert (g.num_tokens, g.grid_thw, g.image_size) == (w.num_tokens, w.grid_thw, w.image_size), i
+        assert _rel(g.tensor, w.tensor) < 2e-2, (i, _rel(g.tensor, w.tensor))
+    assert got[6].image_size == (333, 517)
+
+
+@cuda
 def test_refusals_keep_their_image_index(gpu_and_cpu) -> None:
     gpu = gpu_and_cpu[0]
     good, png = GPU_KINDS["4:2:0"], make_image_bytes(64, 64, "PNG")
