@@ -14,6 +14,7 @@ if TYPE_CHECKING:
         tensor_bytes_view,
         tensor_nbytes,
         tensor_to_bytes,
+        to_host,
     )
 
 __all__ = [
@@ -27,6 +28,7 @@ __all__ = [
     "tensor_bytes_view",
     "tensor_nbytes",
     "tensor_to_bytes",
+    "to_host",
 ]
 
 # Imported on first use: these need torch, and the settings take their defaults from torch-free modules of this
