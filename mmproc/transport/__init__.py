@@ -14,7 +14,6 @@ if TYPE_CHECKING:
         tensor_bytes_view,
         tensor_nbytes,
         tensor_to_bytes,
-        to_host,
     )
 
 __all__ = [
@@ -28,7 +27,6 @@ __all__ = [
     "tensor_bytes_view",
     "tensor_nbytes",
     "tensor_to_bytes",
-    "to_host",
 ]
 
 # Imported on first use: these need torch, and the settings take their defaults from torch-free modules of this

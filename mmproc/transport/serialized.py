@@ -54,68 +54,39 @@ class StagedTensor:
         return self.wait().contiguous().reshape(-1).view(torch.uint8)
 
 
-def start_staging(embeddings: Sequence[torch.Tensor], after: torch.cuda.Event | None = None) -> list[StagedTensor]:
+def start_staging(embeddings: Sequence[torch.Tensor]) -> list[StagedTensor]:
     """Start copying device tensors (T_i, hidden) to the CPU; CPU tensors pass through, already ready.
 
-    From CUDA the copies go into one pinned buffer for the whole request, non-blocking, with an event recorded right
-    after each copy: the caller can serialize tensor i while the copies of tensors i+1.. are still in flight, and
-    must `wait()` each one before reading it.
+    From CUDA the copies go into one pinned buffer for the whole request, non-blocking on the current stream of
+    each tensor's device, with an event recorded right after each copy: the caller can serialize tensor i while
+    the copies of tensors i+1.. are still in flight, and must `wait()` each one before reading it.
 
-    `after`: a blocking event recorded on the producer's stream right after the work that wrote the tensors (the
-    request's last forward). The copies then run on a stream of their own that waits for that event alone, not for
-    what the producer queued since (the next batch's forward: up to a forward per reply under load, session 12).
-    Without it they are queued on each tensor's device's current stream, behind everything queued there.
-
-    Waiting sleeps through the work before the copies (the forward) and spins only through the copy: a sleeping
-    wait on the copy itself made a 20 MB reply's staging ~0.3 ms slower on the H200, and spinning through a forward
-    would burn a core per waiting reply (docs/benchmarks/transport.md, session 11).
+    Waiting sleeps through whatever the stream ran before a copy (in the server, the forward that made the
+    tensor, and maybe the next one) and spins only through the copy: a sleeping wait on the copy itself made a
+    20 MB reply's staging ~0.3 ms slower on the H200, and spinning through a forward would burn a core per
+    waiting reply (docs/benchmarks/transport.md, session 11).
     """
     out = [StagedTensor(t) if t.device.type == "cpu" else None for t in embeddings]
     on_gpu = [i for i, t in enumerate(embeddings) if t.device.type != "cpu"]
     if not on_gpu:
         return out  # type: ignore[return-value]
     staging = torch.empty(sum(embeddings[i].nbytes for i in on_gpu), dtype=torch.uint8, pin_memory=True)
-    queued_on: dict[torch.device, tuple[torch.cuda.Stream, torch.cuda.Event]] = {}  # the copies of a device in turn
+    queued_on: dict[torch.device, torch.cuda.Event] = {}  # one per device: its copies follow each other
     start = 0
     for i in on_gpu:
         tensor = embeddings[i]
-        if tensor.device not in queued_on:
-            queued_on[tensor.device] = _copy_stream(tensor.device, after)
-        stream, queued = queued_on[tensor.device]
+        stream = torch.cuda.current_stream(tensor.device)
+        queued = queued_on.get(tensor.device)
+        if queued is None:
+            queued = queued_on[tensor.device] = torch.cuda.Event(blocking=True)
+            queued.record(stream)
         host = staging[start : start + tensor.nbytes].view(tensor.dtype).view(tensor.shape)
-        with torch.cuda.stream(stream):
-            if after is not None:  # the allocator must not hand its memory to later work before this copy is done
-                tensor.record_stream(stream)
-            host.copy_(tensor, non_blocking=True)
+        host.copy_(tensor, non_blocking=True)  # enqueued on that same stream
         ready = torch.cuda.Event()
         ready.record(stream)
         out[i] = StagedTensor(host, ready, queued)
         start += tensor.nbytes
     return out  # type: ignore[return-value]
-
-
-def to_host(tensor: torch.Tensor, after: torch.cuda.Event | None = None) -> torch.Tensor:
-    """A copy of `tensor` in ordinary (pageable) host memory, once its D2H has landed: for what is kept longer than a
-    reply (the embedding cache). `after` as in `start_staging`: then the copy waits for that event only."""
-    if tensor.device.type == "cpu" or after is None:
-        return tensor.to("cpu")
-    stream, _ = _copy_stream(tensor.device, after)
-    with torch.cuda.stream(stream):
-        tensor.record_stream(stream)
-        return tensor.to("cpu")  # waits for this stream alone
-
-
-def _copy_stream(device: torch.device, after: torch.cuda.Event | None) -> tuple[torch.cuda.Stream, torch.cuda.Event]:
-    """The stream copies from `device` go on, and the blocking event the work before them ends with: a stream of
-    torch's pool waiting for `after`, or the device's current stream and an event recorded there now."""
-    if after is None:
-        stream = torch.cuda.current_stream(device)
-        queued = torch.cuda.Event(blocking=True)
-        queued.record(stream)
-        return stream, queued
-    stream = torch.cuda.Stream(device)  # from torch's pool: replies in flight seldom share one
-    stream.wait_event(after)
-    return stream, after
 
 
 def stage_to_host(embeddings: Sequence[torch.Tensor]) -> list[torch.Tensor]:

@@ -11,7 +11,6 @@ from dataclasses import replace
 import torch
 
 from mmproc.errors import StaleSessionError
-from mmproc.transport import to_host
 from mmproc.transport.ipc_pool import IpcPool
 from mmproc.transport.leases import Lease, UnknownSessionError
 from service.cache.embedding_cache import CacheConfig, CacheStore, Entry
@@ -58,11 +57,11 @@ class CacheTiers:
             entry = Entry(replace(result, lease=None, key="", cache=""), hold.slice, hold.slice.nbytes, hold)
         else:
             embedding = result.embedding
-            if embedding.device.type != "cpu":  # one D2H off the loop, after its forward (not the next one)
-                embedding = await asyncio.get_running_loop().run_in_executor(None, to_host, embedding, result.written)
+            if embedding.device.type != "cpu":  # one D2H off the loop, ordered like the serialized reply's staging
+                embedding = await asyncio.get_running_loop().run_in_executor(None, embedding.to, "cpu")
             elif embedding.untyped_storage().nbytes() != embedding.nbytes:
                 embedding = embedding.clone()  # a view of the batch's buffer: own the rows, so bytes = memory held
-            kept = replace(result, embedding=embedding, descriptor=None, lease=None, key="", cache="", written=None)
+            kept = replace(result, embedding=embedding, descriptor=None, lease=None, key="", cache="")
             entry = Entry(kept, key, embedding.nbytes)
         store.put(key, entry)
         return entry

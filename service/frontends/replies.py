@@ -4,7 +4,7 @@ the gRPC servicer, the HTTP app and their tests."""
 
 from __future__ import annotations
 
-from mmproc.transport import DTYPE_NAMES, StagedTensor, concat_bytes, start_staging
+from mmproc.transport import DTYPE_NAMES, concat_bytes, start_staging
 from mmproc.transport.ipc_pool import PoolIdentity
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire import NAME_TO_PB, chunk_head, reply_wire
@@ -52,14 +52,14 @@ def payload_bytes(results: list[EncodedImage]) -> int:
 def serialized_payloads(results: list[EncodedImage]) -> list[bytes]:
     """Raw bytes of every result. From a GPU: one pinned staging buffer per request (start_staging), and image
     i's bytes are copied out of it as soon as its own D2H has landed, while later images are still in flight."""
-    return [concat_bytes(b"", staged.wait()) for staged in _staged(results)]
+    return [concat_bytes(b"", staged.wait()) for staged in start_staging([r.embedding for r in results])]
 
 
 def serialized_reply(request_id: str, results: list[EncodedImage]) -> bytes:
     """EncodeImages' serialized reply, as the bytes gRPC sends (mmproc/wire/unary.py). From a GPU: one pinned
     staging buffer per request (start_staging); image i's payload is copied once, into those bytes, as soon as its
     own D2H has landed, while later images are still in flight."""
-    staged = _staged(results)
+    staged = start_staging([r.embedding for r in results])
     head = pb.EncodeImagesResponse(request_id=request_id, transport=pb.TRANSPORT_SERIALIZED)
     headers = [embedding_header(r) for r in results]
     return reply_wire(head, headers, [r.embedding.nbytes for r in results], (s.wait() for s in staged))
@@ -73,21 +73,13 @@ def serialized_stream(request_id: str, results: list[EncodedImage], chunk_bytes:
     is written while the D2H runs; the payload is copied exactly once, from the staging buffer into each
     message's bytes, by torch's threads; image i's copies start as soon as its own D2H has landed.
     """
-    staged = _staged(results)
+    staged = start_staging([r.embedding for r in results])
     heads = [_chunk_heads(request_id, result, chunk_bytes) for result in results]
     messages = []
     for image, image_heads in zip(staged, heads):
         payload = image.wait_bytes()  # (nbytes,) uint8 over the staging buffer, no copy
         messages += [concat_bytes(head, payload[offset : offset + chunk_bytes]) for offset, head in image_heads]
     return messages
-
-
-def _staged(results: list[EncodedImage]) -> list[StagedTensor]:
-    """`start_staging` of the results' embeddings, after the forward that wrote them when one event covers every
-    one on a GPU (a reply's misses come from one run of the encoder; hits are on the host already)."""
-    events = {id(r.written): r.written for r in results if r.embedding.device.type != "cpu"}
-    after = next(iter(events.values())) if len(events) == 1 else None
-    return start_staging([r.embedding for r in results], after=after)
 
 
 def _chunk_heads(request_id: str, result: EncodedImage, chunk_bytes: int) -> list[tuple[int, bytes]]:

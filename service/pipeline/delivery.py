@@ -27,28 +27,15 @@ T = TypeVar("T")
 
 
 class Serialized:
-    """Plain tensors: the runner allocates each request's output, the front end serializes it. On CUDA the runner
-    records an event right after the request's last forward, so that the copy to the host waits for that forward
-    and not for the next batch's (EncodedImage.written)."""
+    """Plain tensors: the runner allocates each request's output, the front end serializes it."""
 
     lease: Lease | None = None
-
-    def __init__(self, device: torch.device | None = None) -> None:
-        self._device = device  # the encoder's, when it is a GPU
-        self._forward_done: torch.cuda.Event | None = None
 
     def output(self) -> Callable[[int], torch.Tensor] | None:
         return None
 
     def on_written(self) -> Callable[[], None] | None:
-        if self._device is None:
-            return None
-
-        def on_written() -> None:  # runner thread, right after the request's last forward was enqueued
-            self._forward_done = torch.cuda.Event(blocking=True)  # its waiter sleeps through the forward
-            self._forward_done.record(torch.cuda.current_stream(self._device))  # not the thread's current device's
-
-        return on_written
+        return None
 
     async def written(self) -> None:
         return None
@@ -58,7 +45,7 @@ class Serialized:
 
     def deliver(self, prepared: list[PreprocessedImage], embeddings: list[torch.Tensor]) -> list[EncodedImage]:
         return [
-            EncodedImage(i, p.grid_hw, p.num_tokens, e, None, p.image_size, written=self._forward_done)
+            EncodedImage(i, p.grid_hw, p.num_tokens, e, None, p.image_size)
             for i, (p, e) in enumerate(zip(prepared, embeddings))
         ]
 
@@ -113,16 +100,10 @@ class Delivery:
     and `fallback` allows it."""
 
     def __init__(
-        self,
-        hidden: int,
-        dtype: torch.dtype,
-        metrics: Metrics,
-        replies: ReplyBudgetConfig | None = None,
-        device: torch.device | None = None,
+        self, hidden: int, dtype: torch.dtype, metrics: Metrics, replies: ReplyBudgetConfig | None = None
     ) -> None:
         self.hidden = hidden
         self.dtype = dtype
-        self.gpu = device if device is not None and device.type == "cuda" else None  # then results carry an event
         self._metrics = metrics
         self.replies = ReplyBudget(replies or ReplyBudgetConfig())
         metrics.reply_bytes_in_flight.set_function(lambda: self.replies.in_flight)
@@ -154,7 +135,7 @@ class Delivery:
     ) -> Serialized | PoolLease:
         """A lease of `rows` embedding rows for an IPC request (`session` set, a pool attached), else serialized."""
         lease = await self.lease(session, rows, deadline, readers) if session else None
-        return Serialized(self.gpu) if lease is None else PoolLease(self, lease)
+        return Serialized() if lease is None else PoolLease(self, lease)
 
     async def lease(self, session: str, rows: int, deadline: float | None, readers: int) -> Lease | None:
         """A pool lease for `rows` rows, read by `readers` consumers, or None to reply serialized.

@@ -25,6 +25,3 @@ class EncodedImage:
     cache: str = ""  # hit | miss | coalesced | bypass, or "" without a cache (service/cache/cached_encode.py)
     mm_hash: str = ""  # the raw bytes' hash (service/cache/cache_key.py): sent back, a client may ask by it later
     lease: Lease | None = None  # the pool lease `descriptor` lies in (IPC)
-    # Serialized from CUDA: recorded on the runner's stream right after the forward that wrote `embedding`; a copy to
-    # the host waits for it alone, not for the forwards queued since (mmproc.transport.start_staging's `after`)
-    written: torch.cuda.Event | None = None

@@ -87,7 +87,7 @@ class Engine:
         gpu = self._gpu_decoder(config.gpu_decode, config.media, decode)
         self.decode = DecodeStep(DecodePool(config.media, preprocess, decode), self.admission, metrics, gpu)
         self.run = RunStep(runner, metrics)
-        self.delivery = Delivery(encoder.output_dim, encoder.dtype, metrics, config.replies, encoder.device)
+        self.delivery = Delivery(encoder.output_dim, encoder.dtype, metrics, config.replies)
         self.keys = KeyStore(config.key_store)
         self.cache = self._build_cache(config)
         self.ipc_status = "IPC not set up: serialized only"

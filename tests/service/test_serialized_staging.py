@@ -9,12 +9,10 @@ import time
 import pytest
 import torch
 
-from mmproc.transport import stage_to_host, start_staging, tensor_to_bytes, to_host
-from mmproc.types import PreprocessedImage
+from mmproc.transport import stage_to_host, start_staging, tensor_to_bytes
 from mmproc.units import MiB
 from mmproc.v1 import encoder_pb2 as pb
 from service.frontends.replies import embedding_header, serialized_payloads, serialized_reply, serialized_stream
-from service.pipeline.delivery import Serialized
 from tests.support.encoded import results_of
 
 
@@ -47,41 +45,6 @@ def test_a_wait_behind_queued_gpu_work_sleeps_and_spins_only_through_the_copy() 
     assert wall > 0.05, "the copy did not wait for the work queued before it"
     assert cpu < 0.25 * wall, f"the waiting thread used {cpu * 1e3:.0f} ms of CPU in {wall * 1e3:.0f} ms"
     assert torch.equal(host.view(torch.int16), tensor.cpu().view(torch.int16))
-
-
-@pytest.mark.cuda
-def test_copies_after_their_forward_do_not_wait_for_the_next_one() -> None:
-    """The server's serialized replies: the D2H waits for the event recorded after the forward that wrote the
-    tensor (EncodedImage.written), not for the next batch's forward queued behind it on the runner's stream."""
-    tensor = torch.randn(1000, 7168, device="cuda").bfloat16()  # a 14 MB reply
-    start_staging([tensor])[0].wait()  # torch's pinned allocator has a block of this size from now on
-    written = torch.cuda.Event(blocking=True)
-    written.record()
-    torch.cuda._sleep(300_000_000)  # ~0.15 s of later work on the same stream: the next forward
-    started = time.perf_counter()
-    (staged,) = start_staging([tensor], after=written)
-    host = staged.wait()
-    kept = to_host(tensor, after=written)  # the embedding cache's copy, in pageable memory
-    after_forward = time.perf_counter() - started
-    (behind,) = start_staging([tensor])  # the same copy on the producer's stream: behind the later work
-    behind.wait()
-    behind_next = time.perf_counter() - started - after_forward
-    assert after_forward < 0.05 < behind_next, (after_forward, behind_next)
-    want = tensor.cpu().view(torch.int16)
-    assert torch.equal(host.view(torch.int16), want) and torch.equal(kept.view(torch.int16), want)
-    assert host.is_pinned() and not kept.is_pinned()
-
-
-@pytest.mark.parametrize("cuda", [False, pytest.param(True, marks=pytest.mark.cuda)])
-def test_serialized_results_carry_their_forwards_event_on_cuda_only(cuda: bool) -> None:
-    destination = Serialized(torch.device("cuda", torch.cuda.current_device()) if cuda else None)
-    on_written = destination.on_written()  # the runner calls it right after the request's last forward
-    assert (on_written is None) is not cuda
-    if on_written is not None:
-        on_written()
-    images = [PreprocessedImage(torch.zeros(4, 3, 2, 2), (2, 2), 1)]
-    (result,) = destination.deliver(images, [torch.zeros(1, 8)])
-    assert (result.written is None) is not cuda
 
 
 def test_large_stream_is_protobufs_bytes() -> None:
