@@ -119,9 +119,9 @@ class _PhaseRunner:
 
 
 def _open_images(base: list[bytes], first: int, rate: float, seconds: float) -> list[bytes]:
-    """The open phase's images, made before its start; then this process's objects so far are frozen out of the
-    garbage collector's scans: a full pass over them (~0.1 s with torch loaded) would stall this client's loop
-    in the middle of the load and add to the latencies it measures."""
+    """The open phase's images, made before its start; then this process's objects are frozen out of the garbage
+    collector's scans until the load is over (`_open_then_recover`): a full pass over them (~0.1 s with torch
+    loaded) would stall this client's loop in the middle of the load and add to the latencies it measures."""
     arrivals = int(rate * seconds * 1.2) + 100  # Poisson: room for more than the mean
     images = [unique_jpeg(base[i % len(base)], first + i) for i in range(arrivals)]
     gc.collect()
@@ -133,7 +133,10 @@ async def _open_then_recover(
     load: Load, base: list[bytes], images: list[bytes], args: argparse.Namespace, rate: float, seconds: float,
     seed: int, recovery_first: int,
 ) -> tuple[list[Outcome], list[Outcome], float]:  # fmt: skip
-    tasks = await open_loop(load, images, rate, seconds, seed)
-    t_stop = time.perf_counter()
-    recovery = await closed_loop(load, base, recovery_first, args.recovery_seconds, args.concurrency)
-    return list(await asyncio.gather(*tasks)), recovery, t_stop
+    try:
+        tasks = await open_loop(load, images, rate, seconds, seed)
+        t_stop = time.perf_counter()
+        recovery = await closed_loop(load, base, recovery_first, args.recovery_seconds, args.concurrency)
+        return list(await asyncio.gather(*tasks)), recovery, t_stop
+    finally:
+        gc.unfreeze()  # frozen for the load only (`_open_images`): a process that goes on collects as before

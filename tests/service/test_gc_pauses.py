@@ -24,10 +24,11 @@ def sample(metrics: Metrics, name: str, generation: str) -> float:
 
 def test_freezing_takes_start_up_objects_out_of_every_later_full_pass(unfrozen, caplog) -> None:
     caplog.set_level("INFO", logger="service.process.gc_pauses")
-    scanned_before = len(gc.get_objects())
+    scanned_before, frozen_before = len(gc.get_objects()), gc.get_freeze_count()
     frozen = freeze_start_up_objects()
-    assert frozen > 10_000  # torch, gRPC and the test's own modules at least
-    assert len(gc.get_objects()) < scanned_before - frozen // 2  # what a full pass walks now
+    added = frozen - frozen_before
+    assert added > 10_000 or frozen_before > 10_000  # torch, gRPC and the test's own modules at least
+    assert len(gc.get_objects()) < scanned_before - added // 2  # what a full pass walks now
     assert f"{frozen} start-up objects frozen" in caplog.text
 
 
