@@ -298,7 +298,8 @@ def test_a_client_deadline_is_counted_as_deadline_exceeded_never_unknown(server:
     before = scrape(server)
     with grpc.insecure_channel(server.grpc_target) as channel:
         stub = pb_grpc.EncoderStub(channel)
-        request = pb.EncodeImagesRequest(images=[HEAVY, HEAVY], transport=pb.TRANSPORT_SERIALIZED)
+        # No cache: an earlier call's encode that finished after its client gave up would answer the next one.
+        request = pb.EncodeImagesRequest(images=[HEAVY, HEAVY], transport=pb.TRANSPORT_SERIALIZED, cache_bypass=True)
         for timeout in (0.05, 0.15, 0.3):
             with pytest.raises(grpc.RpcError) as info:
                 stub.EncodeImages(request, timeout=timeout)
@@ -365,7 +366,7 @@ def test_http_takes_its_deadline_from_the_timeout_header(server: ServiceThread) 
 
     import httpx
 
-    body = {"images": [base64.b64encode(HEAVY).decode()]}
+    body = {"images": [base64.b64encode(HEAVY).decode()], "cache_bypass": True}  # encoded by every call
     url = f"{server.http_url}/v1/encode"
     bad = httpx.post(url, json=body, headers={"x-mmproc-timeout-ms": "soon"}, timeout=30)
     assert bad.status_code == 400 and "x-mmproc-timeout-ms" in bad.json()["error"]["message"]
