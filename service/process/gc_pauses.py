@@ -6,7 +6,9 @@ included. A full one walks every tracked object, and a server with torch, gRPC a
 before any request (0.1 s a pass on a CPU host, docs/reliability.md "Overload"). Under load the requests' own
 objects survive long enough (queued, decoded, waiting for a forward) to trigger full passes every few seconds.
 Freezing what start-up made (modules, the model's Python objects, the warm-up's leftovers) leaves each full pass
-only the objects made since. Process-wide: only `mmproc serve` does it, once its model is loaded.
+only the objects made since. The price: a frozen object that later ends up in an unreachable cycle is never freed;
+what start-up makes lives as long as the server anyway. Process-wide: only `mmproc serve` does it, once its model
+is loaded.
 """
 
 from __future__ import annotations
