@@ -35,7 +35,7 @@ from service.pipeline.ipc_setup import setup_ipc
 from service.pipeline.state import ServingState
 from service.pipeline.video_engine import build_video_service
 from service.process import configs
-from service.process.gc_pauses import GcPauses, freeze_start_up_objects
+from service.process.gc_pauses import freeze_start_up_objects
 from service.process.host_memory import limit_malloc_arenas, reuse_freed_host_memory, set_torch_threads
 from service.process.loop_lag import watch_loop_lag
 from service.process.metrics import Metrics
@@ -339,7 +339,7 @@ async def serve(settings: ServerSettings) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, service.stop)
-    with GcPauses(service.metrics.gc_pause):
+    with service.metrics.gc_pause:
         await service.start()
         await service.run_until_stopped()
     logger.info("stopped")

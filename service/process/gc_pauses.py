@@ -13,12 +13,17 @@ is loaded.
 
 from __future__ import annotations
 
+import bisect
 import gc
+import itertools
 import logging
+import math
 import time
+from collections.abc import Iterator, Sequence
 from types import TracebackType
 
-from prometheus_client import Histogram
+from prometheus_client.core import HistogramMetricFamily
+from prometheus_client.utils import floatToGoString
 
 logger = logging.getLogger(__name__)
 
@@ -41,18 +46,41 @@ def freeze_start_up_objects() -> int:
 
 
 class GcPauses:
-    """Observes each collection's duration, by generation, into `histogram` while installed (a `with` block).
-    gc.callbacks run with the GIL held and collections never nest, so one start time is enough."""
+    """Each collection's pause by generation, exported as the histogram `mmproc_gc_pause_seconds` (a Prometheus
+    collector of its own) while installed as a gc callback (a `with` block).
 
-    def __init__(self, histogram: Histogram) -> None:
-        self._by_generation = [histogram.labels(g) for g in GENERATIONS]  # bound once: no label lookup per pass
+    The callback only adds to plain lists: it takes no lock. It runs in whichever thread the collection started in,
+    with the GIL held, and a callback waiting for a lock its own thread holds would never return. Collections never
+    overlap, so nothing else writes the lists; a scrape reads them between two additions at worst."""
+
+    def __init__(self, buckets: Sequence[float]) -> None:
+        self._bounds = [*buckets, math.inf]
+        self._counts = [[0] * len(self._bounds) for _ in GENERATIONS]  # per generation, per bucket (not cumulative)
+        self._sums = [0.0] * len(GENERATIONS)
         self._started = 0.0
 
     def __call__(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._started = time.perf_counter()
-        else:
-            self._by_generation[info["generation"]].observe(time.perf_counter() - self._started)
+            return
+        pause, generation = time.perf_counter() - self._started, info["generation"]
+        self._counts[generation][bisect.bisect_left(self._bounds, pause)] += 1
+        self._sums[generation] += pause
+
+    def describe(self) -> list:
+        return []  # nothing to read before the first collection
+
+    def collect(self) -> Iterator[HistogramMetricFamily]:
+        family = HistogramMetricFamily(
+            "mmproc_gc_pause_seconds",
+            "Pauses of Python's garbage collector, by generation (every thread waits).",
+            labels=["generation"],
+        )
+        for generation, counts in zip(GENERATIONS, self._counts, strict=True):
+            cumulative = list(itertools.accumulate(counts))
+            buckets = [(floatToGoString(bound), n) for bound, n in zip(self._bounds, cumulative, strict=True)]
+            family.add_metric([generation], buckets, sum_value=self._sums[int(generation)])
+        yield family
 
     def __enter__(self) -> GcPauses:
         gc.callbacks.append(self)

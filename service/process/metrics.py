@@ -31,6 +31,7 @@ import mmproc
 from mmproc.errors import Reason
 from mmproc.runner import BatchStats
 from mmproc.v1 import encoder_pb2 as pb
+from service.process.gc_pauses import GcPauses
 from service.process.thread_cpu import CpuByRole
 
 # tier -> (hits, misses, coalesced, inserts, evictions, bytes, capacity bytes, entries); invalid replays; bypassed
@@ -105,10 +106,8 @@ class Metrics:
             "mmproc_event_loop_lag_seconds", "How late the event loop ran a due timer (every request waits as long).",
             buckets=LOOP_LAG_BUCKETS, registry=r,
         )  # fmt: skip
-        self.gc_pause = Histogram(
-            "mmproc_gc_pause_seconds", "Pauses of Python's garbage collector, by generation (every thread waits).",
-            ["generation"], buckets=LOOP_LAG_BUCKETS, registry=r,
-        )  # fmt: skip
+        self.gc_pause = GcPauses(LOOP_LAG_BUCKETS)  # observes while installed (`with`: only `mmproc serve` does)
+        r.register(self.gc_pause)
         self.images = Counter("mmproc_images_encoded", "Images run through the encoder.", registry=r)
         self.tokens = Counter("mmproc_tokens_encoded", "Embedding tokens produced.", registry=r)
         self.stage_seconds = Histogram(

@@ -161,12 +161,11 @@ def test_open_loop_report_reads_the_servers_gc_pauses_between_two_scrapes() -> N
     import gc
 
     from mmproc.bench.serve_open import gc_pauses, parse
-    from service.process.gc_pauses import GcPauses
     from service.process.metrics import Metrics
 
     metrics = Metrics()
     before = parse(metrics.render()[0].decode())
-    with GcPauses(metrics.gc_pause):
+    with metrics.gc_pause:
         gc.collect()
         gc.collect()
     full = gc_pauses(before, parse(metrics.render()[0].decode()))["2"]

@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from service.process.gc_pauses import GcPauses, freeze_start_up_objects
+from service.process.gc_pauses import freeze_start_up_objects
 from service.process.metrics import Metrics
 from tests.support.python_subprocess import run_python
 
@@ -34,7 +34,7 @@ def test_freezing_takes_start_up_objects_out_of_every_later_full_pass(unfrozen, 
 
 def test_pauses_are_observed_by_generation_while_installed() -> None:
     metrics = Metrics()
-    with GcPauses(metrics.gc_pause):
+    with metrics.gc_pause:
         gc.collect()
         gc.collect(0)
     assert sample(metrics, "count", "2") == 1 and sample(metrics, "sum", "2") > 0
