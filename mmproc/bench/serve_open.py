@@ -227,15 +227,21 @@ def server_codes(before: dict[str, float], after: dict[str, float]) -> Counter:
     return out
 
 
+def bucket_deltas(before: dict[str, float], after: dict[str, float], name: str) -> dict[str, list[tuple[float, float]]]:
+    """The histogram `name`'s cumulative bucket counts gained between two scrapes, by its other labels ("" when it
+    has none, else e.g. 'generation="2"'): sorted (upper bound, count) pairs; {} where the server lacks it."""
+    pattern = re.compile(rf'{name}_bucket\{{(?:(.*),)?le="([^"]+)"\}}')
+    out: dict[str, list[tuple[float, float]]] = {}
+    for key, value in after.items():
+        if m := pattern.fullmatch(key):
+            out.setdefault(m.group(1) or "", []).append((float(m.group(2)), value - before.get(key, 0.0)))
+    return {labels: sorted(counts) for labels, counts in out.items()}
+
+
 def loop_lag_ms(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
     """The server's event-loop lag between two scrapes, p50 and p99 as the upper bounds of their histogram buckets
     (mmproc_event_loop_lag_seconds); None where the server does not export it."""
-    pattern = re.compile(r'mmproc_event_loop_lag_seconds_bucket\{le="([^"]+)"\}')
-    buckets = sorted(
-        (float(m.group(1)), value - before.get(key, 0.0))
-        for key, value in after.items()
-        if (m := pattern.fullmatch(key))
-    )
+    buckets = bucket_deltas(before, after, "mmproc_event_loop_lag_seconds").get("", [])
     total = buckets[-1][1] if buckets else 0.0
     quantiles: dict[str, float | None] = {}
     for name, q in (("p50", 0.5), ("p99", 0.99)):
@@ -247,18 +253,12 @@ def loop_lag_ms(before: dict[str, float], after: dict[str, float]) -> dict[str, 
 def gc_pauses(before: dict[str, float], after: dict[str, float]) -> dict[str, dict[str, float]]:
     """The server's garbage-collector pauses between two scrapes (mmproc_gc_pause_seconds), by generation: how
     many, their total ms, and the longest as the upper bound of its histogram bucket; {} for an older server."""
-    pattern = re.compile(r'mmproc_gc_pause_seconds_bucket\{generation="(\d)",le="([^"]+)"\}')
-    buckets: dict[str, list[tuple[float, float]]] = {}
-    for key, value in after.items():
-        if m := pattern.fullmatch(key):
-            buckets.setdefault(m.group(1), []).append((float(m.group(2)), value - before.get(key, 0.0)))
     out = {}
-    for generation, counts in sorted(buckets.items()):
-        counts.sort()
+    for labels, counts in sorted(bucket_deltas(before, after, "mmproc_gc_pause_seconds").items()):
         total = counts[-1][1]
         if total:
-            total_key = f'mmproc_gc_pause_seconds_sum{{generation="{generation}"}}'
-            out[generation] = {
+            total_key = f"mmproc_gc_pause_seconds_sum{{{labels}}}"
+            out[labels.split('"')[1]] = {  # 'generation="2"' -> "2"
                 "count": total,
                 "total_ms": 1e3 * (after.get(total_key, 0.0) - before.get(total_key, 0.0)),
                 "longest_ms_at_most": 1e3 * next(le for le, count in counts if count >= total),

@@ -63,7 +63,9 @@ def preprocess_same_size(
     n, p = len(rgbs), cfg.patch_size
     gh, gw = plan.grid_hw
     pad_w, pad_h = plan.pad_wh
-    padded = F.pad(stack, (0, 0, 0, pad_w, 0, pad_h))  # black bytes right and below, as the references
+    # Black bytes right and below, as the references; no copy for an image that fills its grid (the view below
+    # only splits dimensions, so a rotated JPEG's strided pixels do too)
+    padded = F.pad(stack, (0, 0, 0, pad_w, 0, pad_h)) if pad_w or pad_h else stack
     assert padded.shape[1:3] == (gh * p, gw * p), (plan, stack.shape)
     grid = padded.view(n, gh, p, gw, p, 3).permute(0, 1, 3, 5, 2, 4)  # (N, gh, gw, 3, p, p) uint8 view
     kh, kw = cfg.merge_kernel_size

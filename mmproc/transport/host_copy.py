@@ -52,6 +52,11 @@ with warnings.catch_warnings():
     _u8(b"\0")
 
 
+def raw_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """A tensor's row-major bytes as a flat (nbytes,) uint8 tensor: a view, no copy when it is contiguous."""
+    return tensor.contiguous().reshape(-1).view(torch.uint8)
+
+
 def _payload_u8(payload: Payload) -> torch.Tensor:
     """(nbytes,) uint8 CPU tensor over the payload's row-major bytes (a copy only for a non-contiguous tensor)."""
     if isinstance(payload, torch.Tensor):
@@ -59,7 +64,7 @@ def _payload_u8(payload: Payload) -> torch.Tensor:
             raise ValueError("host copies need a CPU tensor; stage it to the host first")
         if payload.dtype == torch.uint8 and payload.dim() == 1 and payload.is_contiguous():
             return payload  # pieces of a staged payload (StagedTensor.wait_bytes): no further torch op
-        return payload.contiguous().reshape(-1).view(torch.uint8)
+        return raw_bytes(payload)
     return _u8(payload) if len(payload) else torch.empty(0, dtype=torch.uint8)
 
 

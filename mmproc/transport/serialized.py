@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
-from mmproc.transport.host_copy import concat_bytes
+from mmproc.transport.host_copy import concat_bytes, raw_bytes
 
 # Wire names of the dtypes we send; the proto's DType enum is mapped from these in the service/client.
 DTYPE_NAMES: dict[torch.dtype, str] = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -51,7 +51,7 @@ class StagedTensor:
 
     def wait_bytes(self) -> torch.Tensor:
         """`wait()`'s tensor as its raw row-major bytes, (nbytes,) uint8: a view, no copy when it is contiguous."""
-        return self.wait().contiguous().reshape(-1).view(torch.uint8)
+        return raw_bytes(self.wait())
 
 
 def start_staging(embeddings: Sequence[torch.Tensor]) -> list[StagedTensor]:
@@ -102,7 +102,7 @@ def tensor_bytes_view(tensor: torch.Tensor) -> memoryview:
     if tensor.dtype not in DTYPE_NAMES:
         raise ValueError(f"unsupported dtype {tensor.dtype}")
     # uint8 view: numpy has no bfloat16, and the bytes are the same for every dtype.
-    return memoryview(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
+    return memoryview(raw_bytes(tensor).numpy())
 
 
 def tensor_to_bytes(tensor: torch.Tensor) -> bytes:

@@ -76,10 +76,10 @@ class GcPauses:
             "Pauses of Python's garbage collector, by generation (every thread waits).",
             labels=["generation"],
         )
-        for generation, counts in zip(GENERATIONS, self._counts, strict=True):
-            cumulative = list(itertools.accumulate(counts))
+        for generation, counts, total in zip(GENERATIONS, self._counts, self._sums, strict=True):
+            cumulative = itertools.accumulate(counts)
             buckets = [(floatToGoString(bound), n) for bound, n in zip(self._bounds, cumulative, strict=True)]
-            family.add_metric([generation], buckets, sum_value=self._sums[int(generation)])
+            family.add_metric([generation], buckets, sum_value=total)
         yield family
 
     def __enter__(self) -> GcPauses:

@@ -90,5 +90,10 @@ def test_a_stack_of_same_size_images_gives_each_images_own_patches(device, norma
             want = preprocess_image(Image.fromarray(p), cfg, normalize=normalize)
             assert (image.grid_hw, image.num_tokens, image.image_size) == (want.grid_hw, want.num_tokens, (w, h))
             assert torch.equal(image.patches.cpu(), want.patches), (w, h, normalize)
+    square = np.random.default_rng(3).integers(0, 256, (448, 448, 3), dtype=np.uint8)  # fills its grid: no padding
+    rotated = torch.from_numpy(square).to(device).transpose(0, 1)  # a view, as `orient` gives an EXIF-rotated image
+    (got,) = preprocess_same_size([rotated], cfg, normalize)
+    want = preprocess_image(Image.fromarray(np.ascontiguousarray(square.transpose(1, 0, 2))), cfg, normalize=normalize)
+    assert torch.equal(got.patches.cpu(), want.patches)
     with pytest.raises(ValueError, match="one size"):
         preprocess_same_size([torch.zeros(4, 4, 3, dtype=torch.uint8), torch.zeros(4, 5, 3, dtype=torch.uint8)], cfg)
