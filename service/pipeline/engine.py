@@ -64,8 +64,6 @@ class Engine:
         self.request_limits = config.request
         self.metrics = metrics = metrics or Metrics()
         decode = config.decode
-        if encoder.device.type != "cuda":  # only a CUDA encoder normalizes the bytes itself (mmproc/preprocess)
-            decode = replace(decode, normalize=True)
         runner = Runner(
             encoder,
             config.runner,
@@ -78,7 +76,7 @@ class Engine:
             on_dropped=lambda stage, images: count_dropped(metrics, stage, images),
             batch_patches=lambda: self.overload.batch_patches(),
         )
-        patch_bytes = 3 * preprocess.patch_size**2 * 4  # float32 patches, as decode workers ship them
+        patch_bytes = 3 * preprocess.patch_size**2 * (4 if decode.normalize else 1)  # as decode workers ship them
         self.overload = OverloadGuard(replace(config.overload, bytes_per_patch=patch_bytes), queue_wait=self._sojourn_s)
         self.admission = Admission(
             config.request, config.inflight, preprocess, self.overload,

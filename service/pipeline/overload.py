@@ -31,7 +31,7 @@ BATCH_SHARE = 0.25  # of max_queue_delay_s that one forward may take
 class OverloadConfig:
     """max_queue_delay_s: the target sojourn time of the encoder queue: past it for `interval_s`, requests are
     refused whatever their deadline (0: no bound besides the deadline). max_pending_bytes: decoded pixels of admitted requests not yet encoded.
-    bytes_per_patch: what one decoded patch holds (3 * P * P float32)."""
+    bytes_per_patch: what one decoded patch holds: 3 * P * P float32, or bytes where the encoder normalizes them."""
 
     max_queue_delay_s: float = 1.0
     interval_s: float = 0.1  # CoDel's interval: a burst above the bound for less than this is let in

@@ -82,3 +82,26 @@ def _limits():
     from mmproc.media import MediaLimits
 
     return MediaLimits()
+
+
+@pytest.mark.parametrize("normalize", [True, False], ids=["float32", "bytes"])
+def test_the_doors_pending_bytes_are_what_the_decode_holds(normalize: bool) -> None:
+    """The door checks `max_pending_mb` against the headers before decoding: it must count a patch as the workers
+    ship it (uint8 bytes where the encoder normalizes them, a CUDA model's default) or it refuses 4x too early."""
+    import asyncio
+
+    from mmproc.models import load_encoder
+    from service.pipeline.decode_config import DecodePoolConfig
+    from service.pipeline.engine import Engine
+    from service.pipeline.engine_config import EngineConfig
+
+    config = EngineConfig(decode=DecodePoolConfig(isolation="thread", workers=1, normalize=normalize))
+    engine = Engine(load_encoder(None, preset="tiny"), CONFIGS[0], config)
+    try:
+        data = make_image_bytes(448, 448, "PNG", seed=1)
+        (prepared,) = asyncio.run(engine.decode.pool.prepare_all([data]))
+        held = prepared.image.patches.nbytes
+        assert engine.overload.config.bytes_per_patch * header_patches(data, CONFIGS[0]) == held
+        assert held == prepared.image.num_patches * 3 * 14 * 14 * (4 if normalize else 1)
+    finally:
+        engine.close()
