@@ -77,7 +77,10 @@ class Engine:
             batch_patches=lambda: self.overload.batch_patches(),
         )
         patch_bytes = 3 * preprocess.patch_size**2 * (4 if decode.normalize else 1)  # as decode workers ship them
-        self.overload = OverloadGuard(replace(config.overload, bytes_per_patch=patch_bytes), queue_wait=self._sojourn_s)
+        overload = replace(
+            config.overload, bytes_per_patch=patch_bytes, max_batch_patches=config.runner.max_batch_patches
+        )
+        self.overload = OverloadGuard(overload, queue_wait=self._sojourn_s)
         self.admission = Admission(
             config.request, config.inflight, preprocess, self.overload,
             max_queued_images=config.runner.max_queued_images, queued_images=lambda: runner.queued_images,

@@ -31,15 +31,17 @@ BATCH_SHARE = 0.25  # of max_queue_delay_s that one forward may take
 class OverloadConfig:
     """max_queue_delay_s: the target sojourn time of the encoder queue: past it for `interval_s`, requests are
     refused whatever their deadline (0: no bound besides the deadline). max_pending_bytes: decoded pixels of admitted requests not yet encoded.
-    bytes_per_patch: what one decoded patch holds: 3 * P * P float32, or bytes where the encoder normalizes them."""
+    bytes_per_patch: what one decoded patch holds: 3 * P * P float32, or bytes where the encoder normalizes them.
+    max_batch_patches: the runner's own ceiling on a batch (`RunnerConfig.max_batch_patches`): no budget passes it."""
 
     max_queue_delay_s: float = 1.0
     interval_s: float = 0.1  # CoDel's interval: a burst above the bound for less than this is let in
     max_pending_bytes: int = 512 * MiB
     bytes_per_patch: int = 3 * 14 * 14 * 4
+    max_batch_patches: int = 1 << 30
 
     def __post_init__(self) -> None:
-        if self.max_queue_delay_s < 0 or self.max_pending_bytes < 1 or self.bytes_per_patch < 1:
+        if min(self.max_pending_bytes, self.bytes_per_patch, self.max_batch_patches) < 1 or self.max_queue_delay_s < 0:
             raise ConfigError(f"bad overload config {self}")
 
 
@@ -168,12 +170,15 @@ class OverloadGuard:
     def batch_patches(self) -> int:
         """The next batch's patch budget: a `BATCH_SHARE` of the target delay at the measured rate (a request
         waits for the batch running and then its own; batches far longer than the target would break the bound
-        on a slow device). Large where the device is fast; the runner clamps it to its own limits."""
-        budget_s = BATCH_SHARE * self.config.max_queue_delay_s - self.forward.fixed_s
+        on a slow device). Large where the device is fast, and never past the runner's ceiling: the work ahead is
+        counted in the batches the runner will really make (a budget above it counted fewer forwards, and so less
+        fixed cost, than would run)."""
+        cfg = self.config
+        budget_s = BATCH_SHARE * cfg.max_queue_delay_s - self.forward.fixed_s
         per_patch = self.forward.per_patch_s
-        if not self.config.max_queue_delay_s or per_patch <= 0:
-            return 1 << 30
-        return max(1, int(budget_s / per_patch))
+        if not cfg.max_queue_delay_s or per_patch <= 0:
+            return cfg.max_batch_patches
+        return max(1, min(cfg.max_batch_patches, int(budget_s / per_patch)))
 
     def modelled_s(self, patches: int) -> float:
         """The model's seconds until a request of `patches` admitted now would be done: the work ahead and its

@@ -102,6 +102,27 @@ def test_a_fixed_cost_over_the_batch_budget_is_charged_per_image_not_per_patch()
         guard.release(ticket)
 
 
+def test_the_work_ahead_counts_the_forwards_the_runner_will_run_not_the_budget_alone() -> None:
+    # A fast device: 50 ms fixed and 1 us a patch make a budget of 200k patches, but the runner packs at most 1000
+    # into one forward. Five images of 1000 patches are five forwards, each with its fixed cost.
+    config = OverloadConfig(
+        max_queue_delay_s=1.0, max_pending_bytes=1 << 30, bytes_per_patch=10, max_batch_patches=1000
+    )
+    guard = OverloadGuard(config)
+    for patches in (500, 1000) * 5:
+        guard.forward.observe(0.05 + 1e-6 * patches, patches)
+    assert guard.batch_patches() == 1000
+    now = 100.0
+    tickets = [guard.admit(1000, 1, deadline=None, now=now) for _ in range(5)]
+    assert guard.ahead_s() == pytest.approx(5 * 0.05 + 5000 * 1e-6, rel=0.01)
+    # 0.255 s ahead and 0.051 s its own pass the 0.28 s left (counted as one forward ahead: 0.106 s, admitted)
+    with pytest.raises(ResourceExhaustedError) as late:
+        guard.admit(1000, 1, deadline=now + 0.28, now=now)
+    assert late.value.cause == "deadline"
+    for ticket in tickets:
+        guard.release(ticket)
+
+
 def test_refusals_by_a_fixed_bound_say_when_a_slot_frees() -> None:
     from contextlib import ExitStack
 
