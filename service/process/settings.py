@@ -215,7 +215,7 @@ class ServerSettings(LimitSettings):
         InflightLimits.max_patches,
         ge=1,
         description="Patches (from the headers) of all requests in flight; ~2.4 KB each once decoded (float32), "
-        "0.6 KB as bytes for a CUDA model",
+        "0.6 KB as bytes where a CUDA model normalizes them (gpu_preprocess)",
     )
     max_batch_patches: int = Field(
         RunnerConfig.max_batch_patches, ge=1, description="Most patches packed into one forward"
