@@ -181,11 +181,6 @@ class OverloadGuard:
             return cfg.max_batch_patches
         return max(1, min(cfg.max_batch_patches, int(budget_s / per_patch)))
 
-    def modelled_s(self, patches: int) -> float:
-        """The model's seconds until a request of `patches` admitted now would be done: the work ahead and its
-        own forward."""
-        return self.ahead_s() + self.forward.seconds(patches)
-
     def admit(self, patches: int, images: int, deadline: float | None, now: float | None = None) -> Ticket:
         """A ticket, or ResourceExhaustedError (cause "deadline", "queue_delay" or "pending_bytes")."""
         now = time.monotonic() if now is None else now
@@ -201,7 +196,7 @@ class OverloadGuard:
                     cause="pending_bytes",
                 )
             ahead = self.ahead_s()
-            modelled = self.modelled_s(patches)
+            modelled = ahead + self.forward.seconds(patches)  # until this request would be done
             # What requests measurably took beyond the model: without it, a server whose decode, delivery or
             # event loop adds time admits requests that then expire.
             estimate = modelled + self.overrun.correction_s()
@@ -240,7 +235,7 @@ class OverloadGuard:
                 raise ResourceExhaustedError(
                     f"overloaded: requests wait about {waited * 1e3:.0f} ms for the decoders and the encoder, target "
                     f"{cfg.max_queue_delay_s * 1e3:.0f} ms",
-                    retry_after_s=max(MIN_RETRY_AFTER_S, ahead - cfg.max_queue_delay_s, waited - cfg.max_queue_delay_s),
+                    retry_after_s=max(MIN_RETRY_AFTER_S, waited - cfg.max_queue_delay_s),
                     cause="queue_delay",
                 )
             # Until decoded, a request's encoder work is what its headers announce: a liar or a bomb is refused by
