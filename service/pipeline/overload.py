@@ -1,13 +1,12 @@
 """Overload control: refuse at the door, in microseconds, what could not finish in time; bound what waits.
 
 A request is admitted only when the estimated time to finish it — the work already admitted ahead of it plus
-its own, at the service rate measured over the recent batches — fits its deadline, and while the wait of a
-request arriving now stays within `max_queue_delay_s` (CoDel's target delay applied at the door: one bound for
-every front end, so requests with a long deadline cannot fill the queue for those with a short one). That wait is
-the longer of the measured sojourn and the modelled work ahead. The work ahead counts the requests still decoding
-by what their headers announce; the sojourn counts the decoders' waiting room as well as the encoder's queue: a
-decode stage slower than the encoder (JPEGs decoded on a GPU the encoder keeps busy) is a queue too, and one the
-encoder's queue alone does not show. A request refused gets
+its own, at the service rate measured over the recent batches — fits its deadline, and while the pipeline's
+measured sojourn time stays within `max_queue_delay_s` (CoDel's target delay applied at the door: one bound for
+every front end, so requests with a long deadline cannot fill the queue for those with a short one). The sojourn
+is the decoders' waiting room plus the encoder's queue, and the work ahead counts the requests still decoding by
+what their headers announce: a decode stage slower than the encoder (JPEGs decoded on a GPU the encoder keeps
+busy) is a queue too, and one the encoder's queue alone does not show. A request refused gets
 RESOURCE_EXHAUSTED / 429 with a retry-after of the time the excess takes to drain. The decoded pixels of admitted
 requests are bounded in bytes (`max_pending_bytes`): checked at the door against the headers, held (and checked
 again) once decoded. Why an admission estimate and FIFO, and the measurements: docs/reliability.md
@@ -30,9 +29,8 @@ BATCH_SHARE = 0.25  # of max_queue_delay_s that one forward may take
 
 @dataclass(frozen=True)
 class OverloadConfig:
-    """max_queue_delay_s: the target wait before a forward (the measured sojourn or the modelled work ahead, the
-    longer): past it for `interval_s`, requests are refused whatever their deadline (0: no bound besides the
-    deadline). max_pending_bytes: decoded pixels of admitted requests not yet encoded.
+    """max_queue_delay_s: the target sojourn time of the encoder queue: past it for `interval_s`, requests are
+    refused whatever their deadline (0: no bound besides the deadline). max_pending_bytes: decoded pixels of admitted requests not yet encoded.
     bytes_per_patch: what one decoded patch holds: 3 * P * P float32, or bytes where the encoder normalizes them.
     max_batch_patches: the runner's own ceiling on a batch (`RunnerConfig.max_batch_patches`): no budget passes it."""
 
@@ -182,6 +180,11 @@ class OverloadGuard:
             return cfg.max_batch_patches
         return max(1, min(cfg.max_batch_patches, int(budget_s / per_patch)))
 
+    def modelled_s(self, patches: int) -> float:
+        """The model's seconds until a request of `patches` admitted now would be done: the work ahead and its
+        own forward."""
+        return self.ahead_s() + self.forward.seconds(patches)
+
     def admit(self, patches: int, images: int, deadline: float | None, now: float | None = None) -> Ticket:
         """A ticket, or ResourceExhaustedError (cause "deadline", "queue_delay" or "pending_bytes")."""
         now = time.monotonic() if now is None else now
@@ -197,7 +200,7 @@ class OverloadGuard:
                     cause="pending_bytes",
                 )
             ahead = self.ahead_s()
-            modelled = ahead + self.forward.seconds(patches)  # until this request would be done
+            modelled = self.modelled_s(patches)
             # What requests measurably took beyond the model: without it, a server whose decode, delivery or
             # event loop adds time admits requests that then expire.
             estimate = modelled + self.overrun.correction_s()
@@ -213,14 +216,11 @@ class OverloadGuard:
                     retry_after_s=max(MIN_RETRY_AFTER_S, estimate - left),
                     cause="deadline",
                 )
-            # CoDel at the door: a standing queue — its wait above the target delay for `interval_s` — is
-            # refused, a burst is not; the queue must stay below the target for `interval_s` to count as drained
-            # (no overshoot each time a finished batch dips it under). The wait is the longer of the measured
-            # sojourn (a model fitted on small batches can be far off for a big image) and the modelled work
-            # ahead: the sojourn only passes the target a full target after the queue has, and until then
-            # requests with a long deadline (HTTP's default) poured in: seconds of work queued on the CPU at
-            # 10 x C, their replies 3-5 s late (docs/benchmarks/overload.md, session 14).
-            waited = max(self._queue_wait(), ahead)
+            # CoDel at the door: a standing queue — its sojourn time, measured, above the target delay for
+            # `interval_s` — is refused, a burst is not; the queue must stay below the target for `interval_s` to
+            # count as drained (no overshoot each time a finished batch dips it under). Measured, not modelled:
+            # a model fitted on small batches can be far off for a big image.
+            waited = self._queue_wait()
             if not cfg.max_queue_delay_s or waited <= cfg.max_queue_delay_s:
                 self._below_since = now if self._below_since is None else self._below_since
                 if now - self._below_since >= cfg.interval_s:
@@ -234,9 +234,9 @@ class OverloadGuard:
                 and waited > cfg.max_queue_delay_s
             ):
                 raise ResourceExhaustedError(
-                    f"overloaded: requests wait about {waited * 1e3:.0f} ms for the decoders and the encoder, target "
+                    f"overloaded: requests wait {waited * 1e3:.0f} ms for the decoders and the encoder, target "
                     f"{cfg.max_queue_delay_s * 1e3:.0f} ms",
-                    retry_after_s=max(MIN_RETRY_AFTER_S, waited - cfg.max_queue_delay_s),
+                    retry_after_s=max(MIN_RETRY_AFTER_S, ahead - cfg.max_queue_delay_s, waited - cfg.max_queue_delay_s),
                     cause="queue_delay",
                 )
             # Until decoded, a request's encoder work is what its headers announce: a liar or a bomb is refused by
