@@ -139,6 +139,7 @@ class Runner:
         self._max_patches_per_image = max_patches_per_image
         self._batch_patches = batch_patches
         self._queue: deque[_Item] = deque()
+        self._queued_patches = 0  # of the images in _queue, kept with it under _cond
         self._cond = threading.Condition()
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name="mmproc-runner", daemon=True)
@@ -168,6 +169,11 @@ class Runner:
     def queued_images(self) -> int:
         with self._cond:
             return len(self._queue)
+
+    @property
+    def queued_patches(self) -> int:
+        """Patches of the images waiting for a forward (not those in one): the encoder work queued now."""
+        return self._queued_patches  # an int read: atomic, no lock
 
     def default_output(self, rows: int) -> torch.Tensor:
         model = self._model
@@ -213,6 +219,7 @@ class Runner:
                     cause="queue_full",
                 )
             self._queue.extend(_Item(job, i, image) for i, image in enumerate(images))
+            self._queued_patches += sum(image.num_patches for image in images)
             self._cond.notify()
         future.add_done_callback(self._drop_if_cancelled)
         return future
@@ -223,6 +230,7 @@ class Runner:
             with self._cond:
                 before = len(self._queue)
                 self._queue = deque(item for item in self._queue if item.job.future is not future)
+                self._queued_patches = sum(item.patches for item in self._queue)
                 dropped = before - len(self._queue)
             if dropped:
                 self._on_dropped("queue", dropped)
@@ -280,6 +288,7 @@ class Runner:
                 _settle(job.future, exception=DeadlineExceededError("deadline passed while queued"))
             self._on_dropped("queue", len(self._queue) - len(live))
             self._queue = live
+            self._queued_patches = sum(item.patches for item in live)
         cfg = self._config
         budget = self._patch_budget()
         newest_first = (
@@ -287,11 +296,13 @@ class Runner:
             and bool(self._queue)
             and now - self._queue[0].job.submitted > cfg.lifo_after_ms / 1000
         )
-        return take_batch(
+        batch = take_batch(
             self._queue,
             lambda images, patches: patches <= budget and images < cfg.max_batch_images,
             newest_first,
         )
+        self._queued_patches -= sum(item.patches for item in batch)
+        return batch
 
     def _execute(self, items: list[_Item]) -> None:
         started = time.monotonic()

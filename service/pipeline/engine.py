@@ -80,7 +80,9 @@ class Engine:
         overload = replace(
             config.overload, bytes_per_patch=patch_bytes, max_batch_patches=config.runner.max_batch_patches
         )
-        self.overload = OverloadGuard(overload, queue_wait=self._sojourn_s)
+        self.overload = OverloadGuard(
+            overload, queue_wait=self._sojourn_s, encoder_queue=lambda: (runner.queued_images, runner.queued_patches)
+        )
         self.admission = Admission(
             config.request, config.inflight, preprocess, self.overload,
             max_queued_images=config.runner.max_queued_images, queued_images=lambda: runner.queued_images,
@@ -367,4 +369,4 @@ class Engine:
         self.batches_run += 1
         if self.ready:  # the warm-up forward is not traffic (nor a fair sample of the service rate)
             self.metrics.observe_batch(stats)
-            self.overload.forward.observe(stats.forward_s, stats.num_patches)
+            self.overload.forward.observe(stats.forward_s, stats.num_patches, stats.num_images)

@@ -1,12 +1,13 @@
 """Overload control: refuse at the door, in microseconds, what could not finish in time; bound what waits.
 
 A request is admitted only when the estimated time to finish it — the work already admitted ahead of it plus
-its own, at the service rate measured over the recent batches — fits its deadline, and while the pipeline's
-measured sojourn time stays within `max_queue_delay_s` (CoDel's target delay applied at the door: one bound for
-every front end, so requests with a long deadline cannot fill the queue for those with a short one). The sojourn
-is the decoders' waiting room plus the encoder's queue, and the work ahead counts the requests still decoding by
-what their headers announce: a decode stage slower than the encoder (JPEGs decoded on a GPU the encoder keeps
-busy) is a queue too, and one the encoder's queue alone does not show. A request refused gets
+its own, at the service rate measured over the recent batches — fits its deadline, and while the wait of a
+request arriving now stays within `max_queue_delay_s` (CoDel's target delay applied at the door: one bound for
+every front end, so requests with a long deadline cannot fill the queue for those with a short one). That wait is
+the longer of the measured sojourn (the decoders' waiting room plus the encoder's queue: a decode stage slower
+than the encoder, JPEGs decoded on a GPU the encoder keeps busy, is a queue too) and the modelled time of the
+patches waiting in the encoder's queue: the sojourn alone passes the target a full target after the queue has.
+The work ahead counts the requests still decoding by what their headers announce. A request refused gets
 RESOURCE_EXHAUSTED / 429 with a retry-after of the time the excess takes to drain. The decoded pixels of admitted
 requests are bounded in bytes (`max_pending_bytes`): checked at the door against the headers, held (and checked
 again) once decoded. Why an admission estimate and FIFO, and the measurements: docs/reliability.md
@@ -17,8 +18,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from statistics import median
 
 from mmproc.errors import ConfigError, ResourceExhaustedError
 from mmproc.units import MiB
@@ -29,8 +32,9 @@ BATCH_SHARE = 0.25  # of max_queue_delay_s that one forward may take
 
 @dataclass(frozen=True)
 class OverloadConfig:
-    """max_queue_delay_s: the target sojourn time of the encoder queue: past it for `interval_s`, requests are
-    refused whatever their deadline (0: no bound besides the deadline). max_pending_bytes: decoded pixels of admitted requests not yet encoded.
+    """max_queue_delay_s: the target wait before a forward (the measured sojourn, or the modelled time of the
+    encoder's queue): past it for `interval_s`, requests are refused whatever their deadline (0: no bound besides
+    the deadline). max_pending_bytes: decoded pixels of admitted requests not yet encoded.
     bytes_per_patch: what one decoded patch holds: 3 * P * P float32, or bytes where the encoder normalizes them.
     max_batch_patches: the runner's own ceiling on a batch (`RunnerConfig.max_batch_patches`): no budget passes it."""
 
@@ -45,52 +49,59 @@ class OverloadConfig:
             raise ConfigError(f"bad overload config {self}")
 
 
-class Ewma:
-    """Exponentially weighted mean of seconds per unit. Written by one thread, read by others: a float assignment
-    is atomic under the GIL."""
-
-    def __init__(self, alpha: float = 0.2) -> None:
-        self.alpha = alpha
-        self.value: float | None = None
-
-    def observe(self, seconds: float, units: int) -> None:
-        if units <= 0 or seconds < 0:
-            return
-        sample = seconds / units
-        self.value = sample if self.value is None else self.value + self.alpha * (sample - self.value)
-
-
 class BatchCost:
-    """A forward's time as `fixed + per_patch * patches`, fitted over the recent batches (exponentially weighted
-    least squares). One rate per patch would charge a small batch's fixed cost to every patch (a stream of tiny
-    images then makes one ordinary image look like seconds of work); the fit keeps the two apart. Falls back to
-    the ratio of the means while the batches are all of one size. Updated on the runner thread; read anywhere."""
+    """A forward's time as `fixed + per_patch * patches`, fitted to the last `window` forwards by medians: the
+    per-patch cost is the median of the slopes between pairs of forwards, each pair weighted by how far apart
+    their sizes are (Theil-Sen, weighted: near sizes say little of a slope); the fixed cost is the median of what
+    each forward leaves over. Medians, not least squares: on a loaded CPU one forward in a few takes 5-50x its
+    usual time (a thread preempted, a shape not seen before), and a least-squares fit took that as the cost of
+    every patch (0.5 ms against 0.06: the door then saw seconds of work in a queue of one image; sessions 14-15
+    in docs/benchmarks/overload.md). Fixed and per-patch kept apart: one rate per patch would charge a small batch's
+    fixed cost to every patch (a stream of tiny images then makes one ordinary image look like seconds of work).
+    Forwards all of one size: the median seconds per patch; sizes too near for their noise (no positive slope):
+    the per-patch cost stays as last fitted. Also `per_image_s`, the median of a forward's time per image it
+    carried: the queue's drain rate in images. Updated on the runner thread; read anywhere."""
 
-    def __init__(self, alpha: float = 0.1) -> None:
-        self.alpha = alpha
-        self._moments: tuple[float, float, float, float] | None = None  # E[x], E[y], E[xx], E[xy]
+    def __init__(self, window: int = 16) -> None:
+        self._recent: deque[tuple[int, float, int]] = deque(maxlen=window)  # (patches, seconds, images)
         self.fixed_s = 0.0
         self.per_patch_s = 0.0
+        self.per_image_s = 0.0
 
-    def observe(self, seconds: float, patches: int) -> None:
-        if patches <= 0 or seconds < 0:
+    def observe(self, seconds: float, patches: int, images: int = 1) -> None:
+        if patches <= 0 or images <= 0 or seconds < 0:
             return
-        x, y = float(patches), seconds
-        sample = (x, y, x * x, x * y)
-        old = self._moments
-        moments = sample if old is None else tuple(m + self.alpha * (v - m) for m, v in zip(old, sample))
-        self._moments = moments  # type: ignore[assignment]
-        mx, my, mxx, mxy = moments
-        var = mxx - mx * mx
-        slope = (mxy - mx * my) / var if var > 1e-6 * mxx else 0.0
-        fixed = my - slope * mx
-        if slope <= 0 or fixed < 0:  # one size, or noise: no split
-            self.fixed_s, self.per_patch_s = 0.0, my / mx
-        else:
-            self.fixed_s, self.per_patch_s = fixed, slope
+        self._recent.append((patches, seconds, images))
+        recent = list(self._recent)
+        self.per_image_s = median(y / n for _, y, n in recent)
+        slopes = sorted(
+            ((y1 - y0) / (x1 - x0), abs(x1 - x0))
+            for i, (x0, y0, _) in enumerate(recent)
+            for x1, y1, _ in recent[i + 1 :]
+            if x1 != x0
+        )
+        if not slopes:
+            self.fixed_s, self.per_patch_s = 0.0, median(y / x for x, y, _ in recent)
+            return
+        slope = _weighted_median(slopes)
+        if slope > 0:
+            self.per_patch_s = slope
+        elif not self.per_patch_s:  # nothing fitted yet: all of it per patch
+            self.per_patch_s = median(y / x for x, y, _ in recent)
+        self.fixed_s = max(0.0, median(y - self.per_patch_s * x for x, y, _ in recent))
 
     def seconds(self, patches: int, batches: int = 1) -> float:
         return (batches * self.fixed_s + patches * self.per_patch_s) if patches > 0 else 0.0
+
+
+def _weighted_median(values: list[tuple[float, int]]) -> float:
+    """The value at half the total weight of (value, weight) pairs sorted by value."""
+    half, seen = sum(weight for _, weight in values) / 2, 0
+    for value, weight in values:
+        seen += weight
+        if seen >= half:
+            return value
+    return values[-1][0]
 
 
 class Overrun:
@@ -130,11 +141,18 @@ class Ticket:
 class OverloadGuard:
     """Admission by estimated time-to-finish and the pending-bytes budget; all counters under one lock."""
 
-    def __init__(self, config: OverloadConfig, queue_wait: Callable[[], float] = lambda: 0.0) -> None:
+    def __init__(
+        self,
+        config: OverloadConfig,
+        queue_wait: Callable[[], float] = lambda: 0.0,
+        encoder_queue: Callable[[], tuple[int, int]] = lambda: (0, 0),
+    ) -> None:
         """queue_wait: the pipeline's sojourn time now (how long a request arriving now would wait in the queues
-        before its forward, as measured by their oldest waiters)."""
+        before its forward, as measured by their oldest waiters). encoder_queue: (images, patches) waiting in the
+        encoder's queue now, not yet in a forward."""
         self.config = config
         self._queue_wait = queue_wait
+        self._encoder_queue = encoder_queue
         self.forward = BatchCost()  # measured after warm-up, on the runner thread
         self.overrun = Overrun()  # measured on finished and expired requests
         self._lock = threading.Lock()
@@ -143,7 +161,7 @@ class OverloadGuard:
         self._announced = 0  # patches their headers announced
         self._items = 0  # images (or video chunks) of admitted requests not finished
         self._pending_bytes = 0
-        self._above_since: float | None = None  # when the queue's sojourn went above max_queue_delay_s
+        self._above_since: float | None = None  # when the wait went above max_queue_delay_s
         self._below_since: float | None = None  # ... and back below it
 
     @property
@@ -155,11 +173,23 @@ class OverloadGuard:
         what the headers of requests still decoding announced); 0 when idle or before any measurement. The decode
         itself is left out: images differ too much in decode cost for one rate; a slow decode stage shows in the
         measured sojourn (`queue_wait`)."""
-        patches = self._patches + self._announced
+        return self._forwards_s(self._patches + self._announced, self._items)
+
+    def encoder_queue_s(self) -> float:
+        """The modelled time of the images waiting in the encoder's queue: what a request arriving now waits for
+        once decoded, known as soon as they are queued (the measured sojourn says it only once they have waited).
+        The lower of two estimates that err in opposite ways when the queued images differ in size from the
+        recent ones: the fit in patches extrapolates small forwards to a big image (on the CPU, a queue of one
+        4k-patch image behind forwards of 16-100 patches read 1.6-2.6 s, against 0.3 s), the images' drain rate
+        counts a tiny image queued behind big ones as a big one."""
+        images, patches = self._encoder_queue()
+        return min(self._forwards_s(patches, images), images * self.forward.per_image_s)
+
+    def _forwards_s(self, patches: int, images: int) -> float:
         # As many batches as the patch budget makes, and never more than there are images: when the fitted fixed
         # cost alone passes the budget (a loaded CPU), the budget is one patch and the runner still batches whole
         # images; counting a batch per patch made seconds of work look like minutes and refused everything.
-        batches = min(1 + patches // max(1, self.batch_patches()), max(1, self._items))
+        batches = min(1 + patches // max(1, self.batch_patches()), max(1, images))
         return self.forward.seconds(patches, batches)
 
     def drain_s(self, share: float) -> float:
@@ -216,11 +246,14 @@ class OverloadGuard:
                     retry_after_s=max(MIN_RETRY_AFTER_S, estimate - left),
                     cause="deadline",
                 )
-            # CoDel at the door: a standing queue — its sojourn time, measured, above the target delay for
-            # `interval_s` — is refused, a burst is not; the queue must stay below the target for `interval_s` to
-            # count as drained (no overshoot each time a finished batch dips it under). Measured, not modelled:
-            # a model fitted on small batches can be far off for a big image.
-            waited = self._queue_wait()
+            # CoDel at the door: a standing queue — its wait above the target delay for `interval_s` — is
+            # refused, a burst is not; the queue must stay below the target for `interval_s` to count as drained
+            # (no overshoot each time a finished batch dips it under). The wait is the longer of the measured
+            # sojourn and the modelled time of the encoder's queue. The sojourn alone passes the target a full
+            # target after the queue has, and until then requests with a long deadline (HTTP's default) poured
+            # in: 1.5-3.7 s waits on the CPU at 10 x C (docs/benchmarks/overload.md, session 14). The model covers
+            # only images queued for the encoder: an empty queue never looks full, whatever the fit reads.
+            waited = max(self._queue_wait(), self.encoder_queue_s())
             if not cfg.max_queue_delay_s or waited <= cfg.max_queue_delay_s:
                 self._below_since = now if self._below_since is None else self._below_since
                 if now - self._below_since >= cfg.interval_s:
@@ -234,7 +267,7 @@ class OverloadGuard:
                 and waited > cfg.max_queue_delay_s
             ):
                 raise ResourceExhaustedError(
-                    f"overloaded: requests wait {waited * 1e3:.0f} ms for the decoders and the encoder, target "
+                    f"overloaded: requests wait about {waited * 1e3:.0f} ms for the decoders and the encoder, target "
                     f"{cfg.max_queue_delay_s * 1e3:.0f} ms",
                     retry_after_s=max(MIN_RETRY_AFTER_S, ahead - cfg.max_queue_delay_s, waited - cfg.max_queue_delay_s),
                     cause="queue_delay",

@@ -113,9 +113,12 @@ def test_expired_and_cancelled_requests_never_run() -> None:
     runner = make_runner(tower, max_wait_ms=0)
     first = runner.submit([constant_image(2, 2, 0.0)])
     time.sleep(0.05)
+    assert runner.queued_patches == 0  # the first image is in its forward, not queued
     expired = runner.submit([constant_image(2, 2, 7.0)], deadline=time.monotonic() + 0.01)
     cancelled = runner.submit([constant_image(2, 2, 8.0)])
+    assert runner.queued_patches == 2 * 4
     assert cancelled.cancel()
+    assert runner.queued_patches == 4  # a cancelled request's patches leave the queue's count at once
     kept = runner.submit([constant_image(2, 2, 9.0)])
     time.sleep(0.05)
     gate.set()
@@ -127,6 +130,7 @@ def test_expired_and_cancelled_requests_never_run() -> None:
     runner.stop()
     ran = {v for b in tower.batches for v in image_ids(b)}
     assert 7.0 not in ran and 8.0 not in ran
+    assert runner.queued_patches == 0  # the expired one dropped, the kept one run
 
 
 def test_a_failing_batch_fails_only_its_requests_and_the_runner_keeps_going() -> None:

@@ -253,6 +253,66 @@ def test_a_queue_in_front_of_the_decoders_is_refused_like_one_in_front_of_the_en
         assert len(client.encode_images([slow])) == 1
 
 
+def test_a_long_deadline_cannot_fill_the_encoder_queue_before_its_measured_wait_shows_it() -> None:
+    # Requests with a 60 s deadline (HTTP's default) arrive faster than the encoder runs. Their images wait in the
+    # encoder's queue, but nobody has waited long yet: the measured sojourn reads 0. The queued patches at the
+    # fitted cost are what say the queue passed the target: a burst over it is let in for interval_s, then the
+    # door refuses whatever the deadline; once the queue drains, it reopens.
+    config = OverloadConfig(max_queue_delay_s=1.0, interval_s=0.1, max_pending_bytes=1 << 30, bytes_per_patch=10)
+    queued = [0, 0]  # (images, patches) in the encoder's queue, as the runner reports them
+    guard = OverloadGuard(config, queue_wait=lambda: 0.0, encoder_queue=lambda: tuple(queued))
+    for patches in (500, 1000) * 4:
+        guard.forward.observe(0.3 * patches / 1000, patches)  # 0.3 s an image of 1000 patches
+    now, admitted = 100.0, []
+    for _ in range(5):
+        admitted.append(guard.admit(1000, 1, deadline=now + 60, now=now))
+        queued = [queued[0] + 1, queued[1] + 1000]  # decoded and queued: 1.5 s of encoder work after the 5th
+    admitted.append(guard.admit(1000, 1, deadline=now + 60, now=now + 0.05))  # over the target for 50 ms: a burst
+    with pytest.raises(ResourceExhaustedError, match="target 1000 ms") as refused:
+        guard.admit(1000, 1, deadline=now + 60, now=now + 0.15)
+    assert refused.value.cause == "queue_delay"
+    queued = [0, 0]  # the encoder took them
+    guard.release(guard.admit(1000, 1, deadline=now + 60, now=now + 0.3))  # below the target: let in again
+    for ticket in admitted:
+        guard.release(ticket)
+
+
+def test_a_fit_misled_by_small_forwards_does_not_shut_the_door_on_one_big_image() -> None:
+    # Recorded on the CPU machine (tests/acceptance/test_corpus.py, tiny preset): forwards of 16-92 patches, one
+    # of them 10x slow, while a 4356-patch image (0.27 s to encode there) waits in the encoder's queue. Fitted on
+    # small forwards alone, the cost per patch is a guess (it read 0.6 ms, 10x the truth: 2.6 s ahead); the door
+    # must not close on that guess for the interval the image waits behind a forward.
+    recorded = [(16, 9.7), (80, 3.6), (32, 10.6), (80, 4.7), (16, 5.1), (32, 2.2), (64, 10.4), (16, 127.3), (92, 10.1)]
+    config = OverloadConfig(max_queue_delay_s=1.0, interval_s=0.1, max_pending_bytes=1 << 30, bytes_per_patch=10)
+    guard = OverloadGuard(config, queue_wait=lambda: 0.2, encoder_queue=lambda: (1, 4356))
+    for patches, ms in recorded:
+        guard.forward.observe(ms / 1e3, patches)
+    now = 100.0
+    for step in range(10):  # 0.45 s of requests
+        guard.release(guard.admit(400, 1, deadline=now + 60, now=now + 0.05 * step))
+
+
+def test_tiny_images_queued_behind_big_ones_are_not_counted_as_big() -> None:
+    # The drain rate in images (0.4 s an image, from forwards of one big image each) would make six queued
+    # thumbnails 2.4 s of work; the fit in patches knows them as one short forward.
+    config = OverloadConfig(max_queue_delay_s=1.0, interval_s=0.1, max_pending_bytes=1 << 30, bytes_per_patch=10)
+    guard = OverloadGuard(config, queue_wait=lambda: 0.2, encoder_queue=lambda: (6, 6 * 16))
+    for patches in (4000, 2000) * 4:
+        guard.forward.observe(0.01 + 1e-4 * patches, patches)
+    now = 100.0
+    for step in range(10):
+        guard.release(guard.admit(16, 1, deadline=now + 60, now=now + 0.05 * step))
+
+
+def test_one_slow_forward_moves_neither_cost() -> None:
+    cost = BatchCost()
+    sizes = (16, 400, 1600, 16, 800, 64, 1000, 200)
+    for n, patches in enumerate(sizes * 2):
+        slow = 30 if n == 9 else 1  # a thread preempted, a shape not seen before
+        cost.observe(slow * (0.010 + 0.0001 * patches), patches)
+    assert cost.fixed_s == pytest.approx(0.010, rel=0.01) and cost.per_patch_s == pytest.approx(1e-4, rel=0.01)
+
+
 def test_batch_cost_separates_the_fixed_cost_of_a_forward_from_its_patches() -> None:
     cost = BatchCost()
     for patches in (16, 400, 1600, 16, 800) * 4:
