@@ -104,6 +104,11 @@ class Engine:
             pending_bytes=lambda: self.overload.pending_bytes,
             estimated_wait=self.overload.ahead_s,
             estimate_overrun=lambda: self.overload.overrun.seconds,
+            forward_cost={
+                "fixed": lambda: self.overload.forward.fixed_s,
+                "per_patch": lambda: self.overload.forward.per_patch_s,
+                "per_image": lambda: self.overload.forward.per_image_s,
+            },
             worker_pids=lambda: self.decode.pool.worker_pids(),
         )
 

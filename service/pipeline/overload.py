@@ -58,8 +58,8 @@ class BatchCost:
     every patch (0.5 ms against 0.06: the door then saw seconds of work in a queue of one image; sessions 14-15
     in docs/benchmarks/overload.md). Fixed and per-patch kept apart: one rate per patch would charge a small batch's
     fixed cost to every patch (a stream of tiny images then makes one ordinary image look like seconds of work).
-    Forwards all of one size: the median seconds per patch; sizes too near for their noise (no positive slope):
-    the per-patch cost stays as last fitted. Also `per_image_s`, the median of a forward's time per image it
+    Forwards of one size, or of sizes too near for their noise (a slope not positive, or steeper than the points
+    allow: a fixed cost below 0), the median seconds per patch. Also `per_image_s`, the median of a forward's time per image it
     carried: the queue's drain rate in images. Updated on the runner thread; read anywhere."""
 
     def __init__(self, window: int = 16) -> None:
@@ -80,15 +80,12 @@ class BatchCost:
             for x1, y1, _ in recent[i + 1 :]
             if x1 != x0
         )
-        if not slopes:
+        slope = _weighted_median(slopes) if slopes else 0.0
+        fixed = median(y - slope * x for x, y, _ in recent)
+        if slope <= 0 or fixed < 0:  # one size, or sizes too near for their noise: no split
             self.fixed_s, self.per_patch_s = 0.0, median(y / x for x, y, _ in recent)
-            return
-        slope = _weighted_median(slopes)
-        if slope > 0:
-            self.per_patch_s = slope
-        elif not self.per_patch_s:  # nothing fitted yet: all of it per patch
-            self.per_patch_s = median(y / x for x, y, _ in recent)
-        self.fixed_s = max(0.0, median(y - self.per_patch_s * x for x, y, _ in recent))
+        else:
+            self.fixed_s, self.per_patch_s = fixed, slope
 
     def seconds(self, patches: int, batches: int = 1) -> float:
         return (batches * self.fixed_s + patches * self.per_patch_s) if patches > 0 else 0.0

@@ -140,6 +140,12 @@ class Metrics:
         self.estimated_wait = Gauge(
             "mmproc_estimated_wait_seconds", "Estimated encoder work ahead of a request arriving now.", registry=r
         )
+        self.forward_cost = Gauge(
+            "mmproc_forward_cost_seconds",
+            "The admission's fitted cost of a forward (overload.py BatchCost): fixed, per_patch, per_image.",
+            ["part"],
+            registry=r,
+        )
         self.estimate_overrun = Gauge(
             "mmproc_estimate_overrun_seconds",
             "How much longer admitted requests took than the admission's model said (weighted mean); every "
@@ -240,10 +246,14 @@ class Metrics:
         estimated_wait: Callable[[], float],
         estimate_overrun: Callable[[], float],
         worker_pids: Callable[[], list],
+        forward_cost: dict[str, Callable[[], float]],
     ) -> None:
-        """Overload gauges, read at scrape time (service/pipeline/overload.py, the decode pool's workers)."""
+        """Overload gauges, read at scrape time (service/pipeline/overload.py, the decode pool's workers).
+        forward_cost: the fitted forward cost's parts by name."""
         self.pending_bytes.set_function(pending_bytes)
         self.estimated_wait.set_function(estimated_wait)
+        for part, read in forward_cost.items():
+            self.forward_cost.labels(part).set_function(read)
         self.estimate_overrun.set_function(estimate_overrun)
         self.decode_workers_rss.set_function(lambda: sum(_resident_bytes(pid) for pid in worker_pids()))
 

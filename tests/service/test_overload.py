@@ -438,6 +438,8 @@ def test_overload_is_refused_early_and_the_service_recovers(server: ServiceThrea
     assert encoded <= server_codes["OK"] + late + 4, (encoded, server_codes, late)
     assert all(o.code == "OK" for o in after), Counter(o.code for o in after)  # served again once drained (<= 5 s)
     assert values["mmproc_pending_bytes"] == 0 and server.service.engine.inflight == 0
+    forward = server.service.engine.overload.forward  # the model behind the refusals, as scraped
+    assert values['mmproc_forward_cost_seconds{part="per_image"}'] == forward.per_image_s > 0
     assert server.service.engine.overload.ahead_s() == 0  # every admitted request gave its share back
     assert not errors.records, [r.getMessage() for r in errors.records]
 
