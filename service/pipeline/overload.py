@@ -6,7 +6,8 @@ request arriving now stays within `max_queue_delay_s` (CoDel's target delay appl
 every front end, so requests with a long deadline cannot fill the queue for those with a short one). That wait is
 the longer of the measured sojourn (the decoders' waiting room plus the encoder's queue: a decode stage slower
 than the encoder, JPEGs decoded on a GPU the encoder keeps busy, is a queue too) and the modelled time of the
-patches waiting in the encoder's queue: the sojourn alone passes the target a full target after the queue has.
+images waiting for the encoder (decoding, or queued for it): the sojourn alone passes the target a full target
+after the queue has.
 The work ahead counts the requests still decoding by what their headers announce. A request refused gets
 RESOURCE_EXHAUSTED / 429 with a retry-after of the time the excess takes to drain. The decoded pixels of admitted
 requests are bounded in bytes (`max_pending_bytes`): checked at the door against the headers, held (and checked
@@ -172,14 +173,16 @@ class OverloadGuard:
         measured sojourn (`queue_wait`)."""
         return self._forwards_s(self._patches + self._announced, self._items)
 
-    def encoder_queue_s(self) -> float:
-        """The modelled time of the images waiting in the encoder's queue: what a request arriving now waits for
-        once decoded, known as soon as they are queued (the measured sojourn says it only once they have waited).
-        The lower of two estimates that err in opposite ways when the queued images differ in size from the
-        recent ones: the fit in patches extrapolates small forwards to a big image (on the CPU, a queue of one
-        4k-patch image behind forwards of 16-100 patches read 1.6-2.6 s, against 0.3 s), the images' drain rate
-        counts a tiny image queued behind big ones as a big one."""
-        images, patches = self._encoder_queue()
+    def waiting_s(self) -> float:
+        """(under the lock) The modelled encoder time of the images waiting for a forward: still decoding (by
+        their headers) or queued for the encoder. What a request arriving now waits for once decoded, known as
+        soon as they are admitted (the measured sojourn says it only once they have waited). The lower of two
+        estimates that err in opposite ways when those images differ in size from the recent ones: the fit in
+        patches extrapolates small forwards to a big image (on the CPU, a queue of one 4k-patch image behind
+        forwards of 16-100 patches read 1.6-2.6 s, against 0.3 s; a bomb's header announces millions), the
+        images' drain rate counts a thumbnail behind big images as a big one."""
+        queued_images, queued_patches = self._encoder_queue()
+        images, patches = queued_images + self._decoding, queued_patches + self._announced
         return min(self._forwards_s(patches, images), images * self.forward.per_image_s)
 
     def _forwards_s(self, patches: int, images: int) -> float:
@@ -246,11 +249,11 @@ class OverloadGuard:
             # CoDel at the door: a standing queue — its wait above the target delay for `interval_s` — is
             # refused, a burst is not; the queue must stay below the target for `interval_s` to count as drained
             # (no overshoot each time a finished batch dips it under). The wait is the longer of the measured
-            # sojourn and the modelled time of the encoder's queue. The sojourn alone passes the target a full
-            # target after the queue has, and until then requests with a long deadline (HTTP's default) poured
-            # in: 1.5-3.7 s waits on the CPU at 10 x C (docs/benchmarks/overload.md, session 14). The model covers
-            # only images queued for the encoder: an empty queue never looks full, whatever the fit reads.
-            waited = max(self._queue_wait(), self.encoder_queue_s())
+            # sojourn and the modelled time of the images waiting for the encoder. The sojourn alone passes the
+            # target a full target after the queue has, and until then requests with a long deadline (HTTP's
+            # default) poured in: 1.5-3.7 s waits on the CPU at 10 x C (docs/benchmarks/overload.md, session 14).
+            # The model leaves out the forward running: an idle queue never looks full, whatever the fit reads.
+            waited = max(self._queue_wait(), self.waiting_s())
             if not cfg.max_queue_delay_s or waited <= cfg.max_queue_delay_s:
                 self._below_since = now if self._below_since is None else self._below_since
                 if now - self._below_since >= cfg.interval_s:

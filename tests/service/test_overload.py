@@ -253,40 +253,59 @@ def test_a_queue_in_front_of_the_decoders_is_refused_like_one_in_front_of_the_en
         assert len(client.encode_images([slow])) == 1
 
 
-def test_a_long_deadline_cannot_fill_the_encoder_queue_before_its_measured_wait_shows_it() -> None:
-    # Requests with a 60 s deadline (HTTP's default) arrive faster than the encoder runs. Their images wait in the
-    # encoder's queue, but nobody has waited long yet: the measured sojourn reads 0. The queued patches at the
-    # fitted cost are what say the queue passed the target: a burst over it is let in for interval_s, then the
-    # door refuses whatever the deadline; once the queue drains, it reopens.
+def test_a_long_deadline_cannot_fill_the_queues_before_their_measured_wait_shows_it() -> None:
+    # Requests with a 60 s deadline (HTTP's default) arrive faster than the encoder runs. Nobody has waited long
+    # yet: the measured sojourn reads 0. The images admitted and not yet in a forward (decoding, then queued for
+    # the encoder) at the fitted cost are what say the queue passed the target: a burst over it is let in for
+    # interval_s, then the door refuses whatever the deadline; once they are in forwards, it reopens.
     config = OverloadConfig(max_queue_delay_s=1.0, interval_s=0.1, max_pending_bytes=1 << 30, bytes_per_patch=10)
     queued = [0, 0]  # (images, patches) in the encoder's queue, as the runner reports them
     guard = OverloadGuard(config, queue_wait=lambda: 0.0, encoder_queue=lambda: tuple(queued))
-    for patches in (500, 1000) * 4:
-        guard.forward.observe(0.3 * patches / 1000, patches)  # 0.3 s an image of 1000 patches
-    now, admitted = 100.0, []
-    for _ in range(5):
-        admitted.append(guard.admit(1000, 1, deadline=now + 60, now=now))
-        queued = [queued[0] + 1, queued[1] + 1000]  # decoded and queued: 1.5 s of encoder work after the 5th
-    admitted.append(guard.admit(1000, 1, deadline=now + 60, now=now + 0.05))  # over the target for 50 ms: a burst
+    for _ in range(8):
+        guard.forward.observe(0.3, 1000)  # 0.3 s an image of 1000 patches
+    now = 100.0
+    decoding = [guard.admit(1000, 1, deadline=now + 60, now=now) for _ in range(4)]  # 1.2 s ahead after the 4th
+    decoding.append(guard.admit(1000, 1, deadline=now + 60, now=now + 0.05))  # over the target for 50 ms: a burst
     with pytest.raises(ResourceExhaustedError, match="target 1000 ms") as refused:
         guard.admit(1000, 1, deadline=now + 60, now=now + 0.15)
     assert refused.value.cause == "queue_delay"
-    queued = [0, 0]  # the encoder took them
-    guard.release(guard.admit(1000, 1, deadline=now + 60, now=now + 0.3))  # below the target: let in again
-    for ticket in admitted:
+    for ticket in decoding:  # decoded and queued for the encoder: the same wait, still refused
+        guard.decoded(ticket, 1000, 10_000)
+        queued = [queued[0] + 1, queued[1] + 1000]
+    with pytest.raises(ResourceExhaustedError, match="target 1000 ms"):
+        guard.admit(1000, 1, deadline=now + 60, now=now + 0.2)
+    queued = [0, 0]  # the encoder took them into its forwards
+    guard.release(guard.admit(1000, 1, deadline=now + 60, now=now + 0.4))  # below the target: let in again
+    for ticket in decoding:
         guard.release(ticket)
 
 
-def test_a_fit_misled_by_small_forwards_does_not_shut_the_door_on_one_big_image() -> None:
+def test_a_bomb_announcing_the_largest_image_does_not_shut_the_door() -> None:
+    # Its header announces 16k patches (the most an image may have); its decode refuses it within milliseconds.
+    # Meanwhile the door counts it as one image at the measured rate (0.1 s), not as 16k patches at the fitted
+    # cost (4.9 s).
+    config = OverloadConfig(max_queue_delay_s=1.0, interval_s=0.1, max_pending_bytes=1 << 40, bytes_per_patch=10)
+    guard = OverloadGuard(config)
+    for _ in range(8):
+        guard.forward.observe(0.1, 333)  # thumbnails: 0.1 s an image
+    now = 100.0
+    bomb = guard.admit(16384, 1, deadline=now + 60, now=now)
+    for step in range(1, 6):
+        guard.release(guard.admit(1000, 1, deadline=now + 60, now=now + 0.05 * step))
+    guard.release(bomb)
+
+
+def test_a_fit_misled_by_small_forwards_does_not_shut_the_door_on_big_images() -> None:
     # Recorded on the CPU machine (tests/acceptance/test_corpus.py, tiny preset): forwards of 16-92 patches, one
-    # of them 10x slow, while a 4356-patch image (0.27 s to encode there) waits in the encoder's queue. Fitted on
-    # small forwards alone, the cost per patch is a guess (it read 0.6 ms, 10x the truth: 2.6 s ahead); the door
-    # must not close on that guess for the interval the image waits behind a forward.
+    # of them 10x slow. Two images of 4356 patches (0.27 s each to encode there) wait in the encoder's queue.
+    # Fitted on small forwards alone, the cost per patch is a guess (0.17 ms, 2.6x the truth: 1.5 s ahead); the
+    # door must not close on that guess while the images wait behind a forward.
     recorded = [(16, 9.7), (80, 3.6), (32, 10.6), (80, 4.7), (16, 5.1), (32, 2.2), (64, 10.4), (16, 127.3), (92, 10.1)]
     config = OverloadConfig(max_queue_delay_s=1.0, interval_s=0.1, max_pending_bytes=1 << 30, bytes_per_patch=10)
-    guard = OverloadGuard(config, queue_wait=lambda: 0.2, encoder_queue=lambda: (1, 4356))
-    for patches, ms in recorded:
+    guard = OverloadGuard(config, queue_wait=lambda: 0.2, encoder_queue=lambda: (2, 2 * 4356))
+    for patches, ms in recorded + [(24, 4.1)]:
         guard.forward.observe(ms / 1e3, patches)
+    assert guard.forward.seconds(2 * 4356) > 1.0  # the guess
     now = 100.0
     for step in range(10):  # 0.45 s of requests
         guard.release(guard.admit(400, 1, deadline=now + 60, now=now + 0.05 * step))
