@@ -179,7 +179,7 @@ class OverloadGuard:
         soon as they are admitted (the measured sojourn says it only once they have waited). The lower of two
         estimates that err in opposite ways when those images differ in size from the recent ones: the fit in
         patches extrapolates small forwards to a big image (on the CPU, a queue of one 4k-patch image behind
-        forwards of 16-100 patches read 1.6-2.6 s, against 0.3 s; a bomb's header announces millions), the
+        forwards of 16-100 patches read 1.6-2.6 s, against 0.3 s; a bomb's header announces the largest image), the
         images' drain rate counts a thumbnail behind big images as a big one."""
         queued_images, queued_patches = self._encoder_queue()
         images, patches = queued_images + self._decoding, queued_patches + self._announced
