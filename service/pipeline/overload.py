@@ -34,7 +34,7 @@ BATCH_SHARE = 0.25  # of max_queue_delay_s that one forward may take
 @dataclass(frozen=True)
 class OverloadConfig:
     """max_queue_delay_s: the target wait before a forward (the measured sojourn, or the modelled time of the
-    encoder's queue): past it for `interval_s`, requests are refused whatever their deadline (0: no bound besides
+    images waiting for the encoder): past it for `interval_s`, requests are refused whatever their deadline (0: no bound besides
     the deadline). max_pending_bytes: decoded pixels of admitted requests not yet encoded.
     bytes_per_patch: what one decoded patch holds: 3 * P * P float32, or bytes where the encoder normalizes them.
     max_batch_patches: the runner's own ceiling on a batch (`RunnerConfig.max_batch_patches`): no budget passes it."""
@@ -60,8 +60,8 @@ class BatchCost:
     in docs/benchmarks/overload.md). Fixed and per-patch kept apart: one rate per patch would charge a small batch's
     fixed cost to every patch (a stream of tiny images then makes one ordinary image look like seconds of work).
     Forwards of one size, or of sizes too near for their noise (a slope not positive, or steeper than the points
-    allow: a fixed cost below 0), the median seconds per patch. Also `per_image_s`, the median of a forward's time per image it
-    carried: the queue's drain rate in images. Updated on the runner thread; read anywhere."""
+    allow: a fixed cost below 0): the median seconds per patch. Also `per_image_s`, the median of a forward's
+    time per image it carried: the queue's drain rate in images. Updated on the runner thread; read anywhere."""
 
     def __init__(self, window: int = 16) -> None:
         self._recent: deque[tuple[int, float, int]] = deque(maxlen=window)  # (patches, seconds, images)
@@ -179,8 +179,8 @@ class OverloadGuard:
         soon as they are admitted (the measured sojourn says it only once they have waited). The lower of two
         estimates that err in opposite ways when those images differ in size from the recent ones: the fit in
         patches extrapolates small forwards to a big image (on the CPU, a queue of one 4k-patch image behind
-        forwards of 16-100 patches read 1.6-2.6 s, against 0.3 s; a bomb's header announces the largest image), the
-        images' drain rate counts a thumbnail behind big images as a big one."""
+        forwards of 16-100 patches read 1.6-2.6 s, against 0.3 s; a bomb's header announces the largest image),
+        the images' drain rate counts a thumbnail behind big images as a big one."""
         queued_images, queued_patches = self._encoder_queue()
         images, patches = queued_images + self._decoding, queued_patches + self._announced
         return min(self._forwards_s(patches, images), images * self.forward.per_image_s)
