@@ -34,8 +34,8 @@ BATCH_SHARE = 0.25  # of max_queue_delay_s that one forward may take
 @dataclass(frozen=True)
 class OverloadConfig:
     """max_queue_delay_s: the target wait before a forward (the measured sojourn, or the modelled time of the
-    images waiting for the encoder): past it for `interval_s`, requests are refused whatever their deadline (0: no bound besides
-    the deadline). max_pending_bytes: decoded pixels of admitted requests not yet encoded.
+    images waiting for the encoder): past it for `interval_s`, requests are refused whatever their deadline (0: no
+    bound besides the deadline). max_pending_bytes: decoded pixels of admitted requests not yet encoded.
     bytes_per_patch: what one decoded patch holds: 3 * P * P float32, or bytes where the encoder normalizes them.
     max_batch_patches: the runner's own ceiling on a batch (`RunnerConfig.max_batch_patches`): no budget passes it."""
 
