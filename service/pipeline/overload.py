@@ -56,7 +56,7 @@ class BatchCost:
     their sizes are (Theil-Sen, weighted: near sizes say little of a slope); the fixed cost is the median of what
     each forward leaves over. Medians, not least squares: on a loaded CPU one forward in a few takes 5-50x its
     usual time (a thread preempted, a shape not seen before), and a least-squares fit took that as the cost of
-    every patch (0.5 ms against 0.06: the door then saw seconds of work in a queue of one image; sessions 14-15
+    every patch (0.5 ms against 0.06-0.1: the door then saw seconds of work in a queue of one image; sessions 14-15
     in docs/benchmarks/overload.md). Fixed and per-patch kept apart: one rate per patch would charge a small batch's
     fixed cost to every patch (a stream of tiny images then makes one ordinary image look like seconds of work).
     Forwards of one size, or of sizes too near for their noise (a slope not positive, or steeper than the points
