@@ -173,7 +173,7 @@ class OverloadGuard:
         measured sojourn (`queue_wait`)."""
         return self._forwards_s(self._patches + self._announced, self._items)
 
-    def waiting_s(self) -> float:
+    def _waiting_s(self) -> float:
         """(under the lock) The modelled encoder time of the images waiting for a forward: still decoding (by
         their headers) or queued for the encoder. What a request arriving now waits for once decoded, known as
         soon as they are admitted (the measured sojourn says it only once they have waited). The lower of two
@@ -253,7 +253,7 @@ class OverloadGuard:
             # target a full target after the queue has, and until then requests with a long deadline (HTTP's
             # default) poured in: 1.5-3.7 s waits on the CPU at 10 x C (docs/benchmarks/overload.md, session 14).
             # The model leaves out the forward running: an idle queue never looks full, whatever the fit reads.
-            waited = max(self._queue_wait(), self.waiting_s())
+            waited = max(self._queue_wait(), self._waiting_s())
             if not cfg.max_queue_delay_s or waited <= cfg.max_queue_delay_s:
                 self._below_since = now if self._below_since is None else self._below_since
                 if now - self._below_since >= cfg.interval_s:

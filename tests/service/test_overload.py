@@ -35,6 +35,13 @@ from tests.support.media_samples import encode_image, random_image
 from tests.support.server import ServiceThread, misbehaving_engine, serving, test_settings
 
 HEAVY = encode_image(random_image(64, 64, seed=3).resize((1024, 1024)), "JPEG")  # ~5.5k patches
+DOOR = OverloadConfig(max_queue_delay_s=1.0, interval_s=0.1, max_pending_bytes=1 << 30, bytes_per_patch=10)
+
+
+def assert_door_open(guard: OverloadGuard, patches: int, now: float = 100.0, steps: int = 10) -> None:
+    """Requests of `patches` with a 60 s deadline, one every 50 ms (past the door's interval): all let in."""
+    for step in range(steps):
+        guard.release(guard.admit(patches, 1, deadline=now + 60, now=now + 0.05 * step))
 
 
 def test_guard_refuses_by_time_to_finish_and_by_bytes_and_returns_both_on_release() -> None:
@@ -258,9 +265,8 @@ def test_a_long_deadline_cannot_fill_the_queues_before_their_measured_wait_shows
     # yet: the measured sojourn reads 0. The images admitted and not yet in a forward (decoding, then queued for
     # the encoder) at the fitted cost are what say the queue passed the target: a burst over it is let in for
     # interval_s, then the door refuses whatever the deadline; once they are in forwards, it reopens.
-    config = OverloadConfig(max_queue_delay_s=1.0, interval_s=0.1, max_pending_bytes=1 << 30, bytes_per_patch=10)
     queued = [0, 0]  # (images, patches) in the encoder's queue, as the runner reports them
-    guard = OverloadGuard(config, queue_wait=lambda: 0.0, encoder_queue=lambda: tuple(queued))
+    guard = OverloadGuard(DOOR, queue_wait=lambda: 0.0, encoder_queue=lambda: tuple(queued))
     for _ in range(8):
         guard.forward.observe(0.3, 1000)  # 0.3 s an image of 1000 patches
     now = 100.0
@@ -284,14 +290,12 @@ def test_a_bomb_announcing_the_largest_image_does_not_shut_the_door() -> None:
     # Its header announces 16k patches (the most an image may have); its decode refuses it within milliseconds.
     # Meanwhile the door counts it as one image at the measured rate (0.1 s), not as 16k patches at the fitted
     # cost (4.9 s).
-    config = OverloadConfig(max_queue_delay_s=1.0, interval_s=0.1, max_pending_bytes=1 << 40, bytes_per_patch=10)
-    guard = OverloadGuard(config)
+    guard = OverloadGuard(DOOR)
     for _ in range(8):
         guard.forward.observe(0.1, 333)  # thumbnails: 0.1 s an image
     now = 100.0
     bomb = guard.admit(16384, 1, deadline=now + 60, now=now)
-    for step in range(1, 6):
-        guard.release(guard.admit(1000, 1, deadline=now + 60, now=now + 0.05 * step))
+    assert_door_open(guard, 1000, now=now + 0.05, steps=5)
     guard.release(bomb)
 
 
@@ -301,26 +305,20 @@ def test_a_fit_misled_by_small_forwards_does_not_shut_the_door_on_big_images() -
     # Fitted on small forwards alone, the cost per patch is a guess (0.17 ms, 2.6x the truth: 1.5 s ahead); the
     # door must not close on that guess while the images wait behind a forward.
     recorded = [(16, 9.7), (80, 3.6), (32, 10.6), (80, 4.7), (16, 5.1), (32, 2.2), (64, 10.4), (16, 127.3), (92, 10.1)]
-    config = OverloadConfig(max_queue_delay_s=1.0, interval_s=0.1, max_pending_bytes=1 << 30, bytes_per_patch=10)
-    guard = OverloadGuard(config, queue_wait=lambda: 0.2, encoder_queue=lambda: (2, 2 * 4356))
+    guard = OverloadGuard(DOOR, queue_wait=lambda: 0.2, encoder_queue=lambda: (2, 2 * 4356))
     for patches, ms in recorded + [(24, 4.1)]:
         guard.forward.observe(ms / 1e3, patches)
     assert guard.forward.seconds(2 * 4356) > 1.0  # the guess
-    now = 100.0
-    for step in range(10):  # 0.45 s of requests
-        guard.release(guard.admit(400, 1, deadline=now + 60, now=now + 0.05 * step))
+    assert_door_open(guard, 400)
 
 
 def test_tiny_images_queued_behind_big_ones_are_not_counted_as_big() -> None:
     # The drain rate in images (0.4 s an image, from forwards of one big image each) would make six queued
     # thumbnails 2.4 s of work; the fit in patches knows them as one short forward.
-    config = OverloadConfig(max_queue_delay_s=1.0, interval_s=0.1, max_pending_bytes=1 << 30, bytes_per_patch=10)
-    guard = OverloadGuard(config, queue_wait=lambda: 0.2, encoder_queue=lambda: (6, 6 * 16))
+    guard = OverloadGuard(DOOR, queue_wait=lambda: 0.2, encoder_queue=lambda: (6, 6 * 16))
     for patches in (4000, 2000) * 4:
         guard.forward.observe(0.01 + 1e-4 * patches, patches)
-    now = 100.0
-    for step in range(10):
-        guard.release(guard.admit(16, 1, deadline=now + 60, now=now + 0.05 * step))
+    assert_door_open(guard, 16)
 
 
 def test_one_slow_forward_moves_neither_cost() -> None:
