@@ -6,7 +6,7 @@ production code of the serialized transport on N MB of bf16 embeddings split int
 embeddings already lie in host memory, so there is no D2H; everything after it is real, and a host memcpy of
 the same size stands in for the pinned D2H yardstick.
 
-`python -m benchmarks.d2h --device cpu|cuda:0 --mb 20 --reps 20 [--json FILE]` prints the table.
+`python -m benchmarks.d2h --device cpu|cuda:0 --mb 20 --reps 20 [--rounds N] [--json FILE]` prints the table.
 """
 
 from __future__ import annotations
@@ -52,9 +52,12 @@ def _copy_ms(src: torch.Tensor, dst: torch.Tensor, reps: int) -> float:
     return float(np.median(times))
 
 
-def transport_microbench(device: str, megabytes: int, reps: int, *, chunk_bytes: int = 4 * MiB) -> dict:
+def transport_microbench(
+    device: str, megabytes: int, reps: int, *, chunk_bytes: int = 4 * MiB, rounds: int = 1
+) -> dict:
     """Pinned vs pageable device->host copy (and host->device) of one `megabytes` MB uint8 tensor, then the
-    serialized path's stages (`serialized_stages`) on the same GPU, against this run's pinned D2H."""
+    serialized path's stages (`serialized_stages`, `rounds` rounds) on the same GPU, each against the pinned D2H
+    measured again in its own round."""
     nbytes = megabytes * 10**6
     dev = torch.device(device if torch.device(device).type == "cuda" else "cuda")
     gpu = torch.empty(nbytes, dtype=torch.uint8, device=dev).fill_(7)
@@ -69,11 +72,15 @@ def transport_microbench(device: str, megabytes: int, reps: int, *, chunk_bytes:
             with torch.cuda.device(dev):  # events and copy on that GPU's current stream
                 ms = _copy_ms(src, dst, reps)
             rows.append({"direction": direction, "host_memory": kind, "ms": ms, "gb_per_s": nbytes / ms / 1e6})
-    pinned = rows[0]["gb_per_s"]
-    del gpu, hosts
-    stages = serialized_stages(str(dev), megabytes, reps, chunk_bytes=chunk_bytes, reference=("pinned D2H", pinned))
+
+    def pinned_d2h_gb_per_s() -> float:
+        with torch.cuda.device(dev):
+            return nbytes / _copy_ms(gpu, hosts["pinned"], reps) / 1e6
+
+    stages = serialized_stages(str(dev), megabytes, reps, chunk_bytes=chunk_bytes, rounds=rounds,
+                               reference=("pinned D2H", pinned_d2h_gb_per_s))  # fmt: skip
     return {"bytes": nbytes, "reps": reps, "gpu": torch.cuda.get_device_name(dev), "rows": rows,
-            "serialized_target_gb_per_s": 0.5 * pinned, "serialized": stages}  # fmt: skip
+            "serialized_target_gb_per_s": 0.5 * rows[0]["gb_per_s"], "serialized": stages}  # fmt: skip
 
 
 # -- the serialized path, stage by stage ---------------------------------------------------------------------
@@ -120,10 +127,11 @@ def _embeddings(dev: torch.device, megabytes: int) -> list[EncodedImage]:
     ]  # fmt: skip
 
 
-def _host_memcpy_gb_per_s(nbytes: int, reps: int) -> float:
+def _host_memcpy(nbytes: int, reps: int) -> Callable[[], float]:
+    """The CPU's stand-in for the pinned D2H yardstick: GB/s of a host memcpy of `nbytes` (median of `reps`)."""
     src = torch.ones(nbytes, dtype=torch.uint8)
     dst = torch.zeros(nbytes, dtype=torch.uint8)
-    return nbytes / _median_ms(lambda: dst.copy_(src), reps, lambda: None) / 1e6
+    return lambda: nbytes / _median_ms(lambda: dst.copy_(src), reps, lambda: None) / 1e6
 
 
 @contextlib.contextmanager
@@ -175,11 +183,22 @@ STAGES = {
 
 
 def serialized_stages(
-    device: str, megabytes: int, reps: int, *, chunk_bytes: int = 4 * MiB, reference: tuple[str, float] | None = None
+    device: str,
+    megabytes: int,
+    reps: int,
+    *,
+    chunk_bytes: int = 4 * MiB,
+    rounds: int = 1,
+    reference: tuple[str, Callable[[], float]] | None = None,
 ) -> dict:
     """Median ms and GB/s of each stage of the serialized transport for `megabytes` MB of bf16 embeddings in
     4 images (4 x tokens x 7168) on `device`, and each stage's bandwidth as a fraction of `reference`
-    ((name, GB/s); default: a host memcpy of the same size, the CPU stand-in for pinned D2H)."""
+    ((name, a function measuring its GB/s); default: a host memcpy of the same size, the CPU stand-in for pinned D2H).
+
+    In each of `rounds` rounds the reference and then every stage are measured (median of `reps` each); a stage's
+    figures are the medians over the rounds, its fraction the median of its rounds' fractions. A host's speed
+    drifts by tens of percent from one minute to the next (docs/benchmarks/transport.md): a stage is compared
+    with the reference measured beside it, not minutes apart."""
     from mmproc.client import EncoderClient
 
     dev = torch.device(device)
@@ -190,8 +209,7 @@ def serialized_stages(
         if dev.type == "cuda":
             torch.cuda.synchronize(dev)
 
-    if reference is None:
-        reference = ("host memcpy", _host_memcpy_gb_per_s(nbytes, reps))
+    name, measure_reference = reference or ("host memcpy", _host_memcpy(nbytes, reps))
     wire = _server_wire(results, chunk_bytes)
     # The stream's two halves timed apart (their sum against server_stream: how much of them overlaps)
     pinned = dev.type == "cuda"
@@ -207,42 +225,56 @@ def serialized_stages(
         "client_assemble": lambda: _client_tensors(wire, dev),
         "in_process": lambda: _client_tensors(_server_wire(results, chunk_bytes), dev),
     }
-    times = {name: _median_ms(fn, reps, sync) for name, fn in fns.items()}
+    images = [b"\xff"] * IMAGES  # never decoded: the engine answers with `results`
+    references: list[float] = []
+    times: dict[str, list[float]] = {name: [] for name in STAGES}
     with _loopback(results, chunk_bytes) as target, EncoderClient(target, device=dev, transport="serialized") as c:
-        images = [b"\xff"] * IMAGES  # never decoded: the engine answers with `results`
-        times["grpc_loopback"] = _median_ms(lambda: c.encode_images(images), reps, sync)
-    rows = [
-        {"stage": name, "what": STAGES[name], "ms": ms, "gb_per_s": nbytes / ms / 1e6,
-         "fraction_of_reference": nbytes / ms / 1e6 / reference[1]}
-        for name, ms in times.items()
-    ]  # fmt: skip
+        fns["grpc_loopback"] = lambda: c.encode_images(images)
+        for _ in range(rounds):
+            references.append(measure_reference())
+            for stage, fn in fns.items():
+                times[stage].append(_median_ms(fn, reps, sync))
+    rows = []
+    for stage, ms in times.items():
+        fractions = [nbytes / t / 1e6 / ref for t, ref in zip(ms, references)]
+        rows.append({"stage": stage, "what": STAGES[stage], "ms": float(np.median(ms)), "ms_min": min(ms),
+                     "ms_max": max(ms), "gb_per_s": nbytes / float(np.median(ms)) / 1e6,
+                     "fraction_of_reference": float(np.median(fractions)),
+                     "fraction_min": min(fractions), "fraction_max": max(fractions)})  # fmt: skip
     by_stage = {row["stage"]: row for row in rows}
     return {
         "device": str(dev), "bytes": nbytes, "images": IMAGES, "hidden": HIDDEN, "chunk_bytes": chunk_bytes,
-        "messages": len(wire), "reps": reps, "reference": {"name": reference[0], "gb_per_s": reference[1]},
+        "messages": len(wire), "reps": reps, "rounds": rounds,
+        "reference": {"name": name, "gb_per_s": float(np.median(references)), "per_round": references},
         "rows": rows,
         "server_staging_gb_per_s": by_stage["server_stream"]["gb_per_s"],
+        "server_staging_fraction": by_stage["server_stream"]["fraction_of_reference"],
         "end_to_end_in_process_gb_per_s": by_stage["in_process"]["gb_per_s"],
     }  # fmt: skip
 
 
 def stages_markdown(stages: dict) -> str:
-    ref = stages["reference"]
+    ref, rounds = stages["reference"], stages["rounds"]
+    spread = rounds > 1  # min..max over the rounds, beside the medians
     lines = [
         f"# Serialized path: {stages['bytes'] / 1e6:.1f} MB of bf16 in {stages['images']} images on "
         f"{stages['device']}, {stages['messages']} stream messages of <= {stages['chunk_bytes'] / MiB:g} MiB "
-        f"(median of {stages['reps']})",
+        f"(median of {stages['reps']}"
+        + (f"; then the median of {rounds} rounds, each against its own {ref['name']})" if spread else ")"),
         "",
-        f"| stage | what | ms | GB/s | x {ref['name']} ({ref['gb_per_s']:.1f} GB/s) |",
-        "| --- | --- | ---: | ---: | ---: |",
+        f"| stage | what | ms | GB/s | x {ref['name']} ({ref['gb_per_s']:.1f} GB/s) |"
+        + (" rounds: x min..max |" if spread else ""),
+        "| --- | --- | ---: | ---: | ---: |" + (" --- |" if spread else ""),
     ]
-    lines += [
-        f"| {r['stage']} | {r['what']} | {r['ms']:.3f} | {r['gb_per_s']:.2f} | {r['fraction_of_reference']:.3f} |"
-        for r in stages["rows"]
-    ]
-    lines += ["", f"server staging (GPU -> wire-ready bytes): {stages['server_staging_gb_per_s']:.2f} GB/s; "
+    for r in stages["rows"]:
+        line = (
+            f"| {r['stage']} | {r['what']} | {r['ms']:.3f} | {r['gb_per_s']:.2f} | {r['fraction_of_reference']:.3f} |"
+        )
+        lines.append(line + (f" {r['fraction_min']:.3f}..{r['fraction_max']:.3f} |" if spread else ""))
+    lines += ["", f"server staging (GPU -> wire-ready bytes): {stages['server_staging_gb_per_s']:.2f} GB/s = "
+              f"{stages['server_staging_fraction']:.3f} x {ref['name']}; "
               f"end to end in process: {stages['end_to_end_in_process_gb_per_s']:.2f} GB/s; "
-              f"target: >= {0.5 * ref['gb_per_s']:.1f} GB/s (50% of {ref['name']})"]  # fmt: skip
+              f"target: >= 0.5 x {ref['name']}"]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -251,6 +283,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--mb", type=int, default=20, help="embedding megabytes (10^6) per reply")
     parser.add_argument("--reps", type=int, default=20, help="repetitions per stage (median reported)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds of every stage, each with the reference measured again beside it")  # fmt: skip
     parser.add_argument("--chunk-mb", type=int, default=4, help="stream chunk size in MiB (the server's default)")
     parser.add_argument("--json", type=Path, help="write the record here")
     parser.add_argument("--host-malloc-reuse-mb", type=int, default=CUDA_HOST_MALLOC_REUSE_MB,
@@ -261,7 +295,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     reuse_freed_host_memory(args.host_malloc_reuse_mb * MiB)  # what `mmproc serve` does at start-up
     set_torch_threads(args.torch_threads)
     if torch.device(args.device).type == "cuda":
-        record = transport_microbench(args.device, args.mb, args.reps, chunk_bytes=args.chunk_mb * MiB)
+        record = transport_microbench(
+            args.device, args.mb, args.reps, chunk_bytes=args.chunk_mb * MiB, rounds=args.rounds
+        )
         stages = record["serialized"]
         print(
             f"# D2H/H2D copy of {record['bytes'] / 1e6:.0f} MB on {record['gpu']} (median of {args.reps}, CUDA events)"
@@ -271,7 +307,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"| {r['direction']} | {r['host_memory']} | {r['ms']:.3f} | {r['gb_per_s']:.1f} |")
         print()
     else:
-        record = stages = serialized_stages(args.device, args.mb, args.reps, chunk_bytes=args.chunk_mb * MiB)
+        record = stages = serialized_stages(
+            args.device, args.mb, args.reps, chunk_bytes=args.chunk_mb * MiB, rounds=args.rounds
+        )
     print(stages_markdown(stages), end="")
     if args.json is not None:
         from mmproc.bench.serve_stats import environment

@@ -9,10 +9,14 @@ from benchmarks import d2h
 
 def test_stages_run_on_cpu_and_report_every_stage(tmp_path, capsys) -> None:
     out = tmp_path / "stages.json"
-    assert d2h.main(["--device", "cpu", "--mb", "1", "--reps", "2", "--chunk-mb", "1", "--json", str(out)]) == 0
+    argv = ["--device", "cpu", "--mb", "1", "--reps", "2", "--rounds", "2", "--chunk-mb", "1", "--json", str(out)]
+    assert d2h.main(argv) == 0
     record = json.loads(out.read_text())
     assert [row["stage"] for row in record["rows"]] == list(d2h.STAGES)
     assert all(row["ms"] > 0 and row["gb_per_s"] > 0 for row in record["rows"])
+    # each round's stages are read against the reference measured in that round; the spread comes with the median
+    assert len(record["reference"]["per_round"]) == 2
+    assert all(r["fraction_min"] <= r["fraction_of_reference"] <= r["fraction_max"] for r in record["rows"])
     assert record["messages"] == 4  # 4 images of 0.25 MB, one message each
     assert record["reference"]["name"] == "host memcpy" and record["environment"]["command"][2] == "benchmarks.d2h"
     assert "server staging (GPU -> wire-ready bytes)" in capsys.readouterr().out
