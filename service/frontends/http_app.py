@@ -28,11 +28,11 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from mmproc.errors import InvalidRequestError, Reason
+from mmproc.errors import InvalidRequestError, MmprocError, Reason
 from mmproc.transport import DTYPE_NAMES
 from service.frontends.error_mapping import map_error
 from service.frontends.http_disconnect import client_closed, unless_disconnected
-from service.frontends.http_gate import add_header_gate
+from service.frontends.http_gate import BodyDropped, add_header_gate
 from service.frontends.http_reply import held_reply
 from service.frontends.info_json import server_info_json
 from service.frontends.replies import serialized_payloads
@@ -84,6 +84,7 @@ def decode_image_field(value: str, index: int) -> bytes:
         raise InvalidRequestError("image is not valid base64", reason=Reason.BAD_REQUEST, index=index) from None
 
 
+ENCODE_ROUTES = frozenset({"/v1/encode", "/v1/encode_video"})  # the routes that take work to the door
 REQUEST_ID_KEY = "mmproc.request_id"  # where the request's id is kept in the ASGI scope, for every layer to use
 STARTED_KEY = "mmproc.started"  # perf_counter() when the outermost middleware saw the request: its latency's start
 
@@ -101,10 +102,16 @@ def http_request_id(request: Request) -> str:
 
 
 def refusal(
-    request: Request, exc: BaseException, metrics: Metrics | None, headers: dict[str, str] | None = None
+    request: Request,
+    exc: BaseException,
+    metrics: Metrics | None,
+    headers: dict[str, str] | None = None,
+    *,
+    route: str | None = None,
 ) -> JSONResponse:
-    """The error response for a request refused before its handler ran (auth, body size, body shape): mapped,
-    counted, logged with the request's id, one access line, the id echoed."""
+    """The error response for a request refused before its handler ran (auth, body size, body shape, the door):
+    mapped, counted (in the requests of `route` too, one of the app's own), logged with the request's id, one
+    access line, the id echoed."""
     request_id = http_request_id(request)
     with request_context(request_id):
         mapped = map_error(exc, metrics=metrics)
@@ -113,6 +120,8 @@ def refusal(
             "http", request.url.path[:200], mapped.grpc_code.name, elapsed, status=mapped.http_status,
             reason=mapped.reason,
         )  # fmt: skip
+    if metrics is not None and route is not None:
+        metrics.observe_request(f"http:{route}", mapped.grpc_code.name, elapsed)
     headers = {**mapped.http_headers, **(headers or {}), REQUEST_ID_HEADER: request_id}
     return JSONResponse(mapped.http_body(request_id), status_code=mapped.http_status, headers=headers)
 
@@ -182,7 +191,19 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
             return refusal(request, exc, metrics)
         return None
 
-    add_header_gate(app, limit_body)
+    def check_door(request: Request) -> Response | None:
+        # Refusals that depend on nothing in the request (a standing queue, the in-flight limit, draining) come
+        # from its headers: parsing a refused body's JSON and base64 cost the event loop more than the refusal.
+        if request.method != "POST" or request.url.path not in ENCODE_ROUTES:
+            return None
+        try:
+            state.engine().check_door()
+        except MmprocError as exc:
+            return BodyDropped(refusal(request, exc, metrics, route=request.url.path))
+        return None
+
+    add_header_gate(app, check_door)
+    add_header_gate(app, limit_body)  # runs first: an oversized body is refused unread
 
     @app.get("/healthz")
     async def healthz() -> dict[str, str]:

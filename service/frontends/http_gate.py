@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-Check = Callable[[Request], Response | None]  # the refusal to send, or None to let the request in
+Check = Callable[[Request], ASGIApp | None]  # the refusal to send, or None to let the request in
 
 
 class HeaderGate:
@@ -28,6 +28,19 @@ class HeaderGate:
                 await refused(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+class BodyDropped:
+    """A refusal sent once the request's body has been read and dropped, unparsed: uvicorn can then keep the
+    connection, and closing a socket with unread bytes would reset it (the client could lose the refusal)."""
+
+    def __init__(self, response: Response) -> None:
+        self.response = response
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        while (await receive()).get("more_body"):  # ends on the last chunk, or on http.disconnect
+            pass
+        await self.response(scope, receive, send)
 
 
 def add_header_gate(app: FastAPI, check: Check) -> None:

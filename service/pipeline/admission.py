@@ -137,6 +137,24 @@ class Admission:
             )
         return check_patch_budget(images, self._preprocess, self.limits.max_patches)
 
+    def check_door(self) -> None:
+        """The door's refusals that depend on nothing in the request: closed (starting or draining), requests in
+        flight at their limit, a standing queue. A front end asks before it reads or parses a request (HTTP: before
+        its body), so that a refused request costs it no parse; `admit` checks them all again."""
+        self.check_open()
+        self._check_inflight_requests()
+        self.overload.check_queue()
+
+    def _check_inflight_requests(self) -> None:
+        limit = self.inflight_limits.max_requests
+        # Retry-after of a fixed bound: when enough of the admitted work has drained for this request to fit.
+        if self.inflight >= limit:
+            raise ResourceExhaustedError(
+                f"too many requests in flight (limit {limit})",
+                cause="inflight_requests",
+                retry_after_s=self.overload.drain_s((self.inflight + 1 - limit) / self.inflight),
+            )
+
     @contextmanager
     def admit(self, patches: int, items: int, deadline: float | None, *, reserve: int) -> Iterator[Admitted]:
         """Admit a request whose headers announce `patches` over `items` images or videos, reserving `reserve`
@@ -144,14 +162,8 @@ class Admission:
         share is given back when the block ends, however it ends."""
         self.check_open()
         check_deadline(deadline, "before admission")
+        self._check_inflight_requests()
         limit = self.inflight_limits
-        # Retry-after of a fixed bound: when enough of the admitted work has drained for this request to fit.
-        if self.inflight >= limit.max_requests:
-            raise ResourceExhaustedError(
-                f"too many requests in flight (limit {limit.max_requests})",
-                cause="inflight_requests",
-                retry_after_s=self.overload.drain_s((self.inflight + 1 - limit.max_requests) / self.inflight),
-            )
         excess = self.inflight_patches + patches - limit.max_patches
         if self.inflight_patches and excess > 0:
             raise ResourceExhaustedError(

@@ -263,6 +263,10 @@ class Engine:
     def check_image_count(self, count: int) -> None:
         self.admission.check_image_count(count)
 
+    def check_door(self) -> None:
+        """Refuse now what the door would refuse whatever the request (Admission.check_door)."""
+        self.admission.check_door()
+
     async def encode(
         self,
         images: list[bytes],

@@ -229,7 +229,6 @@ class OverloadGuard:
                     retry_after_s=max(MIN_RETRY_AFTER_S, drain),
                     cause="pending_bytes",
                 )
-            ahead = self.ahead_s()
             modelled = self.modelled_s(patches)
             # What requests measurably took beyond the model: without it, a server whose decode, delivery or
             # event loop adds time admits requests that then expire.
@@ -246,38 +245,46 @@ class OverloadGuard:
                     retry_after_s=max(MIN_RETRY_AFTER_S, estimate - left),
                     cause="deadline",
                 )
-            # CoDel at the door: a standing queue — its wait above the target delay for `interval_s` — is
-            # refused, a burst is not; the queue must stay below the target for `interval_s` to count as drained
-            # (no overshoot each time a finished batch dips it under). The wait is the longer of the measured
-            # sojourn and the modelled time of the images waiting for the encoder. The sojourn alone passes the
-            # target a full target after the queue has, and until then requests with a long deadline (HTTP's
-            # default) poured in: 1.5-3.7 s waits on the CPU at 10 x C (docs/benchmarks/overload.md, session 14).
-            # The model leaves out the forward running: an idle queue never looks full, whatever the fit reads.
-            waited = max(self._queue_wait(), self._waiting_s())
-            if not cfg.max_queue_delay_s or waited <= cfg.max_queue_delay_s:
-                self._below_since = now if self._below_since is None else self._below_since
-                if now - self._below_since >= cfg.interval_s:
-                    self._above_since = None
-            else:
-                self._below_since = None
-                self._above_since = now if self._above_since is None else self._above_since
-            if (
-                self._above_since is not None
-                and now - self._above_since >= cfg.interval_s
-                and waited > cfg.max_queue_delay_s
-            ):
-                raise ResourceExhaustedError(
-                    f"overloaded: requests wait about {waited * 1e3:.0f} ms for the decoders and the encoder, target "
-                    f"{cfg.max_queue_delay_s * 1e3:.0f} ms",
-                    retry_after_s=max(MIN_RETRY_AFTER_S, ahead - cfg.max_queue_delay_s, waited - cfg.max_queue_delay_s),
-                    cause="queue_delay",
-                )
+            self._refuse_standing_queue(now)
             # Until decoded, a request's encoder work is what its headers announce: a liar or a bomb is refused by
             # its decode and gives its share back then, within milliseconds.
             self._decoding += images
             self._announced += patches
             self._items += images
         return Ticket(0, images, 0, announced=patches, items=images, admitted_at=now, modelled_s=modelled)
+
+    def check_queue(self, now: float | None = None) -> None:
+        """ResourceExhaustedError (cause "queue_delay") while the queue stands above the target delay: the one
+        refusal here that depends on nothing in the request, so front ends can ask before reading its body."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            self._refuse_standing_queue(now)
+
+    def _refuse_standing_queue(self, now: float) -> None:
+        """(under the lock) CoDel at the door: a standing queue — its wait above the target delay for
+        `interval_s` — is refused, a burst is not; the queue must stay below the target for `interval_s` to count
+        as drained (no overshoot each time a finished batch dips it under). The wait is the longer of the measured
+        sojourn and the modelled time of the images waiting for the encoder. The sojourn alone passes the target a
+        full target after the queue has, and until then requests with a long deadline (HTTP's default) poured in:
+        1.5-3.7 s waits on the CPU at 10 x C (docs/benchmarks/overload.md, session 14). The model leaves out the
+        forward running: an idle queue never looks full, whatever the fit reads."""
+        cfg = self.config
+        waited = max(self._queue_wait(), self._waiting_s())
+        if not cfg.max_queue_delay_s or waited <= cfg.max_queue_delay_s:
+            self._below_since = now if self._below_since is None else self._below_since
+            if now - self._below_since >= cfg.interval_s:
+                self._above_since = None
+            return
+        self._below_since = None
+        self._above_since = now if self._above_since is None else self._above_since
+        if now - self._above_since >= cfg.interval_s:
+            excess = max(self.ahead_s(), waited) - cfg.max_queue_delay_s
+            raise ResourceExhaustedError(
+                f"overloaded: requests wait about {waited * 1e3:.0f} ms for the decoders and the encoder, target "
+                f"{cfg.max_queue_delay_s * 1e3:.0f} ms",
+                retry_after_s=max(MIN_RETRY_AFTER_S, excess),
+                cause="queue_delay",
+            )
 
     def finished(self, ticket: Ticket, now: float | None = None) -> None:
         """The request ended with its result, or expired (then its time is a lower bound of what it needed): its

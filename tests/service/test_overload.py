@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Iterator
 
 import grpc
+import httpx
 import pytest
 
 from mmproc.bench import serve_open as bench
@@ -253,6 +254,15 @@ def test_a_queue_in_front_of_the_decoders_is_refused_like_one_in_front_of_the_en
                 client.encode_images([slow])
             # the Python client hands on the server's hints: why, and when to come back
             assert refused.value.cause == "queue_delay" and refused.value.retry_after_s > 0
+            # HTTP is refused from its headers: the body is dropped unparsed (parsed, this one would be a 400),
+            # counted as the route's request, and the connection is kept
+            counted = 'mmproc_requests_total{code="RESOURCE_EXHAUSTED",method="http:/v1/encode"}'
+            before = scrape(server).get(counted, 0)
+            with httpx.Client(base_url=server.http_url) as http:
+                answer = http.post("/v1/encode", content=b"{not json", headers={"content-type": "application/json"})
+            assert answer.status_code == 429 and answer.json()["error"]["reason"] == "queue_delay", answer.text
+            assert float(answer.headers["retry-after"]) > 0 and answer.headers.get("connection") != "close"
+            assert scrape(server)[counted] == before + 1
             outcomes = Counter(type(f.exception(30)).__name__ for f in queued)
         assert outcomes["NoneType"] >= 3, outcomes  # what was admitted before the room filled up is served
         assert set(outcomes) <= {"NoneType", "ResourceExhaustedError"}, outcomes
@@ -275,6 +285,8 @@ def test_a_long_deadline_cannot_fill_the_queues_before_their_measured_wait_shows
     with pytest.raises(ResourceExhaustedError, match="target 1000 ms") as refused:
         guard.admit(1000, 1, deadline=now + 60, now=now + 0.15)
     assert refused.value.cause == "queue_delay"
+    with pytest.raises(ResourceExhaustedError, match="target 1000 ms"):  # what front ends ask before any parse
+        guard.check_queue(now=now + 0.16)
     for ticket in decoding:  # decoded and queued for the encoder: the same wait, still refused
         guard.decoded(ticket, 1000, 10_000)
         queued = [queued[0] + 1, queued[1] + 1000]
@@ -282,6 +294,7 @@ def test_a_long_deadline_cannot_fill_the_queues_before_their_measured_wait_shows
         guard.admit(1000, 1, deadline=now + 60, now=now + 0.2)
     queued = [0, 0]  # the encoder took them into its forwards
     guard.release(guard.admit(1000, 1, deadline=now + 60, now=now + 0.4))  # below the target: let in again
+    guard.check_queue(now=now + 0.45)
     for ticket in decoding:
         guard.release(ticket)
 
@@ -463,8 +476,6 @@ def test_overload_is_refused_early_and_the_service_recovers(server: ServiceThrea
 
 def test_http_takes_its_deadline_from_the_timeout_header(server: ServiceThread) -> None:
     import base64
-
-    import httpx
 
     body = {"images": [base64.b64encode(HEAVY).decode()], "cache_bypass": True}  # encoded by every call
     url = f"{server.http_url}/v1/encode"
