@@ -32,14 +32,16 @@ class HeaderGate:
 
 class BodyDropped:
     """A refusal sent once the request's body has been read and dropped, unparsed: uvicorn can then keep the
-    connection, and closing a socket with unread bytes would reset it (the client could lose the refusal)."""
+    connection, and closing a socket with unread bytes would reset it (the client could lose the refusal). A
+    client that waits for `100 Continue` before its body is answered at once: it has sent nothing to drop."""
 
     def __init__(self, response: Response) -> None:
         self.response = response
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        while (await receive()).get("more_body"):  # ends on the last chunk, or on http.disconnect
-            pass
+        if not any(name == b"expect" and value.lower() == b"100-continue" for name, value in scope["headers"]):
+            while (await receive()).get("more_body"):  # ends on the last chunk, or on http.disconnect
+                pass
         await self.response(scope, receive, send)
 
 

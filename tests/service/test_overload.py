@@ -13,6 +13,7 @@ import concurrent.futures
 import contextlib
 import logging
 import re
+import socket
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -263,6 +264,11 @@ def test_a_queue_in_front_of_the_decoders_is_refused_like_one_in_front_of_the_en
             assert answer.status_code == 429 and answer.json()["error"]["reason"] == "queue_delay", answer.text
             assert float(answer.headers["retry-after"]) > 0 and answer.headers.get("connection") != "close"
             assert scrape(server)[counted] == before + 1
+            # a client that waits for 100 Continue before its body is refused without sending it
+            with socket.create_connection(("127.0.0.1", server.service.http_port), timeout=5) as raw:
+                raw.sendall(b"POST /v1/encode HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                            b"Content-Length: 100000\r\nExpect: 100-continue\r\n\r\n")  # fmt: skip
+                assert raw.recv(1 << 16).startswith(b"HTTP/1.1 429 ")
             outcomes = Counter(type(f.exception(30)).__name__ for f in queued)
         assert outcomes["NoneType"] >= 3, outcomes  # what was admitted before the room filled up is served
         assert set(outcomes) <= {"NoneType", "ResourceExhaustedError"}, outcomes
