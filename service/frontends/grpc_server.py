@@ -91,6 +91,8 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
         if request.keys and not request.images:  # fetch what an earlier request kept (docs/engines.md)
             kept = await engine.fetch(list(request.keys), request_id, deadline, ipc_session=session, readers=readers)
             return request_id, deadline, kept
+        if not request.headers_only:  # a standing queue refuses new work before any of it (a lookup is no work)
+            engine.check_door()
         if request.keys:  # encode and keep (no lease: kept results are plain tensors)
             kept = await engine.encode_keyed(list(request.images), list(request.keys), request_id, deadline)
             return request_id, deadline, kept

@@ -33,6 +33,7 @@ class VideoServicerMixin:
             deadline = time.monotonic() + (self._default_deadline_s if remaining is None else remaining)
             wants_ipc = request.transport != pb.TRANSPORT_SERIALIZED and bool(request.consumer.session_id)
             engine = self._engine
+            engine.check_door()
             videos = await video_service(engine).encode(
                 video_items(request),
                 request_id,

@@ -276,6 +276,29 @@ def test_a_queue_in_front_of_the_decoders_is_refused_like_one_in_front_of_the_en
         assert len(client.encode_images([slow])) == 1
 
 
+def test_while_the_queue_stands_even_a_cached_image_is_refused_before_any_work() -> None:
+    # The door's content-free refusals come first, for gRPC as for HTTP: a standing queue sheds new work without
+    # hashing its images for the cache (the answer would still cost the event loop its reply).
+    settings = test_settings(preprocess_workers=1, max_queue_delay_ms=300)
+    cached = encode_image(random_image(48, 48, seed=9), "PNG")
+    slow = [SLOW + encode_image(random_image(64, 64, seed=20 + i), "PNG") for i in range(14)]  # distinct: no hits
+    with serving(settings, engine_factory=misbehaving_engine) as server, EncoderClient(server.grpc_target) as client:
+        assert client.encode([cached])[0].cache == "miss"
+        with concurrent.futures.ThreadPoolExecutor(14) as pool:
+            queued = [pool.submit(client.encode_images, [image]) for image in slow[:10]]
+            time.sleep(0.5)
+            with pytest.raises(ResourceExhaustedError, match="for the decoders and the encoder") as refused:
+                for image in slow[10:12]:  # over the target for CoDel's interval: a standing queue
+                    pool.submit(client.encode_images, [image])
+                    time.sleep(0.15)
+                client.encode_images([cached])
+            assert refused.value.cause == "queue_delay"
+            for future in queued:
+                future.exception(30)
+        wait_until(lambda: server.service.engine.idle, 10)
+        assert client.encode([cached])[0].cache == "hit"  # served from the cache once the queue drained
+
+
 def test_a_long_deadline_cannot_fill_the_queues_before_their_measured_wait_shows_it() -> None:
     # Requests with a 60 s deadline (HTTP's default) arrive faster than the encoder runs. Nobody has waited long
     # yet: the measured sojourn reads 0. The images admitted and not yet in a forward (decoding, then queued for
