@@ -127,6 +127,12 @@ def _embeddings(dev: torch.device, megabytes: int) -> list[EncodedImage]:
     ]  # fmt: skip
 
 
+def _landed(results: list[EncodedImage]) -> list[EncodedImage]:
+    """`results` with every embedding staged to the host and waited for (start_staging, all D2H landed)."""
+    staged = start_staging([r.embedding for r in results])
+    return [replace(r, embedding=s.wait()) for r, s in zip(results, staged)]
+
+
 def _host_memcpy(nbytes: int, reps: int) -> Callable[[], float]:
     """The CPU's stand-in for the pinned D2H yardstick: GB/s of a host memcpy of `nbytes` (median of `reps`)."""
     src = torch.ones(nbytes, dtype=torch.uint8)
@@ -179,6 +185,7 @@ STAGES = {
     "server_stream": "server, stream: GPU -> the bytes of every message, as handed to gRPC (server staging)",
     "stream_d2h_only": "  its D2H and the waits for it alone (start_staging, no copy, no framing)",
     "stream_from_host": "  its framing and copies alone, the embeddings already in pinned host memory",
+    "stream_sequential": "  both halves one after the other (what server_stream saves against it: their overlap)",
     "client_assemble": "client: those bytes -> tensors on the device (deserializer, Assembler, H2D)",
     "in_process": "both, in process (end to end without gRPC)",
     "grpc_loopback": "EncoderClient.encode_images over loopback gRPC (real server and client, no model)",
@@ -225,6 +232,7 @@ def serialized_stages(
         "server_stream": lambda: _server_wire(results, chunk_bytes),
         "stream_d2h_only": lambda: [staged.wait() for staged in start_staging([r.embedding for r in results])],
         "stream_from_host": lambda: _server_wire(on_host, chunk_bytes),
+        "stream_sequential": lambda: _server_wire(_landed(results), chunk_bytes),
         "client_assemble": lambda: _client_tensors(wire, dev),
         "in_process": lambda: _client_tensors(_server_wire(results, chunk_bytes), dev),
     }
