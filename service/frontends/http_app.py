@@ -191,7 +191,7 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
             return refusal(request, exc, metrics)
         return None
 
-    def check_door(request: Request) -> Response | None:
+    def check_door(request: Request) -> BodyDropped | None:
         # Refusals that depend on nothing in the request (a standing queue, the in-flight limit, draining) come
         # from its headers: parsing a refused body's JSON and base64 cost the event loop more than the refusal.
         if request.method != "POST" or request.url.path not in ENCODE_ROUTES:
