@@ -237,6 +237,20 @@ def test_a_wait_clock_reports_its_oldest_waiter() -> None:
     assert clock.oldest_s() == 0
 
 
+def stand_a_queue(
+    pool: concurrent.futures.ThreadPoolExecutor, client: EncoderClient, slow: list[bytes]
+) -> list[concurrent.futures.Future]:
+    """Twelve images that take the one decode worker 0.2 s each: ten at once, then two 0.15 s apart (CoDel lets
+    the first request over the target in as a burst, not the next), so that a 300 ms target is stood above for
+    longer than its interval. Returns the first ten calls."""
+    queued = [pool.submit(client.encode_images, [image]) for image in slow[:10]]
+    time.sleep(0.5)
+    for image in slow[10:12]:
+        pool.submit(client.encode_images, [image])
+        time.sleep(0.15)
+    return queued
+
+
 def test_a_queue_in_front_of_the_decoders_is_refused_like_one_in_front_of_the_encoder() -> None:
     # One worker, 0.2 s an image: ten requests sent at once wait up to 2 s for the decoder while the encoder's
     # own queue stays empty. With a 300 ms target, new requests are refused for the delay (whatever their
@@ -244,14 +258,10 @@ def test_a_queue_in_front_of_the_decoders_is_refused_like_one_in_front_of_the_en
     settings = test_settings(preprocess_workers=1, max_queue_delay_ms=300, cache_mb=0)
     slow = SLOW + encode_image(random_image(64, 64, seed=5), "PNG")
     with serving(settings, engine_factory=misbehaving_engine) as server, EncoderClient(server.grpc_target) as client:
-        with concurrent.futures.ThreadPoolExecutor(10) as pool:
-            queued = [pool.submit(client.encode_images, [slow]) for _ in range(10)]
-            time.sleep(0.5)
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            queued = stand_a_queue(pool, client, [slow] * 12)
             assert server.service.engine.queued_images == 0  # nothing waits for the encoder itself
             with pytest.raises(ResourceExhaustedError, match="for the decoders and the encoder") as refused:
-                for _ in range(2):  # CoDel lets the first request over the target in (a burst), not the next
-                    pool.submit(client.encode_images, [slow])
-                    time.sleep(0.15)
                 client.encode_images([slow])
             # the Python client hands on the server's hints: why, and when to come back
             assert refused.value.cause == "queue_delay" and refused.value.retry_after_s > 0
@@ -281,16 +291,12 @@ def test_while_the_queue_stands_even_a_cached_image_is_refused_before_any_work()
     # hashing its images for the cache (the answer would still cost the event loop its reply).
     settings = test_settings(preprocess_workers=1, max_queue_delay_ms=300)
     cached = encode_image(random_image(48, 48, seed=9), "PNG")
-    slow = [SLOW + encode_image(random_image(64, 64, seed=20 + i), "PNG") for i in range(14)]  # distinct: no hits
+    slow = [SLOW + encode_image(random_image(64, 64, seed=20 + i), "PNG") for i in range(12)]  # distinct: no hits
     with serving(settings, engine_factory=misbehaving_engine) as server, EncoderClient(server.grpc_target) as client:
         assert client.encode([cached])[0].cache == "miss"
-        with concurrent.futures.ThreadPoolExecutor(14) as pool:
-            queued = [pool.submit(client.encode_images, [image]) for image in slow[:10]]
-            time.sleep(0.5)
+        with concurrent.futures.ThreadPoolExecutor(12) as pool:
+            queued = stand_a_queue(pool, client, slow)
             with pytest.raises(ResourceExhaustedError, match="for the decoders and the encoder") as refused:
-                for image in slow[10:12]:  # over the target for CoDel's interval: a standing queue
-                    pool.submit(client.encode_images, [image])
-                    time.sleep(0.15)
                 client.encode_images([cached])
             assert refused.value.cause == "queue_delay"
             for future in queued:
