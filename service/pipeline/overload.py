@@ -28,7 +28,10 @@ from mmproc.errors import ConfigError, ResourceExhaustedError
 from mmproc.units import MiB
 
 MIN_RETRY_AFTER_S = 0.05
-BATCH_SHARE = 0.25  # of max_queue_delay_s that one forward may take
+# With the encoder on the CPU a forward's activations are host memory and a batch is no faster per image: shorter
+# batches cost nothing and keep the heap's peak down (at 3 x C: RSS +86/+90 MB against +284, goodput unchanged;
+# docs/benchmarks/overload.md, session 17).
+CPU_BATCH_SHARE = 0.125
 
 
 @dataclass(frozen=True)
@@ -37,16 +40,22 @@ class OverloadConfig:
     images waiting for the encoder): past it for `interval_s`, requests are refused whatever their deadline (0: no
     bound besides the deadline). max_pending_bytes: decoded pixels of admitted requests not yet encoded.
     bytes_per_patch: what one decoded patch holds: 3 * P * P float32, or bytes where the encoder normalizes them.
-    max_batch_patches: the runner's own ceiling on a batch (`RunnerConfig.max_batch_patches`): no budget passes it."""
+    max_batch_patches: the runner's own ceiling on a batch (`RunnerConfig.max_batch_patches`): no budget passes it.
+    batch_share: of max_queue_delay_s, what one forward may take (`CPU_BATCH_SHARE` with the encoder on the CPU)."""
 
     max_queue_delay_s: float = 1.0
     interval_s: float = 0.1  # CoDel's interval: a burst above the bound for less than this is let in
     max_pending_bytes: int = 512 * MiB
     bytes_per_patch: int = 3 * 14 * 14 * 4
     max_batch_patches: int = 1 << 30
+    batch_share: float = 0.25
 
     def __post_init__(self) -> None:
-        if min(self.max_pending_bytes, self.bytes_per_patch, self.max_batch_patches) < 1 or self.max_queue_delay_s < 0:
+        if (
+            min(self.max_pending_bytes, self.bytes_per_patch, self.max_batch_patches) < 1
+            or self.max_queue_delay_s < 0
+            or not 0 < self.batch_share <= 1
+        ):
             raise ConfigError(f"bad overload config {self}")
 
 
@@ -198,13 +207,13 @@ class OverloadGuard:
         return max(MIN_RETRY_AFTER_S, share * self.ahead_s())
 
     def batch_patches(self) -> int:
-        """The next batch's patch budget: a `BATCH_SHARE` of the target delay at the measured rate (a request
+        """The next batch's patch budget: a `batch_share` of the target delay at the measured rate (a request
         waits for the batch running and then its own; batches far longer than the target would break the bound
         on a slow device). Large where the device is fast, and never past the runner's ceiling: the work ahead is
         counted in the batches the runner will really make (a budget above it counted fewer forwards, and so less
         fixed cost, than would run)."""
         cfg = self.config
-        budget_s = BATCH_SHARE * cfg.max_queue_delay_s - self.forward.fixed_s
+        budget_s = cfg.batch_share * cfg.max_queue_delay_s - self.forward.fixed_s
         per_patch = self.forward.per_patch_s
         if not cfg.max_queue_delay_s or per_patch <= 0:
             return cfg.max_batch_patches

@@ -13,7 +13,7 @@ from service.cache.embedding_cache import CacheConfig
 from service.pipeline.decode_config import DecodePoolConfig
 from service.pipeline.engine_config import EngineConfig
 from service.pipeline.key_store import KeyStoreConfig
-from service.pipeline.overload import OverloadConfig
+from service.pipeline.overload import CPU_BATCH_SHARE, OverloadConfig
 from service.pipeline.reply_budget import ReplyBudgetConfig
 from service.pipeline.request_limits import InflightLimits, RequestLimits, VideoRequestLimits
 from service.process.settings import ServerSettings, image_sizes
@@ -93,7 +93,11 @@ def runner_config(s: ServerSettings) -> RunnerConfig:
 
 
 def overload_config(s: ServerSettings) -> OverloadConfig:
-    return OverloadConfig(max_queue_delay_s=s.max_queue_delay_ms / 1000, max_pending_bytes=s.max_pending_mb * MiB)
+    return OverloadConfig(
+        max_queue_delay_s=s.max_queue_delay_ms / 1000,
+        max_pending_bytes=s.max_pending_mb * MiB,
+        batch_share=CPU_BATCH_SHARE if s.device == "cpu" else OverloadConfig.batch_share,
+    )
 
 
 def reply_budget_config(s: ServerSettings) -> ReplyBudgetConfig:

@@ -14,7 +14,7 @@ from mmproc.transport.pool_config import PoolConfig
 from service.cache.embedding_cache import CacheConfig
 from service.pipeline.decode_config import DecodePoolConfig
 from service.pipeline.key_store import KeyStoreConfig
-from service.pipeline.overload import OverloadConfig
+from service.pipeline.overload import CPU_BATCH_SHARE, OverloadConfig
 from service.pipeline.reply_budget import ReplyBudgetConfig
 from service.pipeline.request_limits import InflightLimits, RequestLimits, VideoRequestLimits
 from service.process import configs
@@ -61,6 +61,8 @@ def test_default_settings_build_the_dataclass_defaults(build, config_type) -> No
     settings = default_settings()
     built = build(settings)
     expected = not_from_a_default(built, settings) if config_type is DecodePoolConfig else config_type()
+    if config_type is OverloadConfig:  # a batch's share of the target is the device's (these settings': the CPU)
+        expected = replace(expected, batch_share=CPU_BATCH_SHARE)
     differ = [
         f"{f.name}: settings give {getattr(built, f.name)!r}, the dataclass {getattr(expected, f.name)!r}"
         for f in fields(config_type)
@@ -111,6 +113,7 @@ def test_overload_settings_reach_the_engine() -> None:
     engine = build_engine(settings)
     try:
         assert engine.overload.config.max_queue_delay_s == 0.25
+        assert engine.overload.config.batch_share == CPU_BATCH_SHARE  # a CPU encoder's shorter batches
         assert engine.overload.config.max_pending_bytes == 64 << 20
         assert engine.delivery.replies.max_bytes == 3 << 20
     finally:
@@ -124,6 +127,15 @@ def test_freed_heap_is_kept_for_replies_only_where_a_gpu_stages_them() -> None:
     assert ServerSettings(device="cpu").host_malloc_reuse_bytes == 0  # glibc's thresholds: RSS returns to idle
     assert ServerSettings(device="cuda:1").host_malloc_reuse_bytes == CUDA_HOST_MALLOC_REUSE_MB * MiB
     assert ServerSettings(device="cpu", host_malloc_reuse_mb=64).host_malloc_reuse_bytes == 64 * MiB  # as set
+
+
+def test_batches_are_shorter_with_the_encoder_on_the_cpu() -> None:
+    """On the CPU a batch is no faster per image and its activations are host memory: a forward there may take an
+    eighth of the target delay, not a quarter (the target itself is the same on every device)."""
+    on_cpu = configs.overload_config(ServerSettings(device="cpu", max_queue_delay_ms=1000))
+    on_gpu = configs.overload_config(ServerSettings(device="cuda:0", max_queue_delay_ms=1000))
+    assert (on_cpu.batch_share, on_gpu.batch_share) == (0.125, 0.25)
+    assert on_cpu.max_queue_delay_s == on_gpu.max_queue_delay_s == 1.0
 
 
 def test_attention_backend_setting_names_exactly_the_encoder_backends() -> None:

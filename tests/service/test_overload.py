@@ -111,6 +111,16 @@ def test_a_fixed_cost_over_the_batch_budget_is_charged_per_image_not_per_patch()
         guard.release(ticket)
 
 
+def test_a_batch_takes_its_share_of_the_target_at_the_measured_rate() -> None:
+    # 1 ms fixed and 0.1 ms a patch: a quarter of 1 s is 2490 patches, an eighth (the CPU's share) 1240.
+    for share, patches in ((0.25, 2490), (0.125, 1240)):
+        config = OverloadConfig(max_queue_delay_s=1.0, max_pending_bytes=1 << 30, bytes_per_patch=10, batch_share=share)
+        guard = OverloadGuard(config)
+        for size in (500, 1500) * 5:
+            guard.forward.observe(0.001 + 1e-4 * size, size)
+        assert guard.batch_patches() == pytest.approx(patches, abs=2)
+
+
 def test_the_work_ahead_counts_the_forwards_the_runner_will_run_not_the_budget_alone() -> None:
     # A fast device: 50 ms fixed and 1 us a patch make a budget of 200k patches, but the runner packs at most 1000
     # into one forward. Five images of 1000 patches are five forwards, each with its fixed cost.
