@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from mmproc.bench.images import ImageSpec, generate_requests
+from mmproc.bench.loop_watch import worst
 from mmproc.bench.serve_stats import environment, stats_ms
 from mmproc.bench.server_metrics import parse
 
@@ -393,7 +394,8 @@ async def run(args, argv: Sequence[str] | None) -> int:
         )  # fmt: skip
         scraper.start()
         t0 = time.perf_counter()  # the processes start START_MARGIN_S later: t0 is set from their first arrival
-        outcomes, recovery, t_stop = await phases.open_then_recover(2 * 10**8, args.rate, args.duration, 3 * 10**8)
+        phase = await phases.open_then_recover(2 * 10**8, args.rate, args.duration, 3 * 10**8)
+        outcomes, recovery, t_stop = phase.load, phase.recovery, phase.t_stop
         t0 = min((o.start for o in outcomes), default=t0)
         await asyncio.sleep(0.5)
         await scraper.stop()
@@ -428,6 +430,13 @@ async def run(args, argv: Sequence[str] | None) -> int:
                 for g, p in pauses.items()
             )
             + "\n"
+        )
+    generator = record["generator"] = worst(phase.generator)
+    if generator["lag_ms"] is not None:
+        text += (
+            f"load generator ({generator['processes']} process(es)) while offering the load: event-loop lag "
+            f"p50/p99/max {_ms(generator['lag_ms'], 'p50', 'p99', 'max')} ms, loop CPU "
+            f"{generator['loop_cpu_share']:.0%} of a core (the worst process; its lag is in the latencies it saw)\n"
         )
     overrun = sorted(v for v in (scraper.overrun[i] for i in loaded_at) if v is not None)
     if overrun:

@@ -11,15 +11,27 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import functools
 import gc
 import time
 from collections.abc import Callable
 
 from mmproc.bench.client_processes import ClientProcesses
+from mmproc.bench.loop_watch import LoopWatch
 from mmproc.bench.serve_open import Load, Outcome, base_images, closed_loop, open_loop, unique_jpeg
 
 STRIDE = 10**6  # image indices per process within a phase (phases start 10**8 apart): every image unique
+
+
+@dataclasses.dataclass(frozen=True)
+class OpenPhase:
+    """What the open-loop phase and the recovery probe after it measured, pooled over the client processes."""
+
+    load: list[Outcome]
+    recovery: list[Outcome]
+    t_stop: float  # perf_counter when the arrivals stopped (the last process's)
+    generator: list[dict]  # each process's LoopWatch over its arrivals
 
 
 class LocalPhases:
@@ -38,10 +50,8 @@ class LocalPhases:
         assert self._load is not None
         return await closed_loop(self._load, self._base, first, seconds, self._args.concurrency)
 
-    async def open_then_recover(self, first: int, rate: float, seconds: float, recovery_first: int
-                                ) -> tuple[list, list, float]:  # fmt: skip
-        """Open-loop arrivals at `rate` for `seconds`, then the closed-loop recovery probe at once; returns
-        (load outcomes, recovery outcomes, perf_counter when the arrivals stopped)."""
+    async def open_then_recover(self, first: int, rate: float, seconds: float, recovery_first: int) -> OpenPhase:
+        """Open-loop arrivals at `rate` for `seconds`, then the closed-loop recovery probe at once."""
         assert self._load is not None
         images = _open_images(self._base, first, rate, seconds)
         return await _open_then_recover(
@@ -69,11 +79,15 @@ class ProcessPhases:
         parts = await self._run(("closed", first, seconds), seconds)
         return [o for part in parts for o in part]
 
-    async def open_then_recover(self, first: int, rate: float, seconds: float, recovery_first: int
-                                ) -> tuple[list, list, float]:  # fmt: skip
+    async def open_then_recover(self, first: int, rate: float, seconds: float, recovery_first: int) -> OpenPhase:
         command = ("open", first, rate / self._n, seconds, recovery_first)
-        parts = await self._run(command, seconds + self._args.recovery_seconds)
-        return [o for p in parts for o in p[0]], [o for p in parts for o in p[1]], max(p[2] for p in parts)
+        parts: list[OpenPhase] = await self._run(command, seconds + self._args.recovery_seconds)
+        return OpenPhase(
+            load=[o for p in parts for o in p.load],
+            recovery=[o for p in parts for o in p.recovery],
+            t_stop=max(p.t_stop for p in parts),
+            generator=[w for p in parts for w in p.generator],
+        )
 
     async def close(self) -> None:
         if self._processes is not None:
@@ -132,11 +146,14 @@ def _open_images(base: list[bytes], first: int, rate: float, seconds: float) -> 
 async def _open_then_recover(
     load: Load, base: list[bytes], images: list[bytes], args: argparse.Namespace, rate: float, seconds: float,
     seed: int, recovery_first: int,
-) -> tuple[list[Outcome], list[Outcome], float]:  # fmt: skip
+) -> OpenPhase:  # fmt: skip
     try:
+        watch = LoopWatch()
+        watch.start()
         tasks = await open_loop(load, images, rate, seconds, seed)
         t_stop = time.perf_counter()
+        generator = watch.stop()
         recovery = await closed_loop(load, base, recovery_first, args.recovery_seconds, args.concurrency)
-        return list(await asyncio.gather(*tasks)), recovery, t_stop
+        return OpenPhase(list(await asyncio.gather(*tasks)), recovery, t_stop, [generator])
     finally:
         gc.unfreeze()  # frozen for the load only (`_open_images`): a process that goes on collects as before

@@ -189,15 +189,42 @@ def test_open_mode_phases_run_in_client_processes_on_one_clock(tiny_server) -> N
         try:
             asked = time.perf_counter()
             closed = await phases.closed(0, 1.0)
-            load, recovery, t_stop = await phases.open_then_recover(10**8, 6.0, 1.0, 2 * 10**8)
+            phase = await phases.open_then_recover(10**8, 6.0, 1.0, 2 * 10**8)
         finally:
             await phases.close()
-        return asked, closed, load, recovery, t_stop
+        return asked, closed, phase
 
-    asked, closed, load, recovery, t_stop = asyncio.run(drive())
+    asked, closed, phase = asyncio.run(drive())
+    load, recovery, t_stop = phase.load, phase.recovery, phase.t_stop
     assert closed and all(o.code == "OK" and o.kind == "client" for o in closed)
     assert min(o.start for o in closed) >= asked  # this process's clock: every start after the command was sent
     assert {o.kind for o in load} <= {"client", "stub", "http"} and all(o.code == "OK" for o in load + recovery)
     # One clock across the processes (started together within START_MARGIN_S): arrivals stop at t_stop, then the
     # recovery probe begins, in every process.
     assert load and max(o.start for o in load) < t_stop + 0.25 and min(o.start for o in recovery) > t_stop - 0.25
+    # Each process watched its own loop over its 1 s of arrivals (a wake-up every 5 ms).
+    assert len(phase.generator) == 2
+    assert all(w["lag_ms"]["count"] >= 50 and 0 < w["loop_cpu_share"] <= 1.05 for w in phase.generator)
+
+
+def test_loop_watch_sees_a_loop_kept_busy() -> None:
+    import asyncio
+
+    from mmproc.bench.loop_watch import LoopWatch, worst
+
+    async def busy_for(seconds: float) -> dict:
+        watch = LoopWatch(0.005)
+        watch.start()
+        await asyncio.sleep(0.05)
+        start = time.perf_counter()
+        while time.perf_counter() - start < seconds:  # the loop's thread computes: nothing else on it runs
+            pass
+        await asyncio.sleep(0.05)
+        return watch.stop()
+
+    calm, busy = asyncio.run(busy_for(0.0)), asyncio.run(busy_for(0.15))
+    assert busy["lag_ms"]["max"] >= 140 and busy["loop_cpu_share"] >= 0.4
+    assert calm["lag_ms"]["max"] < busy["lag_ms"]["max"]
+    both = worst([calm, busy])
+    assert both["processes"] == 2 and both["lag_ms"]["max"] == busy["lag_ms"]["max"]
+    assert both["loop_cpu_share"] == max(calm["loop_cpu_share"], busy["loop_cpu_share"])
