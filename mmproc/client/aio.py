@@ -8,8 +8,8 @@ from collections.abc import Sequence
 import grpc
 import torch
 
-from mmproc.client.auth import aio_bearer
 from mmproc.client.blocking import EncoderClient, new_request_id
+from mmproc.client.call_headers import aio_headers, call_headers
 from mmproc.client.readers import AsyncSerializedReader, IpcReader, ThreadedIpcReader, ipc_wanted
 from mmproc.client.results import ImageEmbedding, from_header
 from mmproc.client.retry import RetryPolicy
@@ -42,6 +42,7 @@ class AsyncEncoderClient:
         retry: RetryPolicy | None = None,
         token: str | None = None,
         cache: bool = True,
+        priority: str = "interactive",
     ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {sorted(TRANSPORTS)}, got {transport!r}")
@@ -50,7 +51,7 @@ class AsyncEncoderClient:
         self.timeout = timeout
         self._cache_bypass = not cache
         options = channel_options(max_message_bytes)
-        interceptors = aio_bearer(token)
+        interceptors = aio_headers(call_headers(token, priority))
         channel = lambda t: grpc.aio.insecure_channel(t, options=options, interceptors=interceptors)  # noqa: E731
         self._targets = Targets(target, channel, retry)
         serialized = AsyncSerializedReader(self._targets, self.device, self._cache_bypass)
@@ -60,6 +61,7 @@ class AsyncEncoderClient:
             self._ipc = EncoderClient(
                 target, device=self.device, transport=transport, timeout=timeout,
                 max_message_bytes=max_message_bytes, handle_cache=handle_cache, retry=retry, token=token, cache=cache,
+                priority=priority,
             )  # fmt: skip
             assert isinstance(self._ipc._reader, IpcReader)  # the same `ipc_wanted` chose it
             self._reader = ThreadedIpcReader(self._ipc._reader, serialized)

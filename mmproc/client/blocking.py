@@ -10,7 +10,7 @@ from collections.abc import Iterator, Sequence
 import grpc
 import torch
 
-from mmproc.client.auth import bearer_channel
+from mmproc.client.call_headers import call_headers, headers_channel
 from mmproc.client.ipc import IpcClient
 from mmproc.client.readers import IpcReader, Received, SerializedReader, choose_reader
 from mmproc.client.results import ImageEmbedding, from_header
@@ -44,12 +44,15 @@ class EncoderClient:
         retry: RetryPolicy | None = None,
         token: str | None = None,
         cache: bool = True,
+        priority: str = "interactive",
     ) -> None:
         """transport: "auto" (CUDA IPC when this process and the server share a node, a PID namespace and
         CUDA, else serialized), "ipc" (the same, but say so loudly when it falls back) or "serialized".
         handle_cache=False opens and closes the server's pool for every request (A/B benchmarks only).
         token: the server's `auth_token`, sent as `authorization: Bearer <token>` on every call.
-        cache=False sets `cache_bypass` on every request: the server encodes afresh (docs/cache.md)."""
+        cache=False sets `cache_bypass` on every request: the server encodes afresh (docs/cache.md).
+        priority="batch" marks every request as offline work, which the server sheds first under overload
+        (`x-mmproc-priority`; docs/reliability.md, "Overload")."""
         if transport not in TRANSPORTS:
             raise ValueError(f"transport must be one of {sorted(TRANSPORTS)}, got {transport!r}")
         self.device = torch.device(device)
@@ -58,7 +61,8 @@ class EncoderClient:
         self._cache_bypass = not cache
         # a streamed reply is read on the calling thread, not on a thread gRPC starts per call (less CPU per request)
         options = [*channel_options(max_message_bytes), (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
-        channel = lambda t: bearer_channel(grpc.insecure_channel(t, options=options), token)  # noqa: E731
+        headers = call_headers(token, priority)
+        channel = lambda t: headers_channel(grpc.insecure_channel(t, options=options), headers)  # noqa: E731
         self._targets = Targets(target, channel, retry)
         self._stub = self._targets.stubs[0]  # the IPC session talks to the first target (IPC is same-node)
         self._reader: IpcReader | SerializedReader = choose_reader(

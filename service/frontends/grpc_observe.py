@@ -93,7 +93,9 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):
 
     @contextlib.contextmanager
     def _observed(self, method: str, request: object, context: grpc.aio.ServicerContext) -> Iterator[dict]:
-        request_id = getattr(request, "request_id", None) or client_request_id(_metadata(context, REQUEST_ID_HEADER))
+        request_id = getattr(request, "request_id", None) or client_request_id(
+            call_metadata(context, REQUEST_ID_HEADER)
+        )
         if hasattr(request, "request_id"):  # name the request for every log line below
             request.request_id = request_id  # type: ignore[attr-defined]
         images = len(getattr(request, "images", ())) or len(getattr(request, "keys", ()))
@@ -123,7 +125,8 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):
                 log_access("grpc", method, code, elapsed, images=images, **extra)
 
 
-def _metadata(context: grpc.aio.ServicerContext, key: str) -> str | None:
+def call_metadata(context: grpc.aio.ServicerContext, key: str) -> str | None:
+    """The call's metadata value under `key` (lower case), or None."""
     for name, value in context.invocation_metadata() or ():
         if name == key:
             return value if isinstance(value, str) else None

@@ -13,11 +13,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from mmproc.errors import ConfigError, InvalidRequestError, Reason, ResourceExhaustedError
+from mmproc.priority import PRIORITY_HEADER, is_batch
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from service.frontends.auth import BearerToken, TokenInterceptor
 from service.frontends.error_mapping import map_error, to_grpc_status
-from service.frontends.grpc_observe import ObserveInterceptor, note_access
+from service.frontends.grpc_observe import ObserveInterceptor, call_metadata, note_access
 from service.frontends.grpc_video import VideoServicerMixin
 from service.frontends.replies import (
     headers_reply,
@@ -87,12 +88,15 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
         deadline = time.monotonic() + budget
         readers = request.readers if request.HasField("readers") else 1  # unset: one reader
         session = request.consumer.session_id if wants_ipc else None
+        batch = is_batch(call_metadata(context, PRIORITY_HEADER))
+        if batch:  # the access line says so
+            note_access(priority="batch")
         engine = self._engine
         if request.keys and not request.images:  # fetch what an earlier request kept (docs/engines.md)
             kept = await engine.fetch(list(request.keys), request_id, deadline, ipc_session=session, readers=readers)
             return request_id, deadline, kept
         if not request.headers_only:  # a standing queue refuses new work before any of it (a lookup is no work)
-            engine.check_door()
+            engine.check_door(batch=batch)
         if request.keys:  # encode and keep (no lease: kept results are plain tensors)
             kept = await engine.encode_keyed(list(request.images), list(request.keys), request_id, deadline)
             return request_id, deadline, kept

@@ -9,7 +9,9 @@ import uuid
 import grpc
 
 from mmproc.errors import InvalidRequestError, Reason
+from mmproc.priority import PRIORITY_HEADER, is_batch
 from mmproc.v1 import encoder_pb2 as pb
+from service.frontends.grpc_observe import call_metadata
 from service.frontends.replies import in_pool, payload_bytes
 from service.frontends.replies_video import all_chunks, ipc_video_reply, serialized_video_reply, video_items
 from service.pipeline.video_engine import VideoService
@@ -33,7 +35,7 @@ class VideoServicerMixin:
             deadline = time.monotonic() + (self._default_deadline_s if remaining is None else remaining)
             wants_ipc = request.transport != pb.TRANSPORT_SERIALIZED and bool(request.consumer.session_id)
             engine = self._engine
-            engine.check_door()
+            engine.check_door(batch=is_batch(call_metadata(context, PRIORITY_HEADER)))
             videos = await video_service(engine).encode(
                 video_items(request),
                 request_id,

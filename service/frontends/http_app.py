@@ -11,6 +11,7 @@ POST /v1/encode_video  videos (service/frontends/http_video.py)
                   "shape", "dtype", "sha256", "key"?, "data"?}]} or 4xx/5xx {"request_id", "error": {"code", "reason", "message", "index"?}}
                Deadline: header `x-mmproc-timeout-ms: N` (1..3600000), else the server's default_deadline_s; the
                same admission rules as gRPC (429 + Retry-After when it cannot finish in time, 504 past it).
+               Priority: header `x-mmproc-priority: interactive` (the default) or `batch` (shed first).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mmproc.errors import InvalidRequestError, MmprocError, Reason
+from mmproc.priority import PRIORITY_HEADER, is_batch
 from mmproc.transport import DTYPE_NAMES
 from service.frontends.error_mapping import map_error
 from service.frontends.http_disconnect import client_closed, unless_disconnected
@@ -197,7 +199,7 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
         if request.method != "POST" or request.url.path not in ENCODE_ROUTES:
             return None
         try:
-            state.engine().check_door()
+            state.engine().check_door(batch=is_batch(request.headers.get(PRIORITY_HEADER)))
         except MmprocError as exc:
             return BodyDropped(refusal(request, exc, metrics, route=request.url.path))
         return None

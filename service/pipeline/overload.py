@@ -32,6 +32,9 @@ MIN_RETRY_AFTER_S = 0.05
 # batches cost nothing and keep the heap's peak down (at 3 x C: RSS +86/+90 MB against +284, goodput unchanged;
 # docs/benchmarks/overload.md, session 17).
 CPU_BATCH_SHARE = 0.125
+# Of max_queue_delay_s: above this wait, batch requests (Priority.PRIORITY_BATCH) are refused at once, leaving the
+# rest of the target to interactive ones (Google SRE's "Handling Overload": shed the sheddable first).
+SHED_BATCH_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -262,12 +265,30 @@ class OverloadGuard:
             self._items += images
         return Ticket(0, images, 0, announced=patches, items=images, admitted_at=now, modelled_s=modelled)
 
-    def check_queue(self, now: float | None = None) -> None:
-        """ResourceExhaustedError (cause "queue_delay") while the queue stands above the target delay: the one
-        refusal here that depends on nothing in the request, so front ends can ask before reading its body."""
+    def check_queue(self, now: float | None = None, *, batch: bool = False) -> None:
+        """ResourceExhaustedError while the queue stands above the target delay (cause "queue_delay"), or for a
+        `batch` request while requests wait more than `SHED_BATCH_SHARE` of it (cause "batch_shed"): refusals
+        that depend on nothing in the request but its priority, so front ends can ask before reading its body."""
         now = time.monotonic() if now is None else now
+        cfg = self.config
         with self._lock:
             self._refuse_standing_queue(now)
+            limit = SHED_BATCH_SHARE * cfg.max_queue_delay_s
+            if not batch or not limit:
+                return
+            waited = self._wait_s()
+            if waited > limit:
+                raise ResourceExhaustedError(
+                    f"overloaded for batch requests: requests wait about {waited * 1e3:.0f} ms, batch requests are "
+                    f"taken below {limit * 1e3:.0f} ms",
+                    retry_after_s=max(MIN_RETRY_AFTER_S, waited - limit),
+                    cause="batch_shed",
+                )
+
+    def _wait_s(self) -> float:
+        """(under the lock) What a request arriving now would wait before its forward: the longer of the measured
+        sojourn and the modelled time of the images waiting for the encoder."""
+        return max(self._queue_wait(), self._waiting_s())
 
     def _refuse_standing_queue(self, now: float) -> None:
         """(under the lock) CoDel at the door: a standing queue — its wait above the target delay for
@@ -278,7 +299,7 @@ class OverloadGuard:
         1.5-3.7 s waits on the CPU at 10 x C (docs/benchmarks/overload.md, session 14). The model leaves out the
         forward running: an idle queue never looks full, whatever the fit reads."""
         cfg = self.config
-        waited = max(self._queue_wait(), self._waiting_s())
+        waited = self._wait_s()
         if not cfg.max_queue_delay_s or waited <= cfg.max_queue_delay_s:
             self._below_since = now if self._below_since is None else self._below_since
             if now - self._below_since >= cfg.interval_s:

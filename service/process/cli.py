@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from mmproc.errors import ConfigError, MmprocError
+from mmproc.priority import INTERACTIVE, PRIORITIES
 
 
 def _add_serve_flags(parser: argparse.ArgumentParser) -> None:
@@ -59,7 +60,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
         print(f"mmproc: cannot read {err.filename}: {err.strerror}", file=sys.stderr)
         return 2
     token = _client_token(args)
-    with EncoderClient(_target(args), timeout=args.timeout, token=token) as client:
+    with EncoderClient(_target(args), timeout=args.timeout, token=token, priority=args.priority) as client:
         try:
             results = client.encode(images)
         except InvalidMediaError as err:
@@ -165,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     encode.add_argument("--timeout", type=float, default=60.0)
     encode.add_argument("--token", help="the server's auth token (default: env MMPROC_AUTH_TOKEN)")
     encode.add_argument("--token-file", help="read the auth token from this file (not the process list)")
+    encode.add_argument("--priority", choices=PRIORITIES, default=INTERACTIVE,
+                        help="batch: offline work, refused first when the server is overloaded")  # fmt: skip
     encode.add_argument("--json", action="store_true", help="one JSON object per image instead of a table")
     encode.set_defaults(func=cmd_encode)
 

@@ -4,12 +4,14 @@ errors; and secrets from files instead of the process list."""
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
 from mmproc.errors import ConfigError
 from service.process.cli import main
 from service.process.config_sources import load_settings
+from tests.support.common import wait_until
 from tests.support.media_samples import make_image_bytes
 
 
@@ -22,6 +24,16 @@ def test_encode_takes_the_configured_address_and_prints_json(tiny_server, tmp_pa
     fields = json.loads(line)
     assert fields["path"] == str(image) and fields["image_size"] == [100, 80]
     assert fields["tokens"] == fields["shape"][0] == fields["grid_thw"][1] * fields["grid_thw"][2] // 4
+
+
+def test_encode_can_send_its_requests_as_batch_work(tiny_server, tmp_path, caplog) -> None:
+    image = tmp_path / "cat.png"
+    image.write_bytes(make_image_bytes(64, 64, fmt="PNG"))
+    with caplog.at_level(logging.INFO, logger="mmproc.access"):
+        assert main(["encode", str(image), "--target", tiny_server.grpc_target, "--priority", "batch"]) == 0
+        assert wait_until(lambda: any("priority=batch" in r.getMessage() for r in caplog.records), timeout=5)
+    with pytest.raises(SystemExit):  # argparse: one of the two names
+        main(["encode", str(image), "--target", tiny_server.grpc_target, "--priority", "urgent"])
 
 
 def test_encode_of_a_missing_file_is_one_line(capsys) -> None:

@@ -17,6 +17,7 @@ import socket
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 
 import grpc
 import httpx
@@ -24,7 +25,7 @@ import pytest
 
 from mmproc.bench import serve_open as bench
 from mmproc.bench.images import ImageSpec, generate_requests
-from mmproc.client import EncoderClient
+from mmproc.client import AsyncEncoderClient, EncoderClient
 from mmproc.errors import ResourceExhaustedError
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
@@ -296,6 +297,55 @@ def test_a_queue_in_front_of_the_decoders_is_refused_like_one_in_front_of_the_en
         assert len(client.encode_images([slow])) == 1
 
 
+def test_batch_requests_are_refused_while_interactive_ones_still_come_in() -> None:
+    # Seven images for the one decode worker (0.2 s each), sent at once: 0.7 s later the last ones have waited
+    # 0.7 s for it, past half of a 1 s target and below it. A batch request is refused at once, from the Python
+    # clients and over HTTP alike; an interactive one is taken. An unknown priority is a bad request, not a guess.
+    settings = test_settings(preprocess_workers=1, max_queue_delay_ms=1000, cache_mb=0)
+    slow = SLOW + encode_image(random_image(64, 64, seed=6), "PNG")
+    with (
+        serving(settings, engine_factory=misbehaving_engine) as server,
+        EncoderClient(server.grpc_target) as client,
+        EncoderClient(server.grpc_target, priority="batch") as batch_client,
+    ):
+        with concurrent.futures.ThreadPoolExecutor(7) as pool:
+            queued = [pool.submit(client.encode_images, [slow]) for _ in range(7)]
+            time.sleep(0.7)
+            with pytest.raises(ResourceExhaustedError, match="batch requests are taken below 500 ms") as shed:
+                batch_client.encode_images([slow])
+            assert shed.value.cause == "batch_shed" and shed.value.retry_after_s > 0
+
+            async def from_asyncio() -> None:
+                async with AsyncEncoderClient(server.grpc_target, priority="batch") as aio:
+                    await aio.encode_images([slow])
+
+            with pytest.raises(ResourceExhaustedError, match="batch requests"):
+                asyncio.run(from_asyncio())
+            with httpx.Client(base_url=server.http_url) as http:
+                refused = http.post("/v1/encode", json={"images": []}, headers={"x-mmproc-priority": "batch"})
+                unknown = http.post("/v1/encode", json={"images": []}, headers={"x-mmproc-priority": "urgent"})
+            assert refused.status_code == 429 and refused.json()["error"]["reason"] == "batch_shed", refused.text
+            assert unknown.status_code == 400, unknown.text
+            with grpc.insecure_channel(server.grpc_target) as channel, pytest.raises(grpc.RpcError) as bad:
+                request = pb.EncodeImagesRequest(images=[slow])
+                pb_grpc.EncoderStub(channel).EncodeImages(request, metadata=[("x-mmproc-priority", "urgent")])
+            assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert client.encode_images([slow])  # interactive (the default): taken
+            for call in queued:
+                call.result(timeout=30)
+        assert scrape(server)['mmproc_rejections_total{reason="batch_shed"}'] == 3
+        assert batch_client.encode_images([slow])  # drained: batch work is taken again
+
+
+def test_a_client_priority_is_one_of_two_names() -> None:
+    from mmproc.client.call_headers import call_headers
+
+    assert call_headers() == () and call_headers(priority="interactive") == ()  # the default goes unsaid
+    assert call_headers("t", "batch") == (("authorization", "Bearer t"), ("x-mmproc-priority", "batch"))
+    with pytest.raises(ValueError, match="priority"):
+        EncoderClient("127.0.0.1:1", priority="low")
+
+
 def test_while_the_queue_stands_even_a_cached_image_is_refused_before_any_work() -> None:
     # The door's content-free refusals come first, for gRPC as for HTTP: a standing queue sheds new work without
     # hashing its images for the cache (the answer would still cost the event loop its reply).
@@ -342,6 +392,25 @@ def test_a_long_deadline_cannot_fill_the_queues_before_their_measured_wait_shows
     guard.check_queue(now=now + 0.45)
     for ticket in decoding:
         guard.release(ticket)
+
+
+def test_batch_requests_are_shed_at_half_the_target_interactive_ones_at_the_target() -> None:
+    # 0.3 s an image; two images waiting: 0.6 s, past half the 1 s target and below the target itself.
+    waiting = [2]
+    guard = OverloadGuard(DOOR, encoder_queue=lambda: (waiting[0], 1000 * waiting[0]))
+    for _ in range(8):
+        guard.forward.observe(0.3, 1000)
+    now = 100.0
+    for step in range(5):  # standing there for longer than CoDel's interval: interactive requests still come in
+        guard.check_queue(now=now + 0.05 * step)
+    with pytest.raises(ResourceExhaustedError, match="batch requests are taken below 500 ms") as shed:
+        guard.check_queue(now=now + 0.3, batch=True)  # at once: no interval for batch work
+    assert shed.value.cause == "batch_shed" and shed.value.retry_after_s == pytest.approx(0.1)
+    waiting[0] = 1  # 0.3 s: batch requests come in again
+    guard.check_queue(now=now + 0.35, batch=True)
+    off = OverloadGuard(replace(DOOR, max_queue_delay_s=0), encoder_queue=lambda: (100, 100_000))
+    off.forward.observe(0.3, 1000)
+    off.check_queue(now=now, batch=True)  # no target delay (0): nothing is shed either
 
 
 def test_a_bomb_announcing_the_largest_image_does_not_shut_the_door() -> None:
