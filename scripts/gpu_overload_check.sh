@@ -6,6 +6,7 @@
 #   OVERLOAD=3 DURATION=30 RES=448x448 bash scripts/gpu_overload_check.sh
 #   RES="1024x1024 448x448" ...: one server, one run per size in turn (files named overload_<size>.*)
 #   SERVER_ARGS="--flag value ..." (more server flags, e.g. --event-loop asyncio)
+#   BENCH_ARGS="--flag value ..." (more `bench serve` flags, e.g. --batch-fraction 0.5)
 #   PYSPY=1: py-spy (a wheel in .whl/) samples the threads holding the GIL for 20 s of the overload phase
 #   (overload_<size>_gil.txt, raw folded stacks) and every thread for the same 20 s (overload_<size>_all.txt)
 # The load comes from CLIENTS client processes (default 4; one Python process could not take in the replies at
@@ -45,7 +46,7 @@ for res in $RES; do
   fi
   python3 -m mmproc.bench.serve --mode open --overload "${OVERLOAD:-3}" --duration "${DURATION:-30}" \
     --target 127.0.0.1:$PORT --http-target 127.0.0.1:$HTTP_PORT --resolutions "$res" --concurrency 8 --clients "${CLIENTS:-4}" \
-    --capacity-seconds 10 --recovery-seconds 8 --server-log "$OUT/overload_server.log" --quiet \
+    --capacity-seconds 10 --recovery-seconds 8 --server-log "$OUT/overload_server.log" --quiet ${BENCH_ARGS:-} \
     --json "$OUT/overload_$res.json" 2>&1 | tee "$OUT/overload_$res.txt"
   metrics > "$OUT/overload_${res}_metrics.txt"
 done

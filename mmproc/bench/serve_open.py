@@ -25,6 +25,7 @@ from mmproc.bench.images import ImageSpec, generate_requests
 from mmproc.bench.loop_watch import worst
 from mmproc.bench.serve_stats import environment, stats_ms
 from mmproc.bench.server_metrics import parse
+from mmproc.priority import BATCH, PRIORITY_HEADER
 
 KINDS = ("client", "stub", "http")
 WINDOW_S = 5.0
@@ -41,6 +42,7 @@ class Outcome:
     retry_after: bool = False  # a refusal that said when to come back (Retry-After / RetryInfo)
     deadline_s: float | None = None
     back_off_s: float = 0.0  # the Python client's refusal: the server's retry-after, which a closed loop honours
+    batch: bool = False  # sent as batch work (x-mmproc-priority: batch)
 
 
 def unique_jpeg(jpeg: bytes, index: int) -> bytes:
@@ -65,6 +67,9 @@ class Load:
 
         self.args = args
         self.client = AsyncEncoderClient(args.target, transport="serialized", timeout=args.deadline_s)
+        self.batch_client = AsyncEncoderClient(
+            args.target, transport="serialized", timeout=args.deadline_s, priority=BATCH
+        )
         self.channel = grpc.aio.insecure_channel(args.target, options=[("grpc.max_receive_message_length", 64 << 20)])
         self.stub = pb_grpc.EncoderStub(self.channel)
         self.http = self.http_address(args)
@@ -76,34 +81,36 @@ class Load:
 
     async def close(self) -> None:
         await self.client.close()
+        await self.batch_client.close()
         await self.channel.close()
 
-    async def one(self, kind: str, image: bytes) -> Outcome:
+    async def one(self, kind: str, image: bytes, batch: bool = False) -> Outcome:
         start = time.perf_counter()
         deadline = self.args.deadline_s
         back_off = 0.0
         if kind == "client":
-            code, back_off = await self._client(image)
+            code, back_off = await self._client(image, batch)
             hint = back_off > 0
         elif kind == "stub":
-            code, hint = await self._stub(image)
+            code, hint = await self._stub(image, batch)
         else:
-            code, hint = await self._http(image)
+            code, hint = await self._http(image, batch)
             deadline = self.args.http_timeout_ms / 1000 if self.args.http_timeout_ms else None
-        return Outcome(kind, start, time.perf_counter(), code, hint, deadline, back_off)
+        return Outcome(kind, start, time.perf_counter(), code, hint, deadline, back_off, batch)
 
-    async def _client(self, image: bytes) -> tuple[str, float]:
+    async def _client(self, image: bytes, batch: bool) -> tuple[str, float]:
         from mmproc.errors import MmprocError, ResourceExhaustedError
 
+        client = self.batch_client if batch else self.client
         try:
-            await self.client.encode_images([image], timeout=self.args.deadline_s)
+            await client.encode_images([image], timeout=self.args.deadline_s)
             return "OK", 0.0
         except ResourceExhaustedError as err:
             return err.grpc_code, err.retry_after_s or 0.0
         except MmprocError as err:
             return err.grpc_code, 0.0
 
-    async def _stub(self, image: bytes) -> tuple[str, bool]:
+    async def _stub(self, image: bytes, batch: bool) -> tuple[str, bool]:
         import grpc
         from google.rpc import error_details_pb2, status_pb2
 
@@ -111,7 +118,7 @@ class Load:
 
         request = pb.EncodeImagesRequest(images=[image], transport=pb.TRANSPORT_SERIALIZED)
         try:
-            await self.stub.EncodeImages(request, timeout=self.args.deadline_s)
+            await self.stub.EncodeImages(request, timeout=self.args.deadline_s, metadata=_priority(batch))
             return "OK", False
         except grpc.aio.AioRpcError as err:
             hint = False
@@ -121,10 +128,11 @@ class Load:
                     hint = any(d.Is(error_details_pb2.RetryInfo.DESCRIPTOR) for d in status.details)
             return err.code().name, hint
 
-    async def _http(self, image: bytes) -> tuple[str, bool]:
+    async def _http(self, image: bytes, batch: bool) -> tuple[str, bool]:
         body = json.dumps({"images": [base64.b64encode(image).decode()]}).encode()
         head = f"POST /v1/encode HTTP/1.1\r\nHost: {self.http[0]}\r\nContent-Type: application/json\r\n"
         head += f"Content-Length: {len(body)}\r\nConnection: close\r\n"
+        head += "".join(f"{k}: {v}\r\n" for k, v in _priority(batch))
         if self.args.http_timeout_ms:
             head += f"x-mmproc-timeout-ms: {self.args.http_timeout_ms}\r\n"
         try:
@@ -138,6 +146,10 @@ class Load:
         headers = rest.split(b"\r\n\r\n", 1)[0].lower()
         status = int(status_line.split()[1]) if len(status_line.split()) > 1 else 0
         return _status_name(status), b"\nretry-after:" in b"\n" + headers
+
+
+def _priority(batch: bool) -> tuple[tuple[str, str], ...]:
+    return ((PRIORITY_HEADER, BATCH),) if batch else ()
 
 
 async def closed_loop(load: Load, base: list[bytes], first: int, seconds: float, workers: int) -> list[Outcome]:
@@ -160,16 +172,21 @@ async def closed_loop(load: Load, base: list[bytes], first: int, seconds: float,
     return out
 
 
-async def open_loop(load: Load, images: list[bytes], rate: float, seconds: float, seed: int) -> list[asyncio.Task]:
-    """Poisson arrivals for `seconds`; returns the tasks (still running when the arrivals stop)."""
+async def open_loop(
+    load: Load, images: list[bytes], rate: float, seconds: float, seed: int, batch_fraction: float = 0.0
+) -> list[asyncio.Task]:
+    """Poisson arrivals for `seconds`, each sent as batch work with probability `batch_fraction`; returns the tasks
+    (still running when the arrivals stop)."""
     rng = np.random.default_rng([seed, 0x0FE])
+    marks = np.random.default_rng([seed, 0xBA7])  # its own stream: the arrival times do not depend on the fraction
     tasks: list[asyncio.Task] = []
     start = time.perf_counter()
     at = 0.0
     while at < seconds:
         await asyncio.sleep(max(0.0, start + at - time.perf_counter()))
         i = len(tasks)
-        tasks.append(asyncio.create_task(load.one(KINDS[i % len(KINDS)], images[i % len(images)])))
+        batch = bool(batch_fraction) and marks.random() < batch_fraction
+        tasks.append(asyncio.create_task(load.one(KINDS[i % len(KINDS)], images[i % len(images)], batch)))
         at += rng.exponential(1.0 / rate)
     return tasks
 
@@ -344,6 +361,17 @@ def report(args, capacity: float, load: list[Outcome], recovery: list[Outcome], 
             f"  {k:6s} codes {dict(by_kind[k])}; OK latency p50/p99/max {_ms(success_ms[k], 'p50', 'p99', 'max')} ms;"
             f" refusal p50/p99 {_ms(record['refusal_ms_by_kind'][k], 'p50', 'p99')} ms"
         )
+    if any(o.batch for o in load):  # --batch-fraction: what each priority got
+        record["by_priority"] = {}
+        for name, batch in (("interactive", False), ("batch", True)):
+            sent = [o for o in load if o.batch == batch]
+            answered = sum(1 for o in ok if o.batch == batch) / duration
+            record["by_priority"][name] = {"requests": len(sent), "goodput_images_per_s": answered,
+                                           "codes": dict(Counter(o.code for o in sent))}  # fmt: skip
+            lines.append(
+                f"  {name:11s} {len(sent)} requests: goodput {answered:.1f} images/s = {answered / capacity:.0%} of "
+                f"C, codes {dict(Counter(o.code for o in sent))}"
+            )
     lines += [
         f"server RSS (main + decode workers): idle {rss_idle / 2**20:.0f} MB, peak {rss_peak / 2**20:.0f} MB "
         f"(+{(rss_peak - rss_idle) / 2**20:.0f} MB); {rss_detail}",

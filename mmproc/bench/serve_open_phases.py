@@ -150,7 +150,7 @@ async def _open_then_recover(
     try:
         watch = LoopWatch()
         watch.start()
-        tasks = await open_loop(load, images, rate, seconds, seed)
+        tasks = await open_loop(load, images, rate, seconds, seed, args.batch_fraction)
         t_stop = time.perf_counter()
         generator = watch.stop()
         recovery = await closed_loop(load, base, recovery_first, args.recovery_seconds, args.concurrency)

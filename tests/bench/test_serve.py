@@ -181,7 +181,7 @@ def test_open_mode_phases_run_in_client_processes_on_one_clock(tiny_server) -> N
 
     args = argparse.Namespace(target=tiny_server.grpc_target, http_target=tiny_server.http_url, deadline_s=10.0,
                               http_timeout_ms=0, http_wait_s=30.0, concurrency=1, recovery_seconds=0.5, seed=3,
-                              resolutions=((64, 48),), quality=90)  # fmt: skip
+                              resolutions=((64, 48),), quality=90, batch_fraction=0.5)  # fmt: skip
 
     async def drive() -> tuple[float, list, list, list, float]:
         phases = ProcessPhases(args, 2)
@@ -199,6 +199,7 @@ def test_open_mode_phases_run_in_client_processes_on_one_clock(tiny_server) -> N
     assert closed and all(o.code == "OK" and o.kind == "client" for o in closed)
     assert min(o.start for o in closed) >= asked  # this process's clock: every start after the command was sent
     assert {o.kind for o in load} <= {"client", "stub", "http"} and all(o.code == "OK" for o in load + recovery)
+    assert 0 < sum(o.batch for o in load) < len(load)  # half sent as batch work, taken by an idle server
     # One clock across the processes (started together within START_MARGIN_S): arrivals stop at t_stop, then the
     # recovery probe begins, in every process.
     assert load and max(o.start for o in load) < t_stop + 0.25 and min(o.start for o in recovery) > t_stop - 0.25
