@@ -155,7 +155,7 @@ def _loopback(results: list[EncodedImage], chunk_bytes: int) -> Iterator[str]:
         pool = None
         delivery = Delivery(results[0].embedding.shape[-1], results[0].embedding.dtype, metrics)  # the reply budget
 
-        def check_door(self, *, batch: bool = False) -> None:  # never refuses: the bench measures replies
+        def check_door(self, *, sheddable: bool = False) -> None:  # never refuses: the bench measures replies
             pass
 
         async def encode(self, images, request_id, deadline, *, ipc_session=None, readers=1, **cache_options):

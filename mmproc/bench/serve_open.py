@@ -25,7 +25,7 @@ from mmproc.bench.images import ImageSpec, generate_requests
 from mmproc.bench.loop_watch import worst
 from mmproc.bench.serve_stats import environment, stats_ms
 from mmproc.bench.server_metrics import parse
-from mmproc.priority import BATCH, PRIORITY_HEADER
+from mmproc.priority import BATCH, INTERACTIVE, PRIORITY_HEADER
 
 KINDS = ("client", "stub", "http")
 WINDOW_S = 5.0
@@ -363,7 +363,7 @@ def report(args, capacity: float, load: list[Outcome], recovery: list[Outcome], 
         )
     if any(o.batch for o in load):  # --batch-fraction: what each priority got
         record["by_priority"] = {}
-        for name, batch in (("interactive", False), ("batch", True)):
+        for name, batch in ((INTERACTIVE, False), (BATCH, True)):
             sent = [o for o in load if o.batch == batch]
             answered = sum(1 for o in ok if o.batch == batch) / duration
             record["by_priority"][name] = {"requests": len(sent), "goodput_images_per_s": answered,

@@ -1,7 +1,6 @@
 """Headers (gRPC metadata) a client sends on every call of its channel, added by channel interceptors so that no
 call site has to remember them: the server's shared-secret token (`authorization: Bearer <token>`; server:
-service/frontends/auth.py) and the requests' priority (`x-mmproc-priority: batch`; server:
-service/frontends/priority.py).
+service/frontends/auth.py) and the requests' priority (`x-mmproc-priority: batch`; mmproc/priority.py).
 
     channel = headers_channel(grpc.insecure_channel(target), call_headers(token, priority))     # blocking
     channel = grpc.aio.insecure_channel(target, interceptors=aio_headers(call_headers(...)))  # asyncio

@@ -88,15 +88,15 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
         deadline = time.monotonic() + budget
         readers = request.readers if request.HasField("readers") else 1  # unset: one reader
         session = request.consumer.session_id if wants_ipc else None
-        batch = is_batch(call_metadata(context, PRIORITY_HEADER))
-        if batch:  # the access line says so
+        sheddable = is_batch(call_metadata(context, PRIORITY_HEADER))
+        if sheddable:  # the access line says so
             note_access(priority="batch")
         engine = self._engine
         if request.keys and not request.images:  # fetch what an earlier request kept (docs/engines.md)
             kept = await engine.fetch(list(request.keys), request_id, deadline, ipc_session=session, readers=readers)
             return request_id, deadline, kept
         if not request.headers_only:  # a standing queue refuses new work before any of it (a lookup is no work)
-            engine.check_door(batch=batch)
+            engine.check_door(sheddable=sheddable)
         if request.keys:  # encode and keep (no lease: kept results are plain tensors)
             kept = await engine.encode_keyed(list(request.images), list(request.keys), request_id, deadline)
             return request_id, deadline, kept

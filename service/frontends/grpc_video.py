@@ -35,7 +35,7 @@ class VideoServicerMixin:
             deadline = time.monotonic() + (self._default_deadline_s if remaining is None else remaining)
             wants_ipc = request.transport != pb.TRANSPORT_SERIALIZED and bool(request.consumer.session_id)
             engine = self._engine
-            engine.check_door(batch=is_batch(call_metadata(context, PRIORITY_HEADER)))
+            engine.check_door(sheddable=is_batch(call_metadata(context, PRIORITY_HEADER)))
             videos = await video_service(engine).encode(
                 video_items(request),
                 request_id,

@@ -199,7 +199,7 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
         if request.method != "POST" or request.url.path not in ENCODE_ROUTES:
             return None
         try:
-            state.engine().check_door(batch=is_batch(request.headers.get(PRIORITY_HEADER)))
+            state.engine().check_door(sheddable=is_batch(request.headers.get(PRIORITY_HEADER)))
         except MmprocError as exc:
             return BodyDropped(refusal(request, exc, metrics, route=request.url.path))
         return None

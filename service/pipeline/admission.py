@@ -137,14 +137,15 @@ class Admission:
             )
         return check_patch_budget(images, self._preprocess, self.limits.max_patches)
 
-    def check_door(self, *, batch: bool = False) -> None:
+    def check_door(self, *, sheddable: bool = False) -> None:
         """The door's refusals that depend on nothing in the request but its priority: closed (starting or
-        draining), requests in flight at their limit, a standing queue, and for a `batch` request a queue past
-        half the target (OverloadGuard.check_queue). A front end asks before it reads or parses a request (HTTP:
-        before its body), so that a refused request costs it no parse; `admit` checks all but the last again."""
+        draining), requests in flight at their limit, a standing queue, and for a `sheddable` request (batch work)
+        a queue past half the target (OverloadGuard.check_queue). A front end asks before it reads or parses a
+        request (HTTP: before its body), so that a refused request costs it no parse; `admit` checks all but the
+        last again."""
         self.check_open()
         self._check_inflight_requests()
-        self.overload.check_queue(batch=batch)
+        self.overload.check_queue(sheddable=sheddable)
 
     def _check_inflight_requests(self) -> None:
         limit = self.inflight_limits.max_requests

@@ -263,9 +263,9 @@ class Engine:
     def check_image_count(self, count: int) -> None:
         self.admission.check_image_count(count)
 
-    def check_door(self, *, batch: bool = False) -> None:
+    def check_door(self, *, sheddable: bool = False) -> None:
         """Refuse now what the door would refuse whatever the request but its priority (Admission.check_door)."""
-        self.admission.check_door(batch=batch)
+        self.admission.check_door(sheddable=sheddable)
 
     async def encode(
         self,

@@ -32,9 +32,9 @@ MIN_RETRY_AFTER_S = 0.05
 # batches cost nothing and keep the heap's peak down (at 3 x C: RSS +86/+90 MB against +284, goodput unchanged;
 # docs/benchmarks/overload.md, session 17).
 CPU_BATCH_SHARE = 0.125
-# Of max_queue_delay_s: above this wait, batch requests (Priority.PRIORITY_BATCH) are refused at once, leaving the
-# rest of the target to interactive ones (Google SRE's "Handling Overload": shed the sheddable first).
-SHED_BATCH_SHARE = 0.5
+# Of max_queue_delay_s: above this wait, sheddable requests (batch work, `x-mmproc-priority: batch`) are refused at
+# once, leaving the rest of the target to interactive ones (Google SRE's "Handling Overload": shed the sheddable first).
+SHEDDABLE_SHARE = 0.5
 
 
 @dataclass(frozen=True)
@@ -265,16 +265,17 @@ class OverloadGuard:
             self._items += images
         return Ticket(0, images, 0, announced=patches, items=images, admitted_at=now, modelled_s=modelled)
 
-    def check_queue(self, now: float | None = None, *, batch: bool = False) -> None:
+    def check_queue(self, now: float | None = None, *, sheddable: bool = False) -> None:
         """ResourceExhaustedError while the queue stands above the target delay (cause "queue_delay"), or for a
-        `batch` request while requests wait more than `SHED_BATCH_SHARE` of it (cause "batch_shed"): refusals
-        that depend on nothing in the request but its priority, so front ends can ask before reading its body."""
+        `sheddable` request (batch work) while requests wait more than `SHEDDABLE_SHARE` of it (cause
+        "batch_shed"): refusals that depend on nothing in the request but its priority, so front ends can ask
+        before reading its body."""
         now = time.monotonic() if now is None else now
         cfg = self.config
         with self._lock:
             self._refuse_standing_queue(now)
-            limit = SHED_BATCH_SHARE * cfg.max_queue_delay_s
-            if not batch or not limit:
+            limit = SHEDDABLE_SHARE * cfg.max_queue_delay_s
+            if not sheddable or not limit:
                 return
             waited = self._wait_s()
             if waited > limit:

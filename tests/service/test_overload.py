@@ -298,22 +298,23 @@ def test_a_queue_in_front_of_the_decoders_is_refused_like_one_in_front_of_the_en
 
 
 def test_batch_requests_are_refused_while_interactive_ones_still_come_in() -> None:
-    # Seven images for the one decode worker (0.2 s each), sent at once: 0.7 s later the last ones have waited
-    # 0.7 s for it, past half of a 1 s target and below it. A batch request is refused at once, from the Python
-    # clients and over HTTP alike; an interactive one is taken. An unknown priority is a bad request, not a guess.
-    settings = test_settings(preprocess_workers=1, max_queue_delay_ms=1000, cache_mb=0)
+    # Twelve images for the one decode worker (0.2 s each), sent at once: 1.3 s later the last ones have waited
+    # 1.3 s for it, past half of a 2 s target and below it. A batch request is refused at once, from the Python
+    # clients and over HTTP alike; an interactive one sent then is taken. An unknown priority is a bad request.
+    settings = test_settings(preprocess_workers=1, max_queue_delay_ms=2000, cache_mb=0)
     slow = SLOW + encode_image(random_image(64, 64, seed=6), "PNG")
     with (
         serving(settings, engine_factory=misbehaving_engine) as server,
         EncoderClient(server.grpc_target) as client,
         EncoderClient(server.grpc_target, priority="batch") as batch_client,
     ):
-        with concurrent.futures.ThreadPoolExecutor(7) as pool:
-            queued = [pool.submit(client.encode_images, [slow]) for _ in range(7)]
-            time.sleep(0.7)
-            with pytest.raises(ResourceExhaustedError, match="batch requests are taken below 500 ms") as shed:
+        with concurrent.futures.ThreadPoolExecutor(13) as pool:
+            queued = [pool.submit(client.encode_images, [slow]) for _ in range(12)]
+            time.sleep(1.3)
+            with pytest.raises(ResourceExhaustedError, match="batch requests are taken below 1000 ms") as shed:
                 batch_client.encode_images([slow])
             assert shed.value.cause == "batch_shed" and shed.value.retry_after_s > 0
+            interactive = pool.submit(client.encode_images, [slow])  # the default priority: taken
 
             async def from_asyncio() -> None:
                 async with AsyncEncoderClient(server.grpc_target, priority="batch") as aio:
@@ -330,9 +331,8 @@ def test_batch_requests_are_refused_while_interactive_ones_still_come_in() -> No
                 request = pb.EncodeImagesRequest(images=[slow])
                 pb_grpc.EncoderStub(channel).EncodeImages(request, metadata=[("x-mmproc-priority", "urgent")])
             assert bad.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-            assert client.encode_images([slow])  # interactive (the default): taken
-            for call in queued:
-                call.result(timeout=30)
+            for call in [*queued, interactive]:
+                assert call.result(timeout=30)
         assert scrape(server)['mmproc_rejections_total{reason="batch_shed"}'] == 3
         assert batch_client.encode_images([slow])  # drained: batch work is taken again
 
@@ -404,13 +404,13 @@ def test_batch_requests_are_shed_at_half_the_target_interactive_ones_at_the_targ
     for step in range(5):  # standing there for longer than CoDel's interval: interactive requests still come in
         guard.check_queue(now=now + 0.05 * step)
     with pytest.raises(ResourceExhaustedError, match="batch requests are taken below 500 ms") as shed:
-        guard.check_queue(now=now + 0.3, batch=True)  # at once: no interval for batch work
+        guard.check_queue(now=now + 0.3, sheddable=True)  # at once: no interval for batch work
     assert shed.value.cause == "batch_shed" and shed.value.retry_after_s == pytest.approx(0.1)
     waiting[0] = 1  # 0.3 s: batch requests come in again
-    guard.check_queue(now=now + 0.35, batch=True)
+    guard.check_queue(now=now + 0.35, sheddable=True)
     off = OverloadGuard(replace(DOOR, max_queue_delay_s=0), encoder_queue=lambda: (100, 100_000))
     off.forward.observe(0.3, 1000)
-    off.check_queue(now=now, batch=True)  # no target delay (0): nothing is shed either
+    off.check_queue(now=now, sheddable=True)  # no target delay (0): nothing is shed either
 
 
 def test_a_bomb_announcing_the_largest_image_does_not_shut_the_door() -> None:
