@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mmproc.errors import InvalidRequestError, MmprocError, Reason
-from mmproc.priority import PRIORITY_HEADER, is_batch
+from mmproc.priority import BATCH, PRIORITY_HEADER, is_batch
 from mmproc.transport import DTYPE_NAMES
 from service.frontends.error_mapping import map_error
 from service.frontends.http_disconnect import client_closed, unless_disconnected
@@ -60,6 +60,11 @@ def request_budget_s(value: str | None, default_s: float) -> float:
             reason=Reason.BAD_REQUEST,
         )
     return int(text) / 1000
+
+
+def priority_fields(request: Request) -> dict[str, str]:
+    """The access line's note of batch work (the header was checked at the door: a bad value never gets here)."""
+    return {"priority": BATCH} if is_batch(request.headers.get(PRIORITY_HEADER)) else {}
 
 
 class EncodeBody(BaseModel):
@@ -240,7 +245,7 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
             code, response, fields = outcome
             elapsed = time.perf_counter() - started
             log_access("http", "/v1/encode", code, elapsed, images=len(body.images), status=response.status_code,
-                       **fields)  # fmt: skip
+                       **fields, **priority_fields(request))  # fmt: skip
         metrics.observe_request("http:/v1/encode", code, elapsed)
         response.headers[REQUEST_ID_HEADER] = request_id
         return response

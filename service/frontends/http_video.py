@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from service.frontends.error_mapping import map_error
 from service.frontends.grpc_video import video_service
-from service.frontends.http_app import TIMEOUT_HEADER, decode_image_field, request_budget_s
+from service.frontends.http_app import TIMEOUT_HEADER, decode_image_field, priority_fields, request_budget_s
 from service.frontends.http_disconnect import client_closed, unless_disconnected
 from service.frontends.http_reply import held_reply
 from service.frontends.replies import serialized_payloads
@@ -64,7 +64,8 @@ def add_video_routes(app: FastAPI, state: ServingState, *, default_deadline_s: f
                 outcome = "CANCELLED", client_closed(metrics)
             code, response = outcome
             elapsed = time.perf_counter() - started
-            log_access("http", "/v1/encode_video", code, elapsed, images=len(body.videos), status=response.status_code)
+            log_access("http", "/v1/encode_video", code, elapsed, images=len(body.videos), status=response.status_code,
+                       **priority_fields(request))  # fmt: skip
         metrics.observe_request("http:/v1/encode_video", code, elapsed)
         response.headers[REQUEST_ID_HEADER] = request_id
         return response

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import concurrent.futures
 import contextlib
 import logging
@@ -297,7 +298,7 @@ def test_a_queue_in_front_of_the_decoders_is_refused_like_one_in_front_of_the_en
         assert len(client.encode_images([slow])) == 1
 
 
-def test_batch_requests_are_refused_while_interactive_ones_still_come_in() -> None:
+def test_batch_requests_are_refused_while_interactive_ones_still_come_in(caplog) -> None:
     # Twelve images for the one decode worker (0.2 s each), sent at once: 1.3 s later the last ones have waited
     # 1.3 s for it, past half of a 2 s target and below it. A batch request is refused at once, from the Python
     # clients and over HTTP alike; an interactive one sent then is taken. An unknown priority is a bad request.
@@ -335,6 +336,11 @@ def test_batch_requests_are_refused_while_interactive_ones_still_come_in() -> No
                 assert call.result(timeout=30)
         assert scrape(server)['mmproc_rejections_total{reason="batch_shed"}'] == 3
         assert batch_client.encode_images([slow])  # drained: batch work is taken again
+        with caplog.at_level(logging.INFO, logger="mmproc.access"):  # and its access line says what it was
+            taken = httpx.post(f"{server.http_url}/v1/encode", json={"images": [base64.b64encode(slow).decode()]},
+                               headers={"x-mmproc-priority": "batch"}, timeout=30)  # fmt: skip
+        assert taken.status_code == 200, taken.text
+        assert any("/v1/encode" in r.getMessage() and "priority=batch" in r.getMessage() for r in caplog.records)
 
 
 def test_a_client_priority_is_one_of_two_names() -> None:
