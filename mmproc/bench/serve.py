@@ -74,7 +74,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--http-timeout-ms", type=int, default=0, help="open mode: HTTP x-mmproc-timeout-ms (0: no header)")
     add("--http-wait-s", type=float, default=65.0, help="open mode: how long an HTTP client waits at most")
     add("--batch-fraction", type=float, default=0.0,
-        help="open mode: this share of the load's requests is sent as batch work (x-mmproc-priority: batch)")  # fmt: skip
+        help="open mode: this share of the load's requests goes as batch work (x-mmproc-priority: batch)")  # fmt: skip
     add("--capacity-seconds", type=float, default=10.0, help="open mode: closed-loop capacity phase")
     add("--recovery-seconds", type=float, default=8.0, help="open mode: closed-loop probe after the load")
     add("--server-log", type=Path, default=None, help="open mode: the server's log, for its ERROR lines")

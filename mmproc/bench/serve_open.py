@@ -366,11 +366,11 @@ def report(args, capacity: float, load: list[Outcome], recovery: list[Outcome], 
         for name, batch in ((INTERACTIVE, False), (BATCH, True)):
             sent = [o for o in load if o.batch == batch]
             answered = sum(1 for o in ok if o.batch == batch) / duration
-            record["by_priority"][name] = {"requests": len(sent), "goodput_images_per_s": answered,
-                                           "codes": dict(Counter(o.code for o in sent))}  # fmt: skip
+            sent_codes = dict(Counter(o.code for o in sent))
+            record["by_priority"][name] = {"requests": len(sent), "goodput_images_per_s": answered, "codes": sent_codes}
             lines.append(
                 f"  {name:11s} {len(sent)} requests: goodput {answered:.1f} images/s = {answered / capacity:.0%} of "
-                f"C, codes {dict(Counter(o.code for o in sent))}"
+                f"C, codes {sent_codes}"
             )
     lines += [
         f"server RSS (main + decode workers): idle {rss_idle / 2**20:.0f} MB, peak {rss_peak / 2**20:.0f} MB "

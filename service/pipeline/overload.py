@@ -29,11 +29,10 @@ from mmproc.units import MiB
 
 MIN_RETRY_AFTER_S = 0.05
 # With the encoder on the CPU a forward's activations are host memory and a batch is no faster per image: shorter
-# batches cost nothing and keep the heap's peak down (at 3 x C: RSS +86/+90 MB against +284, goodput unchanged;
-# docs/benchmarks/overload.md, session 17).
+# batches cost nothing and keep the heap's peak down (docs/benchmarks/overload.md, session 17).
 CPU_BATCH_SHARE = 0.125
-# Of max_queue_delay_s: above this wait, sheddable requests (batch work, `x-mmproc-priority: batch`) are refused at
-# once, leaving the rest of the target to interactive ones (Google SRE's "Handling Overload": shed the sheddable first).
+# Of max_queue_delay_s: above this wait, sheddable requests (batch work, `x-mmproc-priority: batch`) are refused
+# at once, leaving the rest of the target to interactive ones (Google SRE's "Handling Overload").
 SHEDDABLE_SHARE = 0.5
 
 
@@ -257,7 +256,7 @@ class OverloadGuard:
                     retry_after_s=max(MIN_RETRY_AFTER_S, estimate - left),
                     cause="deadline",
                 )
-            self._refuse_standing_queue(now)
+            self._refuse_standing_queue(now, self._wait_s())
             # Until decoded, a request's encoder work is what its headers announce: a liar or a bomb is refused by
             # its decode and gives its share back then, within milliseconds.
             self._decoding += images
@@ -273,12 +272,10 @@ class OverloadGuard:
         now = time.monotonic() if now is None else now
         cfg = self.config
         with self._lock:
-            self._refuse_standing_queue(now)
-            limit = SHEDDABLE_SHARE * cfg.max_queue_delay_s
-            if not sheddable or not limit:
-                return
             waited = self._wait_s()
-            if waited > limit:
+            self._refuse_standing_queue(now, waited)
+            limit = SHEDDABLE_SHARE * cfg.max_queue_delay_s
+            if sheddable and limit and waited > limit:
                 raise ResourceExhaustedError(
                     f"overloaded for batch requests: requests wait about {waited * 1e3:.0f} ms, batch requests are "
                     f"taken below {limit * 1e3:.0f} ms",
@@ -291,16 +288,15 @@ class OverloadGuard:
         sojourn and the modelled time of the images waiting for the encoder."""
         return max(self._queue_wait(), self._waiting_s())
 
-    def _refuse_standing_queue(self, now: float) -> None:
-        """(under the lock) CoDel at the door: a standing queue — its wait above the target delay for
-        `interval_s` — is refused, a burst is not; the queue must stay below the target for `interval_s` to count
-        as drained (no overshoot each time a finished batch dips it under). The wait is the longer of the measured
-        sojourn and the modelled time of the images waiting for the encoder. The sojourn alone passes the target a
-        full target after the queue has, and until then requests with a long deadline (HTTP's default) poured in:
-        1.5-3.7 s waits on the CPU at 10 x C (docs/benchmarks/overload.md, session 14). The model leaves out the
-        forward running: an idle queue never looks full, whatever the fit reads."""
+    def _refuse_standing_queue(self, now: float, waited: float) -> None:
+        """(under the lock) CoDel at the door: a standing queue — its wait (`waited`, read by `_wait_s`) above the
+        target delay for `interval_s` — is refused, a burst is not; the queue must stay below the target for
+        `interval_s` to count as drained (no overshoot each time a finished batch dips it under). The wait is the
+        longer of the measured sojourn and the modelled time of the images waiting for the encoder. The sojourn alone
+        passes the target a full target after the queue has, and until then requests with a long deadline (HTTP's
+        default) poured in: 1.5-3.7 s waits on the CPU at 10 x C (docs/benchmarks/overload.md, session 14). The model
+        leaves out the forward running: an idle queue never looks full, whatever the fit reads."""
         cfg = self.config
-        waited = self._wait_s()
         if not cfg.max_queue_delay_s or waited <= cfg.max_queue_delay_s:
             self._below_since = now if self._below_since is None else self._below_since
             if now - self._below_since >= cfg.interval_s:
