@@ -7,6 +7,8 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -20,6 +22,7 @@ from service.frontends.auth import BearerToken, TokenInterceptor
 from service.frontends.error_mapping import map_error, to_grpc_status
 from service.frontends.grpc_observe import ObserveInterceptor, call_metadata, note_access
 from service.frontends.grpc_video import VideoServicerMixin
+from service.frontends.loop_hop import run_on
 from service.frontends.replies import (
     headers_reply,
     in_pool,
@@ -38,6 +41,7 @@ from service.pipeline.state import ServingState
 
 logger = logging.getLogger(__name__)
 
+T = TypeVar("T")
 SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Encoder"].full_name
 
 
@@ -46,9 +50,25 @@ class ReplyTooLargeError(ResourceExhaustedError):
 
 
 class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos: service/frontends/grpc_video.py
-    def __init__(self, state: ServingState, *, default_deadline_s: float) -> None:
+    def __init__(
+        self, state: ServingState, *, default_deadline_s: float, home: asyncio.AbstractEventLoop | None = None
+    ) -> None:
         self._state = state
         self._default_deadline_s = default_deadline_s
+        self._home = home  # the engine's loop, when this servicer runs on another (service/process/grpc_loop.py)
+
+    async def _at_home(self, coro: Coroutine[Any, Any, T], dispose: Callable[[T], object] | None = None) -> T:
+        """`coro` on the engine's loop: the engine, the reply budget and their futures are bound to it."""
+        if self._home is None:
+            return await coro
+        return await run_on(self._home, coro, dispose)
+
+    def _release_when_done(self, held: ReplyHold, context: grpc.aio.ServicerContext) -> None:
+        home = self._home
+        if home is None:
+            context.add_done_callback(lambda _: held.release())
+        else:
+            context.add_done_callback(lambda _: home.call_soon_threadsafe(held.release))
 
     @property
     def _engine(self) -> Engine:  # UnavailableError while the model loads
@@ -65,8 +85,9 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
         cancelled): gRPC runs done callbacks once its call task has finished, so neither our frames nor its own
         (the message, its serialized copy) hold the bytes any more. Those callbacks sit in a reference cycle (call
         state <-> context) until the cyclic GC: the hold must reference none of the reply."""
-        held = await self._engine.delivery.reply_bytes(payload_bytes(results), deadline, len(results))
-        context.add_done_callback(lambda _: held.release())
+        holding = self._engine.delivery.reply_bytes(payload_bytes(results), deadline, len(results))
+        held = await self._at_home(holding, dispose=ReplyHold.release)  # a hold nobody took is given back
+        self._release_when_done(held, context)
         return held
 
     async def _serialize(
@@ -75,7 +96,7 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
         """Each result's payload as bytes (EncodeVideos' reply), within the reply budget."""
         held = await self._hold_reply(results, deadline, context)
         with self._state.metrics.time_stage("transport"):
-            return await held.off_loop(serialized_payloads, results)
+            return await self._at_home(held.off_loop(serialized_payloads, results))
 
     async def _run(
         self, request: pb.EncodeImagesRequest, context: grpc.aio.ServicerContext, *, ipc: bool = True
@@ -93,17 +114,21 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
             note_access(priority="batch")
         engine = self._engine
         if request.keys and not request.images:  # fetch what an earlier request kept (docs/engines.md)
-            kept = await engine.fetch(list(request.keys), request_id, deadline, ipc_session=session, readers=readers)
+            kept = await self._at_home(
+                engine.fetch(list(request.keys), request_id, deadline, ipc_session=session, readers=readers)
+            )
             return request_id, deadline, kept
         if not request.headers_only:  # a standing queue refuses new work before any of it (a lookup is no work)
             engine.check_door(sheddable=sheddable)
         if request.keys:  # encode and keep (no lease: kept results are plain tensors)
-            kept = await engine.encode_keyed(list(request.images), list(request.keys), request_id, deadline)
+            kept = await self._at_home(
+                engine.encode_keyed(list(request.images), list(request.keys), request_id, deadline)
+            )
             return request_id, deadline, kept
-        results = await engine.encode(
+        results = await self._at_home(engine.encode(
             list(request.images), request_id, deadline, ipc_session=session, readers=readers,
             cache=not request.cache_bypass, mm_hashes=list(request.mm_hashes), lookup_only=request.headers_only,
-        )  # fmt: skip
+        ))  # fmt: skip
         if results and results[0].cache:  # the embedding cache's answer per image, e.g. "hit,hit,miss"
             note_access(cache=",".join(r.cache for r in results))
         return request_id, deadline, results
@@ -127,7 +152,7 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
             held = await self._hold_reply(results, deadline, context)
             note_access(tokens=sum(r.num_tokens for r in results), transport="serialized")
             with self._state.metrics.time_stage("transport"):
-                return await held.off_loop(serialized_reply, request_id, results)  # bytes: passed through
+                return await self._at_home(held.off_loop(serialized_reply, request_id, results))  # bytes
         except Exception as exc:  # every failure leaves through the one mapping
             await self._abort(context, request, exc)
             raise  # unreachable: abort raises
@@ -140,7 +165,8 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
             request_id, deadline, results = await self._run(request, context, ipc=False)
             held = await self._hold_reply(results, deadline, context)
             with self._state.metrics.time_stage("transport"):
-                messages = await held.off_loop(serialized_stream, request_id, results, self._info.stream_chunk_bytes)
+                chunk = self._info.stream_chunk_bytes
+                messages = await self._at_home(held.off_loop(serialized_stream, request_id, results, chunk))
         except Exception as exc:
             await self._abort(context, request, exc)
             return
@@ -219,6 +245,7 @@ async def create_server(
     max_connection_age_s: float = 0,
     auth_token: BearerToken | None = None,
     max_concurrent_rpcs: int | None = None,
+    home: asyncio.AbstractEventLoop | None = None,
 ) -> tuple[grpc.aio.Server, int, health.aio.HealthServicer]:
     """Build and start (bind) the server; returns (server, bound port, health servicer).
 
@@ -228,6 +255,7 @@ async def create_server(
     and spread onto replicas added since they connected. auth_token: see service/frontends/auth.py.
     max_concurrent_rpcs: past it gRPC answers RESOURCE_EXHAUSTED before reading the request, which bounds the
     memory that concurrent (up to max-message-sized) requests can hold; None: unbounded.
+    home: the engine's loop when this runs on another (service/process/grpc_loop.py); None: the same loop.
     """
     options: list[tuple[str, int]] = [
         ("grpc.max_receive_message_length", max_message_bytes),
@@ -245,7 +273,7 @@ async def create_server(
         + ([TokenInterceptor(auth_token, state.metrics)] if auth_token is not None else []),
         maximum_concurrent_rpcs=max_concurrent_rpcs,
     )
-    add_encoder_servicer(GrpcServicer(state, default_deadline_s=default_deadline_s), server)
+    add_encoder_servicer(GrpcServicer(state, default_deadline_s=default_deadline_s, home=home), server)
     health_servicer = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     reflection.enable_server_reflection((SERVICE_NAME, health.SERVICE_NAME, reflection.SERVICE_NAME), server)

@@ -36,12 +36,14 @@ class VideoServicerMixin:
             wants_ipc = request.transport != pb.TRANSPORT_SERIALIZED and bool(request.consumer.session_id)
             engine = self._engine
             engine.check_door(sheddable=is_batch(call_metadata(context, PRIORITY_HEADER)))
-            videos = await video_service(engine).encode(
-                video_items(request),
-                request_id,
-                deadline,
-                ipc_session=request.consumer.session_id if wants_ipc else None,
-                readers=request.readers if request.HasField("readers") else 1,
+            videos = await self._at_home(
+                video_service(engine).encode(
+                    video_items(request),
+                    request_id,
+                    deadline,
+                    ipc_session=request.consumer.session_id if wants_ipc else None,
+                    readers=request.readers if request.HasField("readers") else 1,
+                )
             )
             chunks = all_chunks(videos)
             if in_pool(chunks):

@@ -36,6 +36,7 @@ from service.pipeline.state import ServingState
 from service.pipeline.video_engine import build_video_service
 from service.process import configs
 from service.process.gc_pauses import freeze_start_up_objects
+from service.process.grpc_loop import GrpcLoop
 from service.process.host_memory import limit_malloc_arenas, reuse_freed_host_memory, set_torch_threads
 from service.process.loop_lag import watch_loop_lag
 from service.process.metrics import Metrics
@@ -173,6 +174,7 @@ class Service:
         self._http: _EmbeddedUvicorn | None = None
         self._http_task: asyncio.Task | None = None
         self._loop_lag: asyncio.Task | None = None
+        self._grpc_loop: GrpcLoop | None = None
 
     @property
     def engine(self) -> Engine:
@@ -188,8 +190,9 @@ class Service:
         token = BearerToken(s.auth_token.get_secret_value()) if s.auth_token is not None else None
         # The HTTP socket first: a failure to bind either address then leaves nothing half started behind.
         sock = _http_socket(s.http_address) if s.http_address else None
+        self._grpc_loop = grpc_loop = GrpcLoop(s.grpc_loop, s.event_loop)
         try:
-            self._grpc, self.grpc_port, self._health = await create_server(
+            making = create_server(
                 self.state,
                 s.grpc_address,
                 max_message_bytes=s.max_message_mb * MiB,
@@ -198,8 +201,11 @@ class Service:
                 auth_token=token,
                 # Room for health probes and IPC session streams above the engine's own in-flight limit.
                 max_concurrent_rpcs=2 * s.max_inflight_requests + 64,
+                home=asyncio.get_running_loop() if grpc_loop.own else None,
             )
+            self._grpc, self.grpc_port, self._health = await grpc_loop.run(making)
         except BaseException:
+            grpc_loop.close()
             if sock is not None:
                 sock.close()
             raise
@@ -240,7 +246,7 @@ class Service:
             return
         if self._before_serving is not None:
             self._before_serving()
-        await set_serving(self._health, True)
+        await self._grpc_loop.run(set_serving(self._health, True))
         info = self.info
         logger.info(
             "serving %s (%s, %s on %s) after %.1f s; transport %s",
@@ -300,7 +306,7 @@ class Service:
         grace = self.settings.grace_period_s
         started = time.monotonic()
         self.state.draining = True
-        await self._health.enter_graceful_shutdown()
+        await self._grpc_loop.run(self._health.enter_graceful_shutdown())
         engine = self.state.current
         if engine is not None:
             engine.begin_drain()
@@ -317,7 +323,8 @@ class Service:
             await asyncio.sleep(delay)
         # Admitted requests are done; what is left are replies on the wire and IPC session streams (which
         # never end by themselves), so the rest of the grace is short.
-        await self._grpc.stop(min(2.0, max(0.0, grace - (time.monotonic() - started))))
+        await self._grpc_loop.run(self._grpc.stop(min(2.0, max(0.0, grace - (time.monotonic() - started)))))
+        self._grpc_loop.close()
         if self._http is not None and self._http_task is not None:
             self._http.should_exit = True
             await self._http_task

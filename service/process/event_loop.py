@@ -25,6 +25,15 @@ def resolve(choice: str) -> str:
     return "uvloop" if choice == "uvloop" or (choice == "auto" and installed) else "asyncio"
 
 
+def new_loop(choice: str) -> asyncio.AbstractEventLoop:
+    """A new event loop of the kind `choice` resolves to (for a thread of its own)."""
+    if resolve(choice) == "asyncio":
+        return asyncio.new_event_loop()
+    import uvloop
+
+    return uvloop.new_event_loop()
+
+
 def run(main: Coroutine[Any, Any, T], choice: str) -> T:
     """asyncio.run(main) on the loop `choice` resolves to."""
     loop = resolve(choice)

@@ -197,6 +197,11 @@ class ServerSettings(LimitSettings):
         "auto",
         description="The front ends' event loop: uvloop when installed (auto, as uvicorn picks), or asyncio's own",
     )
+    grpc_loop: Literal["own", "shared"] = Field(
+        "own",
+        description="The gRPC front end's event loop: one of its own in its own thread (takes calls in while HTTP "
+        "and the engine keep the main loop busy), or the main loop",
+    )
 
     # Concurrency and batching
     preprocess_workers: int | None = Field(
