@@ -59,8 +59,6 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
 
     async def _at_home(self, coro: Coroutine[Any, Any, T], dispose: Callable[[T], object] | None = None) -> T:
         """`coro` on the engine's loop: the engine, the reply budget and their futures are bound to it."""
-        if self._home is None:
-            return await coro
         return await run_on(self._home, coro, dispose)
 
     def _release_when_done(self, held: ReplyHold, context: grpc.aio.ServicerContext) -> None:

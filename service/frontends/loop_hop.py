@@ -19,15 +19,18 @@ T = TypeVar("T")
 
 
 async def run_on(
-    home: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, T], dispose: Callable[[T], object] | None = None
+    home: asyncio.AbstractEventLoop | None, coro: Coroutine[Any, Any, T], dispose: Callable[[T], object] | None = None
 ) -> T:
     """`coro` as a task on `home`, its outcome returned (or raised) here. Cancelling the caller cancels the task. A
     value that finishes after the caller has gone is handed to `dispose` on `home`; a late exception is dropped.
-    The task runs in a copy of the caller's context (contextvars: the access line's notes reach the caller's)."""
+    The task runs in a copy of the caller's context (contextvars: the access line's notes reach the caller's).
+    `home` None or this loop: `coro` is awaited here."""
     here = asyncio.get_running_loop()
+    if home is None or home is here:
+        return await coro
     outcome: asyncio.Future[T] = here.create_future()
     started: list[asyncio.Task[T]] = []  # touched on `home` only
-    gone = threading.Event()  # the caller was cancelled
+    gone = False  # the caller was cancelled (touched on `home` only)
     claimed = threading.Lock()  # whoever takes it owns the task's outcome: the caller or `discard`
 
     def discard(task: asyncio.Task[T]) -> None:  # on home: nobody takes this outcome
@@ -45,7 +48,7 @@ async def run_on(
             outcome.set_result(task.result())
 
     def finished(task: asyncio.Task[T]) -> None:  # on home
-        if not gone.is_set():
+        if not gone:
             try:
                 here.call_soon_threadsafe(deliver, task)
                 return
@@ -60,7 +63,8 @@ async def run_on(
         task.add_done_callback(finished)
 
     def cancel() -> None:  # on home, after start (callbacks run in order)
-        gone.set()
+        nonlocal gone
+        gone = True
         task = started[0]
         task.cancel()
         if task.done() and claimed.acquire(blocking=False):  # finished before: its delivery found no caller

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from service.frontends.loop_hop import run_on
 from service.process import event_loop
 
 T = TypeVar("T")
@@ -38,14 +39,13 @@ class GrpcLoop:
         logger.info("gRPC front end on %s", "an event loop of its own" if self.own else "the main event loop")
 
     def _serve(self) -> None:
-        assert self._loop is not None  # its CPU time counts as `other`, with gRPC's own threads (thread_cpu.py)
+        """The thread's work. Its CPU time counts as `other`, with gRPC's own threads (thread_cpu.py)."""
+        assert self._loop is not None
         asyncio.set_event_loop(self._loop)
         self._loop.run_forever()
 
     async def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        if self._loop is None:
-            return await coro
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
+        return await run_on(self._loop, coro)
 
     def close(self) -> None:
         """Stop the own loop once the server on it has stopped (nothing left on it is awaited)."""
