@@ -39,7 +39,9 @@ def wait_serving(target: str, timeout: float = 120) -> None:
 
 @pytest.fixture
 def server_process(request):
-    grpc_port, http_port = free_port(), free_port()
+    grpc_port = http_port = free_port()
+    while http_port == grpc_port:  # a port just released can come back at once: two listeners on one port
+        http_port = free_port()
     delay = getattr(request, "param", "0")
     env = {**os.environ, "MMPROC_GRACE_PERIOD_S": "20", "MMPROC_PREPROCESS_WORKERS": "2", "MMPROC_DRAIN_DELAY_S": delay}
     proc = subprocess.Popen(
