@@ -24,7 +24,7 @@ import numpy as np
 from mmproc.bench.images import ImageSpec, generate_requests
 from mmproc.bench.loop_watch import worst
 from mmproc.bench.serve_stats import environment, stats_ms
-from mmproc.bench.server_metrics import parse
+from mmproc.bench.server_metrics import CPU_ROLES, by_label, parse
 from mmproc.priority import BATCH, INTERACTIVE, PRIORITY_HEADER
 
 KINDS = ("client", "stub", "http")
@@ -202,6 +202,7 @@ class Scraper:
         self.pinned: list[float] = []  # torch's pinned host blocks (staging buffers, in use and cached), bytes
         self.pending: list[float] = []  # decoded pixels of admitted requests waiting for the encoder, bytes
         self.overrun: list[float | None] = []  # what the admission adds to its model, s (None: an older server)
+        self.cpu: list[tuple[float, dict[str, float]]] = []  # (perf_counter, the server's CPU seconds by role)
         self._task: asyncio.Task | None = None
 
     async def scrape(self) -> dict[str, float]:
@@ -218,6 +219,7 @@ class Scraper:
         self.pinned.append(values.get("mmproc_pinned_host_bytes", 0))
         self.pending.append(values.get("mmproc_pending_bytes", 0))
         self.overrun.append(values.get("mmproc_estimate_overrun_seconds"))
+        self.cpu.append((self.rss[-1][0], by_label(values, "mmproc_cpu_seconds_total", "role")))
         return values
 
     def start(self) -> None:
@@ -282,6 +284,16 @@ def gc_pauses(before: dict[str, float], after: dict[str, float]) -> dict[str, di
                 "longest_ms_at_most": 1e3 * next(le for le, count in counts if count >= total),
             }
     return out
+
+
+def server_cores(cpu: list[tuple[float, dict[str, float]]], t0: float, t_stop: float) -> dict[str, float]:
+    """The server's cores by role (mmproc_cpu_seconds_total) between the first and the last scrape inside [t0,
+    t_stop]; {} for a server without the family, or fewer than two scrapes inside."""
+    inside = [(t, roles) for t, roles in cpu if t0 <= t <= t_stop and roles]
+    if len(inside) < 2:
+        return {}
+    (start, first), (end, last) = inside[0], inside[-1]
+    return {role: (last[role] - first.get(role, 0.0)) / (end - start) for role in CPU_ROLES if role in last}
 
 
 def _recovery_s(samples: list[Outcome], t_stop: float, capacity: float) -> float | None:
@@ -459,6 +471,9 @@ async def run(args, argv: Sequence[str] | None) -> int:
             )
             + "\n"
         )
+    cores = record["server_cores"] = server_cores(scraper.cpu, t0, t_stop)
+    if cores:
+        text += "server cores under load by role: " + ", ".join(f"{r} {c:.2f}" for r, c in cores.items()) + "\n"
     generator = record["generator"] = worst(phase.generator)
     if generator["lag_ms"] is not None:
         text += (

@@ -14,10 +14,10 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
+from mmproc.bench.server_metrics import CPU_ROLES as ROLES
 from mmproc.bench.server_metrics import Samples, grew, grew_by, scrape
 
 FORWARD = 'mmproc_stage_duration_seconds_{}{{stage="forward"}}'
-ROLES = ("event_loop", "runner", "gpu_decode", "decode_workers", "other")  # service/process/thread_cpu.py
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,6 +7,14 @@ import http.client
 import re
 
 Samples = dict[str, float]  # 'name{label="v",...}' (as the server writes it) -> value
+CPU_ROLES = (
+    "event_loop",
+    "grpc_loop",
+    "runner",
+    "gpu_decode",
+    "decode_workers",
+    "other",
+)  # service/process/thread_cpu.py
 
 
 def parse(text: str) -> Samples:

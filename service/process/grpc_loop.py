@@ -16,6 +16,7 @@ import threading
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
+from mmproc import thread_roles
 from service.frontends.loop_hop import run_on
 from service.process import event_loop
 
@@ -39,8 +40,9 @@ class GrpcLoop:
         logger.info("gRPC front end on %s", "an event loop of its own" if self.own else "the main event loop")
 
     def _serve(self) -> None:
-        """The thread's work. Its CPU time counts as `other`, with gRPC's own threads (thread_cpu.py)."""
+        """The thread's work, its CPU time counted as `grpc_loop` (thread_cpu.py; gRPC's core threads stay `other`)."""
         assert self._loop is not None
+        thread_roles.register("grpc_loop")
         asyncio.set_event_loop(self._loop)
         self._loop.run_forever()
 

@@ -1,6 +1,6 @@
 """`mmproc_cpu_seconds_total{role}`: the server's CPU time by what it was spent on, read from /proc at scrape time.
 
-Roles: the threads named in `mmproc.thread_roles` (event_loop, runner, gpu_decode), the decode worker processes
+Roles: the threads named in `mmproc.thread_roles` (event_loop, grpc_loop, runner, gpu_decode), the decode worker processes
 (decode_workers: their user + system time and their children's), and `other`: the rest of the server process
 (gRPC, executors, the HTTP server, threads of a thread-mode decode pool). Linux only: elsewhere nothing is yielded.
 """
@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily
 
 from mmproc import thread_roles
 
-THREAD_ROLES = ("event_loop", "runner", "gpu_decode")
+THREAD_ROLES = ("event_loop", "grpc_loop", "runner", "gpu_decode")
 ROLES = (*THREAD_ROLES, "decode_workers", "other")
 MAX_CHILD_DEPTH = 3  # a decode worker's own children (and theirs): more would be a bug, not a workload
 
@@ -43,7 +43,8 @@ class CpuByRole:
         if ticks is None:
             return
         family = CounterMetricFamily(
-            "mmproc_cpu_seconds", "Server CPU time (user + system) by role: event_loop, runner, gpu_decode "
+            "mmproc_cpu_seconds", "Server CPU time (user + system) by role: event_loop, grpc_loop (the gRPC front "
+            "end's own loop, when it has one), runner, gpu_decode "
             "(incl. nvImageCodec's threads), decode_workers (processes), other (the rest of the server process).",
             labels=["role"],
         )  # fmt: skip

@@ -173,6 +173,16 @@ def test_open_loop_report_reads_the_servers_gc_pauses_between_two_scrapes() -> N
     assert gc_pauses({}, {"process_resident_memory_bytes": 1.0}) == {}
 
 
+def test_open_loop_report_reads_the_servers_cores_by_role_inside_the_load() -> None:
+    from mmproc.bench.serve_open import server_cores
+
+    cpu = [(0.5, {"runner": 1.0}), (1.0, {"runner": 2.0, "grpc_loop": 0.5}), (3.0, {"runner": 5.0, "grpc_loop": 1.5}),
+           (9.0, {"runner": 90.0, "grpc_loop": 9.0})]  # fmt: skip
+    assert server_cores(cpu, t0=1.0, t_stop=5.0) == {"grpc_loop": 0.5, "runner": 1.5}  # the scrapes at 1 s and 3 s
+    assert server_cores(cpu, t0=2.0, t_stop=5.0) == {}  # one scrape inside
+    assert server_cores([(1.0, {}), (2.0, {})], t0=0.0, t_stop=5.0) == {}  # an older server
+
+
 def test_open_mode_phases_run_in_client_processes_on_one_clock(tiny_server) -> None:
     import argparse
     import asyncio

@@ -14,7 +14,7 @@ from mmproc.bench.server_metrics import by_label, grew, grew_by, parse, scrape
 from tests.support.server import serving
 
 SMALL = ["--resolutions", "48x40,40x48", "--format", "jpeg", "--warmup", "1", "--quiet", "--server-cache", "off"]
-ROLES = {"event_loop", "runner", "gpu_decode", "decode_workers", "other"}
+ROLES = {"event_loop", "grpc_loop", "runner", "gpu_decode", "decode_workers", "other"}
 
 
 def http(server) -> str:
