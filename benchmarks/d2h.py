@@ -230,9 +230,7 @@ def serialized_stages(
         "payloads": lambda: serialized_payloads(results),
         "server_unary": lambda: serialized_reply("bench", results),
         "server_stream": lambda: _server_wire(results, chunk_bytes),
-        "stream_d2h_only": lambda: [
-            s.wait() for s in start_staging([r.embedding for r in results], piece_bytes=chunk_bytes)
-        ],
+        "stream_d2h_only": lambda: [staged.wait() for staged in start_staging([r.embedding for r in results])],
         "stream_from_host": lambda: _server_wire(on_host, chunk_bytes),
         "stream_sequential": lambda: _server_wire(_landed(results), chunk_bytes),
         "client_assemble": lambda: _client_tensors(wire, dev),

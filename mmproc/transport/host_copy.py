@@ -93,34 +93,15 @@ def join_bytes(size: int, parts: Iterable[Payload]) -> bytes:
             raise ValueError(f"parts longer than the {size} bytes announced")
         if source is None:
             ctypes.memmove(address + pos, part, end - pos)
+        elif end - pos < _SHORT:
+            target[pos:end].numpy()[:] = source.numpy()
         else:
-            fill(target[pos:end], source)
+            with _ONE_COPY_AT_A_TIME:
+                target[pos:end].copy_(source)
         pos = end
     if pos != size:
         raise ValueError(f"parts of {pos} bytes, {size} announced")
     return out
-
-
-def fill(target: torch.Tensor, source: torch.Tensor) -> None:
-    """Copy `source` into `target`, both (n,) uint8 CPU tensors: by torch's threads (GIL released), or under the
-    GIL when short."""
-    if target.numel() < _SHORT:
-        target.numpy()[:] = source.numpy()
-    else:
-        with _ONE_COPY_AT_A_TIME:
-            target.copy_(source)
-
-
-def message_with_head(head: bytes, length: int) -> tuple[bytes, torch.Tensor]:
-    """A new bytes object of `len(head) + length` bytes that starts with `head`, and a (length,) uint8 tensor over
-    the rest, which the caller must `fill` before handing the bytes out (see new_bytes). Made ahead of the
-    payload's arrival, it leaves only the copy for then."""
-    out = new_bytes(len(head) + length)
-    if not out:
-        return out, torch.empty(0, dtype=torch.uint8)
-    target = _u8(out)
-    ctypes.memmove(target.data_ptr(), head, len(head))
-    return out, target[len(head) :]
 
 
 def concat_bytes(prefix: bytes, payload: Payload) -> bytes:

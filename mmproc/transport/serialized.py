@@ -33,26 +33,20 @@ def tensor_nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
 
 @dataclass(frozen=True)
 class StagedTensor:
-    """A tensor on its way to the host: `host` (same shape and dtype, on the CPU) holds its values once its copy
-    has landed. The copy may come in pieces: `landed` pairs each piece's event with the bytes of `host` (from its
-    start) that are readable once it has fired. `queued` fires when the work queued before the copy (a forward,
-    say) is done. Both are empty for a tensor that was on the CPU already (then `host` is that tensor)."""
+    """A tensor on its way to the host: `host` (same shape and dtype, on the CPU) holds its values once `ready`
+    has fired. `queued` fires when the work queued before the copy (a forward, say) is done. Both are None for a
+    tensor that was on the CPU already (then `host` is that tensor)."""
 
     host: torch.Tensor
-    landed: tuple[tuple[int, torch.cuda.Event], ...] = ()
+    ready: torch.cuda.Event | None = None
     queued: torch.cuda.Event | None = None
 
-    def wait(self, nbytes: int | None = None) -> torch.Tensor:
-        """`host`, once its first `nbytes` bytes (all of them when None) have landed. Blocks this thread only."""
+    def wait(self) -> torch.Tensor:
+        """`host`, after its D2H copy has landed (blocks this thread only, not the device)."""
         if self.queued is not None and not self.queued.query():  # (a sleeping wait costs even when done)
             self.queued.synchronize()  # sleeps while the device finishes what was queued before the copy
-        covering = (
-            self.landed
-            if nbytes is None
-            else [piece for piece in self.landed if piece[0] >= nbytes][:1] or self.landed[-1:]
-        )
-        if covering:  # pieces land in order, on one stream: the last one needed says for all before it
-            covering[-1][1].synchronize()  # spins (GIL released) through the copy alone
+        if self.ready is not None:
+            self.ready.synchronize()  # spins (GIL released) through the copy alone
         return self.host
 
     def wait_bytes(self) -> torch.Tensor:
@@ -60,14 +54,12 @@ class StagedTensor:
         return raw_bytes(self.wait())
 
 
-def start_staging(embeddings: Sequence[torch.Tensor], piece_bytes: int | None = None) -> list[StagedTensor]:
+def start_staging(embeddings: Sequence[torch.Tensor]) -> list[StagedTensor]:
     """Start copying device tensors (T_i, hidden) to the CPU; CPU tensors pass through, already ready.
 
     From CUDA the copies go into one pinned buffer for the whole request, non-blocking on the current stream of
     each tensor's device, with an event recorded right after each copy: the caller can serialize tensor i while
-    the copies of tensors i+1.. are still in flight, and must `wait()` each one before reading it. With
-    `piece_bytes`, each tensor is copied in pieces of that many bytes, an event after each, so that a reader of
-    its first bytes (a stream's first message) need not wait for the rest.
+    the copies of tensors i+1.. are still in flight, and must `wait()` each one before reading it.
 
     Waiting sleeps through whatever the stream ran before a copy (in the server, the forward that made the
     tensor, and maybe the next one) and spins only through the copy: a sleeping wait on the copy itself made a
@@ -88,15 +80,11 @@ def start_staging(embeddings: Sequence[torch.Tensor], piece_bytes: int | None = 
         if queued is None:
             queued = queued_on[tensor.device] = torch.cuda.Event(blocking=True)
             queued.record(stream)
-        host, source = staging[start : start + tensor.nbytes], raw_bytes(tensor)
-        landed, step = [], piece_bytes or max(tensor.nbytes, 1)
-        for offset in range(0, tensor.nbytes, step):
-            end = min(offset + step, tensor.nbytes)
-            host[offset:end].copy_(source[offset:end], non_blocking=True)  # enqueued on that same stream
-            event = torch.cuda.Event()
-            event.record(stream)
-            landed.append((end, event))
-        out[i] = StagedTensor(host.view(tensor.dtype).view(tensor.shape), tuple(landed), queued)
+        host = staging[start : start + tensor.nbytes].view(tensor.dtype).view(tensor.shape)
+        host.copy_(tensor, non_blocking=True)  # enqueued on that same stream
+        ready = torch.cuda.Event()
+        ready.record(stream)
+        out[i] = StagedTensor(host, ready, queued)
         start += tensor.nbytes
     return out  # type: ignore[return-value]
 

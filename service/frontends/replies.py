@@ -5,7 +5,6 @@ the gRPC servicer, the HTTP app and their tests."""
 from __future__ import annotations
 
 from mmproc.transport import DTYPE_NAMES, concat_bytes, start_staging
-from mmproc.transport.host_copy import fill, message_with_head, raw_bytes
 from mmproc.transport.ipc_pool import PoolIdentity
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire import NAME_TO_PB, chunk_head, reply_wire
@@ -70,22 +69,16 @@ def serialized_stream(request_id: str, results: list[EncodedImage], chunk_bytes:
     """Every message of a streamed reply, already serialized: what EncodeImagesStream hands gRPC.
 
     Each image: a message with its header and the first `chunk_bytes` of its payload, then the rest in
-    `chunk_bytes` pieces. From a GPU: one pinned staging buffer per request, filled by a D2H per message
-    (start_staging's pieces). While those copies run, every message's bytes are made with their head written;
-    then each payload piece is copied once, from the staging buffer into its message, as soon as it has landed.
+    `chunk_bytes` pieces. From a GPU: one pinned staging buffer per request (start_staging). Every message's head
+    is written while the D2H runs; the payload is copied exactly once, from the staging buffer into each
+    message's bytes, by torch's threads; image i's copies start as soon as its own D2H has landed.
     """
-    staged = start_staging([r.embedding for r in results], piece_bytes=chunk_bytes)
-    messages, fills = [], []
-    for result, image in zip(results, staged):
-        payload = raw_bytes(image.host)  # (nbytes,) uint8 over the staging buffer, no copy
-        for offset, head in _chunk_heads(request_id, result, chunk_bytes):
-            end = min(offset + chunk_bytes, payload.numel())
-            message, body = message_with_head(head, end - offset)
-            messages.append(message)
-            fills.append((image, end, body, payload[offset:end]))
-    for image, end, body, piece in fills:
-        image.wait(end)
-        fill(body, piece)
+    staged = start_staging([r.embedding for r in results])
+    heads = [_chunk_heads(request_id, result, chunk_bytes) for result in results]
+    messages = []
+    for image, image_heads in zip(staged, heads):
+        payload = image.wait_bytes()  # (nbytes,) uint8 over the staging buffer, no copy
+        messages += [concat_bytes(head, payload[offset : offset + chunk_bytes]) for offset, head in image_heads]
     return messages
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmproc.transport.host_copy import concat_bytes, fill, join_bytes, message_with_head, new_bytes
+from mmproc.transport.host_copy import concat_bytes, join_bytes, new_bytes
 from mmproc.units import MiB
 
 
@@ -39,17 +39,6 @@ def test_messages_are_prefix_plus_payload_from_any_source(size: int, prefix: byt
     for source in sources:
         got = concat_bytes(prefix, source)
         assert type(got) is bytes and got == prefix + payload
-
-
-@pytest.mark.parametrize("size", [0, 1, 257, 3 * MiB + 7])
-@pytest.mark.parametrize("head", [b"", b"head"])
-def test_a_message_made_ahead_of_its_payload_is_head_plus_payload_once_filled(size: int, head: bytes) -> None:
-    payload = pattern(size, seed=size)
-    message, body = message_with_head(head, size)
-    assert type(message) is bytes and len(message) == len(head) + size and body.numel() == size
-    assert message[: len(head)] == head  # written at once; the body only by the fill
-    fill(body, torch.frombuffer(bytearray(payload), dtype=torch.uint8) if size else body.clone())
-    assert message == head + payload
 
 
 def test_a_non_contiguous_tensor_is_copied_in_row_major_order() -> None:
