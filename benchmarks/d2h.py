@@ -33,7 +33,7 @@ from mmproc.wire import read_chunk
 from service.frontends.replies import passthrough_serializer, serialized_payloads, serialized_reply, serialized_stream
 from service.pipeline.engine import EncodedImage
 from service.process.host_memory import reuse_freed_host_memory, set_torch_threads
-from service.process.settings import CUDA_HOST_MALLOC_REUSE_MB, ServerSettings
+from service.process.settings import CUDA_HOST_MALLOC_REUSE_MB, STREAM_CHUNK_MB, ServerSettings
 
 
 def _copy_ms(src: torch.Tensor, dst: torch.Tensor, reps: int) -> float:
@@ -53,7 +53,7 @@ def _copy_ms(src: torch.Tensor, dst: torch.Tensor, reps: int) -> float:
 
 
 def transport_microbench(
-    device: str, megabytes: int, reps: int, *, chunk_bytes: int = 4 * MiB, rounds: int = 1
+    device: str, megabytes: int, reps: int, *, chunk_bytes: int = STREAM_CHUNK_MB * MiB, rounds: int = 1
 ) -> dict:
     """Pinned vs pageable device->host copy (and host->device) of one `megabytes` MB uint8 tensor, then the
     serialized path's stages (`serialized_stages`, `rounds` rounds) on the same GPU, each against the pinned D2H
@@ -197,7 +197,7 @@ def serialized_stages(
     megabytes: int,
     reps: int,
     *,
-    chunk_bytes: int = 4 * MiB,
+    chunk_bytes: int = STREAM_CHUNK_MB * MiB,
     rounds: int = 1,
     reference: tuple[str, Callable[[], float]] | None = None,
 ) -> dict:
@@ -296,7 +296,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=20, help="repetitions per stage (median reported)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="rounds of every stage, each with the reference measured again beside it")  # fmt: skip
-    parser.add_argument("--chunk-mb", type=int, default=4, help="stream chunk size in MiB (the server's default)")
+    parser.add_argument(
+        "--chunk-mb", type=int, default=STREAM_CHUNK_MB, help="stream chunk size in MiB (the server's default)"
+    )
     parser.add_argument("--json", type=Path, help="write the record here")
     parser.add_argument("--host-malloc-reuse-mb", type=int, default=CUDA_HOST_MALLOC_REUSE_MB,
                         help="as the server's setting (0: glibc defaults)")  # fmt: skip

@@ -50,7 +50,7 @@ def build_server_info(settings: ServerSettings, engine: Engine) -> pb.ServerInfo
         transports=[pb.TRANSPORT_SERIALIZED] + ([pb.TRANSPORT_IPC] if engine.pool is not None else []),
         ipc_status=engine.ipc_status,
         max_message_bytes=settings.max_message_mb * MiB,
-        stream_chunk_bytes=settings.stream_chunk_mb * MiB,
+        stream_chunk_bytes=settings.stream_chunk_bytes,
         family=pre.family,
         prompt=prompt_info(pre.family, settings.model_path),
         key_store=pb.KeyStoreInfo(

@@ -25,6 +25,9 @@ from service.pipeline.request_limits import InflightLimits
 from service.process.limit_settings import LimitSettings
 
 CUDA_HOST_MALLOC_REUSE_MB = 1024  # host_malloc_reuse_mb's default with a CUDA encoder
+# stream_chunk_mb's default: not gRPC's customary 4, as each message costs a host copy of its own; at 16 a 5 MB image
+# is one message (docs/benchmarks/transport.md, session 19)
+STREAM_CHUNK_MB = 16
 
 # Defaults come from the core's dataclasses (each written once, there); these modules are torch-free, so that the
 # settings alone (`mmproc serve --help`, `mmproc health`, `mmproc config`) load no torch.
@@ -172,7 +175,13 @@ class ServerSettings(LimitSettings):
         description="How long an invalid image's error is replayed without decoding it again",
     )
     max_message_mb: int = Field(64, ge=1, le=2047, description="Largest gRPC message, received or sent")
-    stream_chunk_mb: int = Field(4, ge=1, le=64, description="Chunk size of streamed serialized replies")
+    stream_chunk_mb: int | None = Field(
+        None,
+        ge=1,
+        le=64,
+        description=f"Chunk size of streamed serialized replies; default: {STREAM_CHUNK_MB}, or max_message_mb - 1 "
+        "when that is smaller",
+    )
     host_malloc_reuse_mb: int | None = Field(
         None,
         ge=0,
@@ -386,11 +395,19 @@ class ServerSettings(LimitSettings):
             raise ValueError("drain_delay_s must not exceed grace_period_s (the delay is part of the drain)")
         if self.cache_ipc_mb >= self.ipc_pool_mb:
             raise ValueError("cache_ipc_mb must be below ipc_pool_mb (requests need pool space of their own)")
-        if self.stream_chunk_mb + 1 > self.max_message_mb:
+        if self.stream_chunk_mb is not None and self.stream_chunk_mb + 1 > self.max_message_mb:
             raise ValueError("max_message_mb must exceed stream_chunk_mb by at least 1 (each chunk carries a header)")
         return self
 
     # -- derived values (the core's configs are built from these in service/process/configs.py) ------------
+
+    @property
+    def stream_chunk_bytes(self) -> int:
+        """stream_chunk_mb, or STREAM_CHUNK_MB where a message holds it with its header."""
+        mb = self.stream_chunk_mb
+        if mb is None:
+            mb = min(STREAM_CHUNK_MB, self.max_message_mb - 1)
+        return mb * MiB
 
     @property
     def host_malloc_reuse_bytes(self) -> int:
