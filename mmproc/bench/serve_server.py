@@ -14,8 +14,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 
-from mmproc.bench.server_metrics import CPU_ROLES as ROLES
-from mmproc.bench.server_metrics import Samples, grew, grew_by, scrape
+from mmproc.bench.server_metrics import CPU_ROLES, Samples, grew, grew_by, scrape
 
 FORWARD = 'mmproc_stage_duration_seconds_{}{{stage="forward"}}'
 
@@ -105,7 +104,7 @@ def _server(run: dict) -> dict:
 
 def _cores(run: dict) -> str:
     cores = _server(run).get("cores") or {}
-    return " / ".join(_num(cores.get(role)) for role in ROLES) if cores else "-"
+    return " / ".join(_num(cores.get(role)) for role in CPU_ROLES) if cores else "-"
 
 
 def _decoded(run: dict) -> str:
@@ -115,7 +114,7 @@ def _decoded(run: dict) -> str:
 
 TABLE: tuple[tuple[str, Callable[[dict], str]], ...] = (
     ("server CPU per image (ms)", lambda r: _num(_server(r).get("cpu_ms_per_image"))),
-    ("server cores: " + " / ".join(ROLES), _cores),
+    ("server cores: " + " / ".join(CPU_ROLES), _cores),
     ("encoder img/s at these batches", lambda r: _num(_server(r).get("encoder_images_per_s"), ".1f")),
     ("mean images per forward", lambda r: _num(_server(r).get("mean_batch_images"), ".1f")),
     ("decoded gpu / fallback / cpu", _decoded),
@@ -147,7 +146,7 @@ def lines(runs: Sequence[dict], device: str) -> list[str]:
             encoder = "no forward ran on the server (every image answered from its embedding cache?)"
         out += ["", f"**{run['label']}**: e2e {run['images_per_s']:.1f} img/s = {encoder}."]
         if s["cpu_s"]:
-            by_role = ", ".join(f"{role} {s['cores'].get(role, 0.0):.2f}" for role in ROLES)
+            by_role = ", ".join(f"{role} {s['cores'].get(role, 0.0):.2f}" for role in CPU_ROLES)
             out.append(
                 f"Server CPU {_num(s['cpu_ms_per_image'])} ms per image, {s['cores_total']:.2f} cores over "
                 f"{s['seconds']:.1f} s: {by_role}."

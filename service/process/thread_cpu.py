@@ -1,8 +1,9 @@
 """`mmproc_cpu_seconds_total{role}`: the server's CPU time by what it was spent on, read from /proc at scrape time.
 
-Roles: the threads named in `mmproc.thread_roles` (event_loop, grpc_loop, runner, gpu_decode), the decode worker processes
-(decode_workers: their user + system time and their children's), and `other`: the rest of the server process
-(gRPC, executors, the HTTP server, threads of a thread-mode decode pool). Linux only: elsewhere nothing is yielded.
+Roles: the threads named in `mmproc.thread_roles` (event_loop, grpc_loop, runner, gpu_decode), the decode worker
+processes (decode_workers: their user + system time and their children's), and `other`: the rest of the server
+process (gRPC's core threads, executors, the HTTP server, threads of a thread-mode decode pool). Linux only: elsewhere
+nothing is yielded.
 """
 
 from __future__ import annotations

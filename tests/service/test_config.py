@@ -90,7 +90,7 @@ def test_bad_flag_and_bad_file_key_are_named(tmp_path, capsys) -> None:
 
 
 def test_stream_chunks_default_to_16_mib_or_what_a_smaller_message_cap_holds() -> None:
-    # One message per image of up to 16 MiB (a 448² K2.5 image is 3.7 MB, a 1024² one 20 MB): each costs a copy.
+    # One message per image of up to 16 MiB (a 448² K2.5 image is 3.7 MB, a 1024² one 19 MB): each costs a copy.
     assert ServerSettings().stream_chunk_bytes == 16 * MiB
     assert ServerSettings(max_message_mb=6, max_request_mb=5, max_image_mb=5).stream_chunk_bytes == 5 * MiB
     assert ServerSettings(stream_chunk_mb=4).stream_chunk_bytes == 4 * MiB
