@@ -213,13 +213,14 @@ class Scraper:
         values = parse(text)
         main = values.get("process_resident_memory_bytes", 0)
         workers = values.get("mmproc_decode_workers_resident_bytes", 0)
-        self.rss.append((time.perf_counter(), main + workers))
+        at = time.perf_counter()
+        self.rss.append((at, main + workers))
         self.split.append((main, workers))
         self.cached.append(values.get('mmproc_cache_bytes{tier="host"}', 0))
         self.pinned.append(values.get("mmproc_pinned_host_bytes", 0))
         self.pending.append(values.get("mmproc_pending_bytes", 0))
         self.overrun.append(values.get("mmproc_estimate_overrun_seconds"))
-        self.cpu.append((self.rss[-1][0], by_label(values, "mmproc_cpu_seconds_total", "role")))
+        self.cpu.append((at, by_label(values, "mmproc_cpu_seconds_total", "role")))
         return values
 
     def start(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -62,11 +63,10 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
         return await run_on(self._home, coro, dispose)
 
     def _release_when_done(self, held: ReplyHold, context: grpc.aio.ServicerContext) -> None:
+        """The hold goes back on the engine's loop, whichever loop ends the call."""
         home = self._home
-        if home is None:
-            context.add_done_callback(lambda _: held.release())
-        else:
-            context.add_done_callback(lambda _: home.call_soon_threadsafe(held.release))
+        release = held.release if home is None else functools.partial(home.call_soon_threadsafe, held.release)
+        context.add_done_callback(lambda _: release())
 
     @property
     def _engine(self) -> Engine:  # UnavailableError while the model loads
