@@ -27,11 +27,13 @@ import torch
 
 from mmproc.client.rpc import Assembler
 from mmproc.transport import start_staging
+from mmproc.transport.pinned_messages import PinnedMessages
 from mmproc.units import MiB
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire import read_chunk
 from service.frontends.replies import passthrough_serializer, serialized_payloads, serialized_reply, serialized_stream
 from service.pipeline.engine import EncodedImage
+from service.pipeline.reply_budget import ReplyBudgetConfig
 from service.process.host_memory import reuse_freed_host_memory, set_torch_threads
 from service.process.settings import CUDA_HOST_MALLOC_REUSE_MB, STREAM_CHUNK_MB, ServerSettings
 
@@ -88,10 +90,10 @@ def transport_microbench(
 IMAGES, HIDDEN = 4, 7168  # a Kimi K2.5 reply: 4 images x tokens x 7168 x bf16
 
 
-def _server_wire(results: list[EncodedImage], chunk_bytes: int) -> list[bytes]:
+def _server_wire(results: list[EncodedImage], chunk_bytes: int, pinned: PinnedMessages | None = None) -> list[bytes]:
     """What the EncodeImagesStream servicer hands gRPC: every message it yields, through the response
     serializer that its handler is registered with."""
-    return [passthrough_serializer(message) for message in serialized_stream("bench", results, chunk_bytes)]
+    return [passthrough_serializer(m) for m in serialized_stream("bench", results, chunk_bytes, pinned)]
 
 
 def _client_tensors(wire: Sequence[bytes], device: torch.device) -> list[torch.Tensor]:
@@ -141,25 +143,29 @@ def _host_memcpy(nbytes: int, reps: int) -> Callable[[], float]:
 
 
 @contextlib.contextmanager
-def _loopback(results: list[EncodedImage], chunk_bytes: int) -> Iterator[str]:
-    """The real gRPC server (`create_server`, its servicer and handlers) on 127.0.0.1, in its own thread and
-    event loop, with an engine that answers every request with `results`. Yields the target address."""
+def loopback(
+    answer: Callable[[list[bytes]], list[EncodedImage]], chunk_bytes: int, pinned_bytes: int = 0
+) -> Iterator[str]:
+    """The real gRPC server (`create_server`, its servicer and handlers, the delivery's reply budget and page-locked
+    messages of `pinned_bytes`) on 127.0.0.1, in its own thread and event loop, with an engine that answers a
+    request's images with `answer(images)`: the transport alone, no model. Yields the target address."""
     from service.frontends.grpc_server import create_server
     from service.pipeline.delivery import Delivery
     from service.pipeline.state import ServingState
     from service.process.metrics import Metrics
 
     metrics = Metrics()
+    sample = answer([b"\x00"])[0].embedding
 
     class FixedEngine:  # what the servicer uses of service.pipeline.engine.Engine
         pool = None
-        delivery = Delivery(results[0].embedding.shape[-1], results[0].embedding.dtype, metrics)  # the reply budget
+        delivery = Delivery(sample.shape[-1], sample.dtype, metrics, ReplyBudgetConfig(pinned_bytes=pinned_bytes))
 
         def check_door(self, *, sheddable: bool = False) -> None:  # never refuses: the bench measures replies
             pass
 
         async def encode(self, images, request_id, deadline, *, ipc_session=None, readers=1, **cache_options):
-            return results
+            return answer(images)
 
     state = ServingState(metrics)
     info = pb.ServerInfo(max_message_bytes=64 * MiB, stream_chunk_bytes=chunk_bytes)
@@ -183,9 +189,11 @@ STAGES = {
     "payloads": "server, HTTP: GPU -> one bytes per image (serialized_payloads)",
     "server_unary": "server, unary gRPC: GPU -> the reply's bytes, as handed to gRPC (serialized_reply)",
     "server_stream": "server, stream: GPU -> the bytes of every message, as handed to gRPC (server staging)",
-    "stream_d2h_only": "  its D2H and the waits for it alone (start_staging, no copy, no framing)",
+    "unary_copied": "  server_unary without page-locked messages: staged, then copied into new bytes",
+    "stream_copied": "  server_stream without page-locked messages: staged, then copied into new bytes",
+    "stream_d2h_only": "  the copied path's D2H and the waits for it alone (start_staging, no copy, no framing)",
     "stream_from_host": "  its framing and copies alone, the embeddings already in pinned host memory",
-    "stream_sequential": "  both halves one after the other (what server_stream saves against it: their overlap)",
+    "stream_sequential": "  both halves one after the other (what stream_copied saves against it: their overlap)",
     "client_assemble": "client: those bytes -> tensors on the device (deserializer, Assembler, H2D)",
     "in_process": "both, in process (end to end without gRPC)",
     "grpc_loopback": "EncoderClient.encode_images over loopback gRPC (real server and client, no model)",
@@ -214,6 +222,8 @@ def serialized_stages(
     dev = torch.device(device)
     results = _embeddings(dev, megabytes)
     nbytes = sum(r.embedding.nbytes for r in results)
+    pinned_bytes = ServerSettings(device=device).pinned_reply_bytes  # as the server's default (0 on the CPU)
+    pinned = PinnedMessages(pinned_bytes) if pinned_bytes else None
 
     def sync() -> None:
         if dev.type == "cuda":
@@ -221,15 +231,18 @@ def serialized_stages(
 
     name, measure_reference = reference or ("host memcpy", _host_memcpy(nbytes, reps))
     wire = _server_wire(results, chunk_bytes)
-    # The stream's two halves timed apart (their sum against server_stream: how much of them overlaps)
-    pinned = dev.type == "cuda"
-    on_host = [replace(r, embedding=r.embedding.cpu().pin_memory() if pinned else r.embedding) for r in results]
+    # The copied stream's two halves timed apart (their sum against stream_copied: how much of them overlaps)
+    on_gpu = dev.type == "cuda"
+    on_host = [replace(r, embedding=r.embedding.cpu().pin_memory() if on_gpu else r.embedding) for r in results]
     for got, want in zip(_client_tensors(wire, dev), results):  # the stages move the right bytes
         assert torch.equal(got.view(torch.int16), want.embedding.view(torch.int16)), "serialized stages corrupt data"
+    assert _server_wire(results, chunk_bytes, pinned) == wire, "page-locked messages corrupt data"
     fns: dict[str, Callable[[], object]] = {
         "payloads": lambda: serialized_payloads(results),
-        "server_unary": lambda: serialized_reply("bench", results),
-        "server_stream": lambda: _server_wire(results, chunk_bytes),
+        "server_unary": lambda: serialized_reply("bench", results, pinned),
+        "server_stream": lambda: _server_wire(results, chunk_bytes, pinned),
+        "unary_copied": lambda: serialized_reply("bench", results),
+        "stream_copied": lambda: _server_wire(results, chunk_bytes),
         "stream_d2h_only": lambda: [staged.wait() for staged in start_staging([r.embedding for r in results])],
         "stream_from_host": lambda: _server_wire(on_host, chunk_bytes),
         "stream_sequential": lambda: _server_wire(_landed(results), chunk_bytes),
@@ -239,7 +252,10 @@ def serialized_stages(
     images = [b"\xff"] * IMAGES  # never decoded: the engine answers with `results`
     references: list[float] = []
     times: dict[str, list[float]] = {name: [] for name in STAGES}
-    with _loopback(results, chunk_bytes) as target, EncoderClient(target, device=dev, transport="serialized") as c:
+    with (
+        loopback(lambda images: results, chunk_bytes, pinned_bytes) as target,
+        EncoderClient(target, device=dev, transport="serialized") as c,
+    ):
         fns["grpc_loopback"] = lambda: c.encode_images(images)
         for _ in range(rounds):
             references.append(measure_reference())

@@ -7,6 +7,7 @@ Consumer: `bytes_to_tensor` views the received bytes and copies them once to its
 
 from __future__ import annotations
 
+import ctypes
 import sys
 import warnings
 from collections.abc import Sequence
@@ -14,7 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mmproc.transport.host_copy import concat_bytes, raw_bytes
+from mmproc.transport.host_copy import concat_bytes, join_bytes, raw_bytes
+from mmproc.transport.pinned_messages import PinnedMessages, data_address
 
 # Wire names of the dtypes we send; the proto's DType enum is mapped from these in the service/client.
 DTYPE_NAMES: dict[torch.dtype, str] = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -54,23 +56,38 @@ class StagedTensor:
         return raw_bytes(self.wait())
 
 
-def start_staging(embeddings: Sequence[torch.Tensor]) -> list[StagedTensor]:
+def start_staging(embeddings: Sequence[torch.Tensor], into: Sequence[torch.Tensor] | None = None) -> list[StagedTensor]:
     """Start copying device tensors (T_i, hidden) to the CPU; CPU tensors pass through, already ready.
 
     From CUDA the copies go into one pinned buffer for the whole request, non-blocking on the current stream of
     each tensor's device, with an event recorded right after each copy: the caller can serialize tensor i while
     the copies of tensors i+1.. are still in flight, and must `wait()` each one before reading it.
 
+    `into`: flat uint8 host tensors, page-locked, one per embedding and of its size, to copy into instead (then
+    every `host` is its raw bytes there; a CPU tensor is copied at once).
+
     Waiting sleeps through whatever the stream ran before a copy (in the server, the forward that made the
     tensor, and maybe the next one) and spins only through the copy: a sleeping wait on the copy itself made a
     20 MB reply's staging ~0.3 ms slower on the H200, and spinning through a forward would burn a core per
     waiting reply (docs/benchmarks/transport.md, session 11).
     """
-    out = [StagedTensor(t) if t.device.type == "cpu" else None for t in embeddings]
+    if into is not None:
+        for tensor, target in zip(embeddings, into, strict=True):
+            if target.numel() != tensor.nbytes:
+                raise ValueError(f"a {target.numel()}-byte destination for a {tensor.nbytes}-byte tensor")
+    out = [
+        None
+        if t.device.type != "cpu"
+        else StagedTensor(t)
+        if into is None
+        else StagedTensor(into[i].copy_(raw_bytes(t)))
+        for i, t in enumerate(embeddings)
+    ]
     on_gpu = [i for i, t in enumerate(embeddings) if t.device.type != "cpu"]
     if not on_gpu:
         return out  # type: ignore[return-value]
-    staging = torch.empty(sum(embeddings[i].nbytes for i in on_gpu), dtype=torch.uint8, pin_memory=True)
+    if into is None:
+        staging = torch.empty(sum(embeddings[i].nbytes for i in on_gpu), dtype=torch.uint8, pin_memory=True)
     queued_on: dict[torch.device, torch.cuda.Event] = {}  # one per device: its copies follow each other
     start = 0
     for i in on_gpu:
@@ -80,8 +97,12 @@ def start_staging(embeddings: Sequence[torch.Tensor]) -> list[StagedTensor]:
         if queued is None:
             queued = queued_on[tensor.device] = torch.cuda.Event(blocking=True)
             queued.record(stream)
-        host = staging[start : start + tensor.nbytes].view(tensor.dtype).view(tensor.shape)
-        host.copy_(tensor, non_blocking=True)  # enqueued on that same stream
+        if into is None:
+            host = staging[start : start + tensor.nbytes].view(tensor.dtype).view(tensor.shape)
+            host.copy_(tensor, non_blocking=True)  # enqueued on that same stream
+        else:
+            host = into[i]
+            host.copy_(raw_bytes(tensor), non_blocking=True)
         ready = torch.cuda.Event()
         ready.record(stream)
         out[i] = StagedTensor(host, ready, queued)
@@ -130,3 +151,44 @@ def bytes_to_tensor(
     if target.type == "cpu":
         return view.clone()
     return view.to(target)
+
+
+Part = bytes | torch.Tensor  # a message's framing (bytes) or a payload (a tensor on a GPU or the CPU)
+
+
+def write_messages(messages: Sequence[Sequence[Part]], pinned: PinnedMessages | None = None) -> list[bytes]:
+    """Each message's parts, in order, as one bytes object: the framing written as is, each payload's raw bytes.
+
+    With `pinned` and payloads on a GPU, messages come from that pool of page-locked messages when it has room, and
+    their D2H lands in them directly (no host copy). The others' payloads are staged to one pinned buffer and copied
+    once into new bytes, each as soon as its own D2H has landed (start_staging)."""
+    sizes = [sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts) for parts in messages]
+    on_gpu = any(isinstance(p, torch.Tensor) and p.device.type != "cpu" for parts in messages for p in parts)
+    out = pinned.take(sizes) if pinned is not None and on_gpu else [None] * len(messages)
+    direct, into = [], []  # payloads that land in a page-locked message, and where
+    for message, parts in zip(out, messages):
+        if message is None:
+            continue
+        target, address, pos = torch.frombuffer(message, dtype=torch.uint8), data_address(message), 0
+        for p in parts:
+            if isinstance(p, bytes):
+                ctypes.memmove(address + pos, p, len(p))
+                pos += len(p)
+            else:
+                direct.append(p)
+                into.append(target[pos : pos + p.nbytes])
+                pos += p.nbytes
+    try:
+        landing = start_staging(direct, into)
+        copied = [k for k, message in enumerate(out) if message is None]
+        staged = iter(start_staging([p for k in copied for p in messages[k] if isinstance(p, torch.Tensor)]))
+        for k in copied:
+            parts = messages[k]
+            out[k] = join_bytes(sizes[k], (p if isinstance(p, bytes) else next(staged).wait_bytes() for p in parts))
+        for staged_tensor in landing:
+            staged_tensor.wait()
+    except BaseException:
+        for device in {p.device for p in direct if p.device.type == "cuda"}:
+            torch.cuda.synchronize(device)  # no copy may still be landing in a message the pool takes back
+        raise
+    return out  # type: ignore[return-value]

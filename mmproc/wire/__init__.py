@@ -6,7 +6,7 @@ service (service/frontends/replies.py)."""
 from mmproc.wire.chunks import StreamChunk, chunk_head, read_chunk
 from mmproc.wire.dtypes import NAME_TO_PB, PB_TO_DTYPE, PB_TO_NAME
 from mmproc.wire.pool import descriptor_from_pb, identity_from_pb, pool_info_pb
-from mmproc.wire.unary import reply_wire
+from mmproc.wire.unary import interleave, reply_framing
 
 __all__ = [
     "NAME_TO_PB",
@@ -16,7 +16,8 @@ __all__ = [
     "chunk_head",
     "descriptor_from_pb",
     "identity_from_pb",
+    "interleave",
     "pool_info_pb",
     "read_chunk",
-    "reply_wire",
+    "reply_framing",
 ]

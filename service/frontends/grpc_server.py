@@ -150,7 +150,8 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
             held = await self._hold_reply(results, deadline, context)
             note_access(tokens=sum(r.num_tokens for r in results), transport="serialized")
             with self._state.metrics.time_stage("transport"):
-                return await self._at_home(held.off_loop(serialized_reply, request_id, results))  # bytes
+                pinned = self._engine.delivery.pinned
+                return await self._at_home(held.off_loop(serialized_reply, request_id, results, pinned))  # bytes
         except Exception as exc:  # every failure leaves through the one mapping
             await self._abort(context, request, exc)
             raise  # unreachable: abort raises
@@ -164,7 +165,8 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
             held = await self._hold_reply(results, deadline, context)
             with self._state.metrics.time_stage("transport"):
                 chunk = self._info.stream_chunk_bytes
-                messages = await self._at_home(held.off_loop(serialized_stream, request_id, results, chunk))
+                pinned = self._engine.delivery.pinned
+                messages = await self._at_home(held.off_loop(serialized_stream, request_id, results, chunk, pinned))
         except Exception as exc:
             await self._abort(context, request, exc)
             return

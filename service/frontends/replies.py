@@ -1,13 +1,16 @@
-"""Engine results -> protobuf messages: serialized replies (framed by mmproc/wire, `reply_wire` and `chunk_head`,
-with one copy of each payload, made while the D2H of later images is still running) and IPC descriptors. Shared by
-the gRPC servicer, the HTTP app and their tests."""
+"""Engine results -> protobuf messages: serialized replies (framed by mmproc/wire, `reply_framing` and `chunk_head`,
+written by mmproc.transport's write_messages: from a GPU straight into page-locked messages, or with one host copy
+of each payload) and IPC descriptors. Shared by the gRPC servicer, the HTTP app and their tests."""
 
 from __future__ import annotations
 
 from mmproc.transport import DTYPE_NAMES, concat_bytes, start_staging
+from mmproc.transport.host_copy import raw_bytes
 from mmproc.transport.ipc_pool import PoolIdentity
+from mmproc.transport.pinned_messages import PinnedMessages
+from mmproc.transport.serialized import Part, write_messages
 from mmproc.v1 import encoder_pb2 as pb
-from mmproc.wire import NAME_TO_PB, chunk_head, reply_wire
+from mmproc.wire import NAME_TO_PB, chunk_head, interleave, reply_framing
 from service.pipeline.encoded import EncodedImage
 
 CACHE_TO_PB = {
@@ -55,31 +58,27 @@ def serialized_payloads(results: list[EncodedImage]) -> list[bytes]:
     return [concat_bytes(b"", staged.wait()) for staged in start_staging([r.embedding for r in results])]
 
 
-def serialized_reply(request_id: str, results: list[EncodedImage]) -> bytes:
-    """EncodeImages' serialized reply, as the bytes gRPC sends (mmproc/wire/unary.py). From a GPU: one pinned
-    staging buffer per request (start_staging); image i's payload is copied once, into those bytes, as soon as its
-    own D2H has landed, while later images are still in flight."""
-    staged = start_staging([r.embedding for r in results])
+def serialized_reply(request_id: str, results: list[EncodedImage], pinned: PinnedMessages | None = None) -> bytes:
+    """EncodeImages' serialized reply, as the bytes gRPC sends (mmproc/wire/unary.py), written by write_messages:
+    from a GPU, into a page-locked message of `pinned` by the D2H itself, or staged and copied once."""
     head = pb.EncodeImagesResponse(request_id=request_id, transport=pb.TRANSPORT_SERIALIZED)
-    headers = [embedding_header(r) for r in results]
-    return reply_wire(head, headers, [r.embedding.nbytes for r in results], (s.wait() for s in staged))
+    framing = reply_framing(head, [embedding_header(r) for r in results], [r.embedding.nbytes for r in results])
+    return write_messages([list(interleave(framing, (r.embedding for r in results)))], pinned)[0]
 
 
-def serialized_stream(request_id: str, results: list[EncodedImage], chunk_bytes: int) -> list[bytes]:
+def serialized_stream(
+    request_id: str, results: list[EncodedImage], chunk_bytes: int, pinned: PinnedMessages | None = None
+) -> list[bytes]:
     """Every message of a streamed reply, already serialized: what EncodeImagesStream hands gRPC.
 
     Each image: a message with its header and the first `chunk_bytes` of its payload, then the rest in
-    `chunk_bytes` pieces. From a GPU: one pinned staging buffer per request (start_staging). Every message's head
-    is written while the D2H runs; the payload is copied exactly once, from the staging buffer into each
-    message's bytes, by torch's threads; image i's copies start as soon as its own D2H has landed.
-    """
-    staged = start_staging([r.embedding for r in results])
-    heads = [_chunk_heads(request_id, result, chunk_bytes) for result in results]
-    messages = []
-    for image, image_heads in zip(staged, heads):
-        payload = image.wait_bytes()  # (nbytes,) uint8 over the staging buffer, no copy
-        messages += [concat_bytes(head, payload[offset : offset + chunk_bytes]) for offset, head in image_heads]
-    return messages
+    `chunk_bytes` pieces; written as serialized_reply's."""
+    messages: list[list[Part]] = []
+    for result in results:
+        payload = raw_bytes(result.embedding)
+        for offset, head in _chunk_heads(request_id, result, chunk_bytes):
+            messages.append([head, payload[offset : offset + chunk_bytes]] if payload.numel() else [head])
+    return write_messages(messages, pinned)
 
 
 def _chunk_heads(request_id: str, result: EncodedImage, chunk_bytes: int) -> list[tuple[int, bytes]]:

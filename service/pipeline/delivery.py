@@ -16,6 +16,7 @@ import torch
 from mmproc.errors import DeadlineExceededError, ResourceExhaustedError, StaleSessionError
 from mmproc.transport.ipc_pool import IpcPool, SliceDescriptor
 from mmproc.transport.leases import Lease, UnknownSessionError
+from mmproc.transport.pinned_messages import PinnedMessages
 from mmproc.types import PreprocessedImage
 from service.pipeline.encoded import EncodedImage
 from service.pipeline.reply_budget import ReplyBudget, ReplyBudgetConfig, ReplyHold
@@ -105,8 +106,11 @@ class Delivery:
         self.hidden = hidden
         self.dtype = dtype
         self._metrics = metrics
-        self.replies = ReplyBudget(replies or ReplyBudgetConfig())
+        replies = replies or ReplyBudgetConfig()
+        self.replies = ReplyBudget(replies)
         metrics.reply_bytes_in_flight.set_function(lambda: self.replies.in_flight)
+        self.pinned = PinnedMessages(replies.pinned_bytes) if replies.pinned_bytes else None
+        metrics.track_pinned_replies(self.pinned)
         self.pool: IpcPool | None = None
         self.fallback = True
         self.fallbacks = 0

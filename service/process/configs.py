@@ -101,7 +101,7 @@ def overload_config(s: ServerSettings) -> OverloadConfig:
 
 
 def reply_budget_config(s: ServerSettings) -> ReplyBudgetConfig:
-    return ReplyBudgetConfig(max_bytes=s.max_reply_mb * MiB)
+    return ReplyBudgetConfig(max_bytes=s.max_reply_mb * MiB, pinned_bytes=s.pinned_reply_bytes)
 
 
 def key_store_config(s: ServerSettings) -> KeyStoreConfig:

@@ -43,7 +43,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "network": ("grpc_address", "http_address", "max_message_mb", "stream_chunk_mb", "max_connection_age_s"),
     "transport (CUDA IPC and serialized replies)": (
         "transport", "ipc_pool_mb", "ipc_word_slots", "ipc_ttl_s", "ipc_fallback", "host_malloc_reuse_mb",
-        "malloc_arena_max", "max_reply_mb",
+        "malloc_arena_max", "max_reply_mb", "pinned_reply_mb",
     ),
     "key store (results kept for engines)": ("key_store_mb", "key_store_ttl_s", "key_store_max_keys"),
     "request limits (checked before decoding)": (

@@ -30,6 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 import mmproc
 from mmproc.errors import Reason
 from mmproc.runner import BatchStats
+from mmproc.transport.pinned_messages import PinnedMessages
 from mmproc.v1 import encoder_pb2 as pb
 from service.process.gc_pauses import GcPauses
 from service.process.thread_cpu import CpuByRole
@@ -81,6 +82,24 @@ class _DecodeCollector:
         yield CounterMetricFamily(
             "mmproc_decode_quarantined_images", "Images retried alone after a decode worker crash or timeout.",
             value=pool.quarantined,
+        )  # fmt: skip
+
+
+class _PinnedRepliesCollector:
+    def __init__(self) -> None:
+        self.pinned: PinnedMessages | None = None
+
+    def collect(self) -> Iterable[CounterMetricFamily | GaugeMetricFamily]:
+        pinned = self.pinned
+        yield GaugeMetricFamily(
+            "mmproc_reply_pinned_bytes", "Page-locked reply messages the GPU writes serialized replies into "
+            "(bounded by pinned_reply_mb): part of the server's resident memory.",
+            value=0 if pinned is None else pinned.registered_bytes,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "mmproc_reply_pinned_misses", "Serialized replies from a GPU staged and copied instead: no idle "
+            "page-locked message and no room for one.",
+            value=0 if pinned is None else pinned.misses,
         )  # fmt: skip
 
 
@@ -178,6 +197,8 @@ class Metrics:
         )
         self._decode = _DecodeCollector()
         r.register(self._decode)
+        self._pinned = _PinnedRepliesCollector()
+        r.register(self._pinned)
         self.build_info = Info("mmproc_build", "The server's version; the model it serves once loaded.", registry=r)
         self.build_info.info({"version": mmproc.__version__})
         self.ipc_sessions_opened = Counter(
@@ -224,6 +245,10 @@ class Metrics:
     def track_decode(self, pool: Callable[[], DecodeCounts]) -> None:
         """Decode counters read at scrape time from `pool()`, the engine's current decode pool."""
         self._decode.pool = pool
+
+    def track_pinned_replies(self, pinned: PinnedMessages | None) -> None:
+        """The page-locked reply messages' size and misses, read at scrape time (None: none, both 0)."""
+        self._pinned.pinned = pinned
 
     def describe(self, info: pb.ServerInfo) -> None:
         """mmproc_build_info's labels from the ServerInfo published once the model is loaded."""

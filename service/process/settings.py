@@ -273,6 +273,14 @@ class ServerSettings(LimitSettings):
         description="Serialized reply bytes staged or being sent at once, in MB; more replies wait, up to their "
         "deadline (one larger reply goes alone)",
     )
+    pinned_reply_mb: int | None = Field(
+        None,
+        ge=0,
+        le=1 << 20,
+        description="Page-locked reply messages the GPU writes serialized replies into (no host copy), reused, in "
+        "MB; 0: off (staged and copied); default: twice max_reply_mb with a CUDA encoder (capacities are powers of "
+        "two), 0 on the CPU",
+    )
 
     # Decode isolation (docs/reliability.md): where hostile bytes are decoded
     decode_isolation: Literal["process", "thread"] = Field(
@@ -417,6 +425,15 @@ class ServerSettings(LimitSettings):
         mb = self.host_malloc_reuse_mb
         if mb is None:
             mb = 0 if self.device == "cpu" else CUDA_HOST_MALLOC_REUSE_MB
+        return mb * MiB
+
+    @property
+    def pinned_reply_bytes(self) -> int:
+        """pinned_reply_mb, or its device's default: on a GPU, room for the reply budget's bytes in messages
+        rounded up to powers of two (docs/benchmarks/transport.md, session 20)."""
+        mb = self.pinned_reply_mb
+        if mb is None:
+            mb = 0 if self.device == "cpu" else 2 * self.max_reply_mb
         return mb * MiB
 
     @property

@@ -1,18 +1,22 @@
-"""The server's staging of serialized replies: per-image readiness (start_staging), and multi-MiB replies still
-carry exactly protobuf's bytes."""
+"""The server's staging of serialized replies: per-image readiness (start_staging), page-locked messages the D2H
+lands in (and their reuse, through real gRPC), and multi-MiB replies still carry exactly protobuf's bytes."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
+from concurrent.futures import ThreadPoolExecutor
 
+import grpc
 import pytest
 import torch
 
 from mmproc.transport import stage_to_host, start_staging, tensor_to_bytes
+from mmproc.transport.pinned_messages import PinnedMessages
 from mmproc.units import MiB
 from mmproc.v1 import encoder_pb2 as pb
 from service.frontends.replies import embedding_header, serialized_payloads, serialized_reply, serialized_stream
+from service.pipeline.encoded import EncodedImage
 from tests.support.encoded import results_of
 
 
@@ -39,6 +43,56 @@ def test_stream_from_the_gpu_carries_the_same_bytes_as_from_the_cpu() -> None:
     results = results_of([300, 0, 1300, 7], hidden=4096)
     on_gpu = [dataclasses.replace(r, embedding=r.embedding.cuda()) for r in results]
     assert serialized_stream("req-s", on_gpu, MiB) == serialized_stream("req-s", results, MiB)
+
+
+@pytest.mark.cuda
+def test_replies_landing_in_page_locked_messages_carry_the_cpus_bytes_and_reuse_them() -> None:
+    results = results_of([300, 0, 1300, 7], hidden=4096)  # 2.3 MiB, none, 10 MiB, 56 KiB: tails under MIN_MESSAGE
+    on_gpu = [dataclasses.replace(r, embedding=r.embedding.cuda()) for r in results]
+    pinned = PinnedMessages(64 * MiB)
+    assert serialized_stream("req-p", on_gpu, MiB, pinned) == serialized_stream("req-p", results, MiB)
+    assert serialized_reply("req-p", on_gpu, pinned) == serialized_reply("req-p", results)
+    registered = pinned.registered_bytes
+    assert registered > 0 and pinned.misses == 0
+    for _ in range(3):  # the earlier replies are gone: their messages serve again, nothing more is page-locked
+        assert serialized_stream("req-q", on_gpu, MiB, pinned) == serialized_stream("req-q", results, MiB)
+    assert pinned.registered_bytes == registered and pinned.misses == 0
+
+
+@pytest.mark.cuda
+def test_page_locked_messages_are_never_rewritten_while_grpc_sends_them() -> None:
+    from benchmarks.d2h import loopback
+    from mmproc.client import EncoderClient
+    from mmproc.client.rpc import channel_options, encoder_stub
+
+    base = torch.randn(600, 4096, device="cuda").bfloat16()  # 4.9 MB an image
+
+    def answer(images: list[bytes]) -> list[EncodedImage]:  # each request's own values (its first byte)
+        return [EncodedImage(i, (2, 1200), 600, base + images[0][0] + i) for i in range(len(images))]
+
+    def expected(k: int) -> list[bytes]:
+        return [(base + k + i).cpu().view(torch.uint8).numpy().tobytes() for i in range(2)]
+
+    def streams(worker: int, target: str) -> int:
+        with EncoderClient(target, device="cpu", transport="serialized") as client:
+            for k in range(worker, 120, 6):
+                got = client.encode_images([bytes([k]), b"x"])
+                assert [t.view(torch.uint8).numpy().tobytes() for t in got] == expected(k), f"stream {k}"
+        return k
+
+    def unary(worker: int, target: str) -> int:
+        with grpc.insecure_channel(target, options=channel_options(64 * MiB)) as channel:
+            stub = encoder_stub(channel)
+            for k in range(worker, 120, 6):
+                request = pb.EncodeImagesRequest(images=[bytes([k]), b"x"], transport=pb.TRANSPORT_SERIALIZED)
+                reply = stub.EncodeImages(request, timeout=30)
+                assert [e.data for e in reply.embeddings] == expected(k), f"unary {k}"
+        return k
+
+    # 16 MiB of page-locked messages for 6 callers of ~10 MB replies: some replies are copied (the pool full)
+    with loopback(answer, 4 * MiB, pinned_bytes=16 * MiB) as target, ThreadPoolExecutor(6) as pool:
+        calls = [pool.submit(streams if w % 2 else unary, w, target) for w in range(6)]
+        assert [c.result(timeout=120) for c in calls]
 
 
 @pytest.mark.cuda

@@ -1,0 +1,176 @@
+"""Serialized reply messages that the D2H writes straight into: `bytes` objects page-locked once and reused.
+
+Why: gRPC Python sends a message only as `bytes`. Without this, a reply from a GPU lands in a pinned staging buffer
+and is then copied by the CPU into new bytes (host_copy.join_bytes), which costs more than the D2H itself
+(docs/benchmarks/transport.md, session 20). Here the message's own memory is page-locked (cudaHostRegister), so the
+D2H lands in it at the pinned rate and nothing is copied on the host.
+
+Reuse: a message is handed out and taken back only when nobody else holds it, read from its reference count (gRPC
+copies a message into its own buffers and drops it when the call is done; a dropped reply drops it too). Its
+length is then set to the next reply's (CPython's bytes layout, checked at import; elsewhere the pool stays off and
+replies take the copying path). Capacities are powers of two from 1 MiB, registered on first use up to
+`max_bytes`; a request finding no idle message of its class evicts idle ones of other classes, else it is
+copied as before (counted in `misses`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import sys
+import sysconfig
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from mmproc.transport.host_copy import new_bytes
+from mmproc.units import MiB
+
+logger = logging.getLogger(__name__)
+
+MIN_MESSAGE = 256 * 1024  # smaller messages are copied: their copy is short, a class of their own is not worth it
+_MIN_CLASS = MiB
+_PAGE = 4096
+# PyBytesObject: PyObject_VAR_HEAD (refcount, type, ob_size), ob_shash, then ob_sval (the bytes and a NUL).
+_SIZE_AT = object.__basicsize__
+_HASH_AT = _SIZE_AT + ctypes.sizeof(ctypes.c_ssize_t)
+_DATA_AT = bytes.__basicsize__ - 1
+
+
+def data_address(message: bytes) -> int:
+    """Address of a bytes object's first byte (CPython: the object's address plus its fixed header)."""
+    return id(message) + _DATA_AT
+
+
+def _set_length(message: bytes, n: int) -> None:
+    """Make an unshared bytes object `n` bytes long in place (n at most the length it was created with): its
+    size, the terminating NUL CPython keeps, and a hash nobody may have cached."""
+    ctypes.c_ssize_t.from_address(id(message) + _SIZE_AT).value = n
+    ctypes.c_ssize_t.from_address(id(message) + _HASH_AT).value = -1
+    ctypes.c_char.from_address(data_address(message) + n).value = b"\0"
+
+
+def _layout_checked() -> bool:
+    """Whether this interpreter lays bytes out as `_set_length` assumes (CPython with the GIL)."""
+    if sys.implementation.name != "cpython" or sysconfig.get_config_var("Py_GIL_DISABLED"):
+        return False
+    if bytes.__basicsize__ != _HASH_AT + ctypes.sizeof(ctypes.c_ssize_t) + 1:  # the hash, then the bytes
+        return False
+    probe = new_bytes(16)
+    ctypes.memmove(data_address(probe), b"0123456789abcdef", 16)
+    _set_length(probe, 5)
+    return len(probe) == 5 and probe == b"01234" and hash(probe) == hash(b"01234")
+
+
+LAYOUT_OK = _layout_checked()
+
+
+def cuda_register(address: int, nbytes: int) -> None:
+    """Page-lock host memory for fast D2H copies (cudaHostRegister); RuntimeError if CUDA refuses."""
+    import torch
+
+    code = int(torch.cuda.cudart().cudaHostRegister(address, nbytes, 0))
+    if code != 0:
+        raise RuntimeError(f"cudaHostRegister of {nbytes} bytes failed: CUDA error {code}")
+
+
+def cuda_unregister(address: int) -> None:
+    import torch
+
+    torch.cuda.cudart().cudaHostUnregister(address)
+
+
+def size_class(n: int) -> int:
+    """The capacity of the message that serves `n` bytes: a power of two, at least 1 MiB."""
+    return max(_MIN_CLASS, 1 << (n - 1).bit_length())
+
+
+@dataclass
+class _Slot:
+    capacity: int
+    last_used: int
+
+
+class PinnedMessages:
+    """At most `max_bytes` of page-locked bytes objects, reused for reply messages. Thread-safe: the front ends
+    stage replies on executor threads."""
+
+    def __init__(
+        self,
+        max_bytes: int,
+        register: Callable[[int, int], None] = cuda_register,
+        unregister: Callable[[int], None] = cuda_unregister,
+    ) -> None:
+        self.max_bytes = max_bytes
+        self.registered_bytes = 0
+        self.misses = 0  # messages copied instead: no idle message and no room (or the pool is off)
+        self.enabled = LAYOUT_OK and max_bytes >= _MIN_CLASS
+        self._register, self._unregister = register, unregister
+        self._messages: list[bytes] = []  # ours; a message is idle when only this list holds it
+        self._slots: list[_Slot] = []
+        self._idle_refs = 0
+        self._uses = 0
+        self._lock = threading.Lock()
+
+    def take(self, sizes: list[int]) -> list[bytes | None]:
+        """A message of each length in `sizes` from the pool, None for those shorter than MIN_MESSAGE (the caller
+        copies them); all None when the pool cannot serve every longer one. The contents are not initialized: the
+        caller writes every byte before anyone else sees them."""
+        out: list[bytes | None] = [None] * len(sizes)
+        wanted = [k for k, n in enumerate(sizes) if n >= MIN_MESSAGE]
+        if not self.enabled or not wanted:
+            return out
+        with self._lock:
+            taken: list[int] = []
+            for k in wanted:
+                i = self._idle(size_class(sizes[k]), taken)
+                if i is None:
+                    self.misses += 1
+                    return out
+                taken.append(i)
+            self._uses += 1
+            for i, k in zip(taken, wanted):
+                self._slots[i].last_used = self._uses
+                _set_length(self._messages[i], sizes[k])
+                out[k] = self._messages[i]
+            return out
+
+    def _refs(self, i: int) -> int:
+        return sys.getrefcount(self._messages[i])
+
+    def _idle(self, capacity: int, taken: list[int]) -> int | None:
+        """Index of an idle message of `capacity` not in `taken`: a free one, a new one, or one made in the place
+        of idle messages of other classes (least recently used first)."""
+        for i, slot in enumerate(self._slots):
+            if slot.capacity == capacity and i not in taken and self._refs(i) == self._idle_refs:
+                return i
+        while self.registered_bytes + capacity > self.max_bytes:
+            idle = [i for i, s in enumerate(self._slots) if i not in taken and self._refs(i) == self._idle_refs]
+            if not idle:
+                return None
+            self._evict(min(idle, key=lambda i: self._slots[i].last_used), taken)
+        return self._add(capacity)
+
+    def _add(self, capacity: int) -> int | None:
+        # Two spare pages after the registered range: its last page is this object's alone (registrations may
+        # not share a page); its first page may hold the end of a neighbour, which is pinned with it.
+        message = new_bytes(capacity + 2 * _PAGE)
+        try:
+            self._register(data_address(message), capacity)
+        except Exception as exc:  # locked-memory limit, a CUDA error: copy replies from now on
+            self.enabled = False
+            logger.warning("page-locked reply messages off (%s): replies are copied to the host", exc)
+            return None
+        self._messages.append(message)
+        self._slots.append(_Slot(capacity, 0))
+        self.registered_bytes += capacity
+        del message
+        self._idle_refs = self._refs(len(self._messages) - 1)
+        return len(self._messages) - 1
+
+    def _evict(self, i: int, taken: list[int]) -> None:
+        message = self._messages.pop(i)
+        slot = self._slots.pop(i)
+        self._unregister(data_address(message))
+        self.registered_bytes -= slot.capacity
+        taken[:] = [j - (j > i) for j in taken]
