@@ -15,6 +15,7 @@ copied as before (counted in `misses`).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import sys
@@ -134,6 +135,21 @@ class PinnedMessages:
                 _set_length(self._messages[i], sizes[k])
                 out[k] = self._messages[i]
             return out
+
+    def close(self) -> None:
+        """Unlock every message (one still held elsewhere stays a valid bytes object, no longer page-locked): memory
+        freed while still registered would break later copies into whatever reuses it. No reply may be staging."""
+        with self._lock:
+            self.enabled = False
+            for message in self._messages:
+                self._unregister(data_address(message))
+            self._messages.clear()
+            self._slots.clear()
+            self.registered_bytes = 0
+
+    def __del__(self) -> None:  # a pool nobody closed (a library user, a test): its messages are freed next
+        with contextlib.suppress(Exception):  # at interpreter exit CUDA may be gone, and its pages with it
+            self.close()
 
     def _refs(self, i: int) -> int:
         return sys.getrefcount(self._messages[i])

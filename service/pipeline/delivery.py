@@ -124,6 +124,8 @@ class Delivery:
         self._waiters = ThreadPoolExecutor(max_workers=8, thread_name_prefix="mmproc-lease")
 
     def close(self) -> None:
+        if self.pinned is not None:
+            self.pinned.close()
         if self.pool is not None:
             assert self._waiters is not None
             self._waiters.shutdown(wait=True, cancel_futures=True)

@@ -97,3 +97,15 @@ def test_a_refused_registration_turns_the_pool_off(caplog: pytest.LogCaptureFixt
 
 def test_size_classes() -> None:
     assert [size_class(n) for n in (1, MiB, MiB + 1, 5 * 10**6, 16 * MiB)] == [MiB, MiB, 2 * MiB, 8 * MiB, 16 * MiB]
+
+
+def test_closing_or_dropping_the_pool_unlocks_every_message_even_one_still_held() -> None:
+    pool, registry = pool_of(16 * MiB)
+    held, _ = pool.take([MiB, 2 * MiB])
+    pool.close()
+    assert registry.registered == {} and pool.registered_bytes == 0  # freed memory must not stay registered
+    assert pool.take([MiB]) == [None] and len(held) == MiB  # still a valid bytes object
+    pool, registry = pool_of(16 * MiB)
+    pool.take([MiB])
+    del pool  # never closed: the last reference unlocks it
+    assert registry.registered == {}
