@@ -104,7 +104,7 @@ class PinnedMessages:
     ) -> None:
         self.max_bytes = max_bytes
         self.registered_bytes = 0
-        self.misses = 0  # messages copied instead: no idle message and no room (or the pool is off)
+        self.misses = 0  # replies copied instead: no idle message and no room for a new one
         self.enabled = LAYOUT_OK and max_bytes >= _MIN_CLASS
         self._register, self._unregister = register, unregister
         self._messages: list[bytes] = []  # ours; a message is idle when only this list holds it
@@ -189,4 +189,4 @@ class PinnedMessages:
         slot = self._slots.pop(i)
         self._unregister(data_address(message))
         self.registered_bytes -= slot.capacity
-        taken[:] = [j - (j > i) for j in taken]
+        taken[:] = [j - 1 if j > i else j for j in taken]  # the messages after it moved down one place

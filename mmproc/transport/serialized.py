@@ -75,19 +75,15 @@ def start_staging(embeddings: Sequence[torch.Tensor], into: Sequence[torch.Tenso
         for tensor, target in zip(embeddings, into, strict=True):
             if target.numel() != tensor.nbytes:
                 raise ValueError(f"a {target.numel()}-byte destination for a {tensor.nbytes}-byte tensor")
-    out = [
-        None
-        if t.device.type != "cpu"
-        else StagedTensor(t)
-        if into is None
-        else StagedTensor(into[i].copy_(raw_bytes(t)))
-        for i, t in enumerate(embeddings)
-    ]
+    out: list[StagedTensor | None] = [None] * len(embeddings)
+    for i, t in enumerate(embeddings):
+        if t.device.type == "cpu":
+            out[i] = StagedTensor(t if into is None else into[i].copy_(raw_bytes(t)))
     on_gpu = [i for i, t in enumerate(embeddings) if t.device.type != "cpu"]
     if not on_gpu:
         return out  # type: ignore[return-value]
-    if into is None:
-        staging = torch.empty(sum(embeddings[i].nbytes for i in on_gpu), dtype=torch.uint8, pin_memory=True)
+    size = sum(embeddings[i].nbytes for i in on_gpu)
+    staging = torch.empty(size, dtype=torch.uint8, pin_memory=True) if into is None else None
     queued_on: dict[torch.device, torch.cuda.Event] = {}  # one per device: its copies follow each other
     start = 0
     for i in on_gpu:
@@ -97,11 +93,11 @@ def start_staging(embeddings: Sequence[torch.Tensor], into: Sequence[torch.Tenso
         if queued is None:
             queued = queued_on[tensor.device] = torch.cuda.Event(blocking=True)
             queued.record(stream)
-        if into is None:
+        if staging is not None:
             host = staging[start : start + tensor.nbytes].view(tensor.dtype).view(tensor.shape)
             host.copy_(tensor, non_blocking=True)  # enqueued on that same stream
         else:
-            host = into[i]
+            host = into[i]  # type: ignore[index]
             host.copy_(raw_bytes(tensor), non_blocking=True)
         ready = torch.cuda.Event()
         ready.record(stream)
