@@ -129,6 +129,15 @@ def test_freed_heap_is_kept_for_replies_only_where_a_gpu_stages_them() -> None:
     assert ServerSettings(device="cpu", host_malloc_reuse_mb=64).host_malloc_reuse_bytes == 64 * MiB  # as set
 
 
+def test_page_locked_reply_messages_only_where_a_gpu_writes_replies() -> None:
+    from mmproc.units import MiB
+
+    assert configs.reply_budget_config(ServerSettings(device="cpu")).pinned_bytes == 0
+    on_gpu = configs.reply_budget_config(ServerSettings(device="cuda:0", max_reply_mb=32))
+    assert on_gpu.pinned_bytes == 64 * MiB  # twice the reply budget: capacities round up to powers of two
+    assert configs.reply_budget_config(ServerSettings(device="cuda:0", pinned_reply_mb=0)).pinned_bytes == 0  # off
+
+
 def test_batches_are_shorter_with_the_encoder_on_the_cpu() -> None:
     """On the CPU a batch is no faster per image and its activations are host memory: a forward there may take an
     eighth of the target delay, not a quarter (the target itself is the same on every device)."""
