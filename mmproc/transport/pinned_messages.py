@@ -86,10 +86,11 @@ def size_class(n: int) -> int:
     return max(_MIN_CLASS, 1 << (n - 1).bit_length())
 
 
-@dataclass
+@dataclass(eq=False)  # compared by identity: `taken` holds the slots a reply already has
 class _Slot:
+    message: bytes  # ours; idle when only this slot holds it
     capacity: int
-    last_used: int
+    last_used: int = 0
 
 
 class PinnedMessages:
@@ -107,9 +108,8 @@ class PinnedMessages:
         self.misses = 0  # replies copied instead: no idle message and no room for a new one
         self.enabled = LAYOUT_OK and max_bytes >= _MIN_CLASS
         self._register, self._unregister = register, unregister
-        self._messages: list[bytes] = []  # ours; a message is idle when only this list holds it
         self._slots: list[_Slot] = []
-        self._idle_refs = 0
+        self._idle_refs = 0  # a message's reference count when only its slot holds it
         self._uses = 0
         self._lock = threading.Lock()
 
@@ -122,18 +122,18 @@ class PinnedMessages:
         if not self.enabled or not wanted:
             return out
         with self._lock:
-            taken: list[int] = []
+            taken: list[_Slot] = []
             for k in wanted:
-                i = self._idle(size_class(sizes[k]), taken)
-                if i is None:
+                slot = self._idle(size_class(sizes[k]), taken)
+                if slot is None:
                     self.misses += 1
                     return out
-                taken.append(i)
+                taken.append(slot)
             self._uses += 1
-            for i, k in zip(taken, wanted):
-                self._slots[i].last_used = self._uses
-                _set_length(self._messages[i], sizes[k])
-                out[k] = self._messages[i]
+            for slot, k in zip(taken, wanted):
+                slot.last_used = self._uses
+                _set_length(slot.message, sizes[k])
+                out[k] = slot.message
             return out
 
     def close(self) -> None:
@@ -141,9 +141,8 @@ class PinnedMessages:
         freed while still registered would break later copies into whatever reuses it. No reply may be staging."""
         with self._lock:
             self.enabled = False
-            for message in self._messages:
-                self._unregister(data_address(message))
-            self._messages.clear()
+            for slot in self._slots:
+                self._unregister(data_address(slot.message))
             self._slots.clear()
             self.registered_bytes = 0
 
@@ -151,23 +150,23 @@ class PinnedMessages:
         with contextlib.suppress(Exception):  # at interpreter exit CUDA may be gone, and its pages with it
             self.close()
 
-    def _refs(self, i: int) -> int:
-        return sys.getrefcount(self._messages[i])
+    def _is_idle(self, slot: _Slot) -> bool:
+        return sys.getrefcount(slot.message) == self._idle_refs
 
-    def _idle(self, capacity: int, taken: list[int]) -> int | None:
-        """Index of an idle message of `capacity` not in `taken`: a free one, a new one, or one made in the place
-        of idle messages of other classes (least recently used first)."""
-        for i, slot in enumerate(self._slots):
-            if slot.capacity == capacity and i not in taken and self._refs(i) == self._idle_refs:
-                return i
+    def _idle(self, capacity: int, taken: list[_Slot]) -> _Slot | None:
+        """An idle message of `capacity` not in `taken`: a free one, a new one, or one made in the place of idle
+        messages of other classes (least recently used first)."""
+        for slot in self._slots:
+            if slot.capacity == capacity and slot not in taken and self._is_idle(slot):
+                return slot
         while self.registered_bytes + capacity > self.max_bytes:
-            idle = [i for i, s in enumerate(self._slots) if i not in taken and self._refs(i) == self._idle_refs]
+            idle = [slot for slot in self._slots if slot not in taken and self._is_idle(slot)]
             if not idle:
                 return None
-            self._evict(min(idle, key=lambda i: self._slots[i].last_used), taken)
+            self._evict(min(idle, key=lambda slot: slot.last_used))
         return self._add(capacity)
 
-    def _add(self, capacity: int) -> int | None:
+    def _add(self, capacity: int) -> _Slot | None:
         # Two spare pages after the registered range: its last page is this object's alone (registrations may
         # not share a page); its first page may hold the end of a neighbour, which is pinned with it.
         message = new_bytes(capacity + 2 * _PAGE)
@@ -177,16 +176,14 @@ class PinnedMessages:
             self.enabled = False
             logger.warning("page-locked reply messages off (%s): replies are copied to the host", exc)
             return None
-        self._messages.append(message)
-        self._slots.append(_Slot(capacity, 0))
-        self.registered_bytes += capacity
+        slot = _Slot(message, capacity)
         del message
-        self._idle_refs = self._refs(len(self._messages) - 1)
-        return len(self._messages) - 1
+        self._slots.append(slot)
+        self.registered_bytes += capacity
+        self._idle_refs = sys.getrefcount(slot.message)
+        return slot
 
-    def _evict(self, i: int, taken: list[int]) -> None:
-        message = self._messages.pop(i)
-        slot = self._slots.pop(i)
-        self._unregister(data_address(message))
+    def _evict(self, slot: _Slot) -> None:
+        self._slots.remove(slot)
+        self._unregister(data_address(slot.message))
         self.registered_bytes -= slot.capacity
-        taken[:] = [j - 1 if j > i else j for j in taken]  # the messages after it moved down one place
