@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from mmproc.errors import UnauthenticatedError
-from service.frontends.error_mapping import map_error, to_grpc_status
+from service.frontends.error_mapping import end_call, map_error, to_grpc_status
 from service.frontends.http_app import mark_started, refusal
 from service.frontends.http_gate import add_header_gate
 
@@ -72,11 +72,11 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
         return self._refusal(handler)
 
     def _refusal(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        """A handler of the same kind that aborts at once; requests are left as raw bytes (never parsed)."""
+        """A handler of the same kind that refuses at once; requests are left as raw bytes (never parsed)."""
 
         async def refuse(request: object, context: grpc.aio.ServicerContext) -> None:
             mapped = map_error(UnauthenticatedError(_MESSAGE), metrics=self._metrics)
-            await context.abort_with_status(to_grpc_status(mapped))
+            end_call(context, to_grpc_status(mapped))
 
         async def refuse_stream(request: object, context: grpc.aio.ServicerContext) -> AsyncIterator[object]:
             await refuse(request, context)

@@ -20,7 +20,7 @@ from mmproc.priority import PRIORITY_HEADER, is_batch
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from service.frontends.auth import BearerToken, TokenInterceptor
-from service.frontends.error_mapping import map_error, to_grpc_status
+from service.frontends.error_mapping import end_call, map_error, to_grpc_status
 from service.frontends.grpc_observe import ObserveInterceptor, call_metadata, note_access
 from service.frontends.grpc_video import VideoServicerMixin
 from service.frontends.loop_hop import run_on
@@ -62,11 +62,15 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
         """`coro` on the engine's loop: the engine, the reply budget and their futures are bound to it."""
         return await run_on(self._home, coro, dispose)
 
-    def _release_when_done(self, held: ReplyHold, context: grpc.aio.ServicerContext) -> None:
-        """The hold goes back on the engine's loop, whichever loop ends the call."""
+    def _release_when_done(self, held: ReplyHold) -> None:
+        """The hold goes back on the engine's loop, whichever loop ends the call, once gRPC's task for the call is
+        done. Not `context.add_done_callback`: gRPC keeps that callback bound to the context on the call's state,
+        a reference cycle that leaves every answered call to the cyclic garbage collector."""
         home = self._home
         release = held.release if home is None else functools.partial(home.call_soon_threadsafe, held.release)
-        context.add_done_callback(lambda _: release())
+        task = asyncio.current_task()
+        assert task is not None  # grpc.aio runs every handler in a task of its own
+        task.add_done_callback(lambda _: release())
 
     @property
     def _engine(self) -> Engine:  # UnavailableError while the model loads
@@ -76,23 +80,18 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
     def _info(self) -> pb.ServerInfo:
         return self._state.info()
 
-    async def _hold_reply(
-        self, results: list[EncodedImage], deadline: float, context: grpc.aio.ServicerContext
-    ) -> ReplyHold:
+    async def _hold_reply(self, results: list[EncodedImage], deadline: float) -> ReplyHold:
         """The reply's bytes from the reply budget, before staging. Given back when the call is done (sent, failed or
-        cancelled): gRPC runs done callbacks once its call task has finished, so neither our frames nor its own
-        (the message, its serialized copy) hold the bytes any more. Those callbacks sit in a reference cycle (call
-        state <-> context) until the cyclic GC: the hold must reference none of the reply."""
+        cancelled): once gRPC's task for the call has finished, neither our frames nor its own (the message, its
+        serialized copy) hold the bytes any more. The hold references none of the reply."""
         holding = self._engine.delivery.reply_bytes(payload_bytes(results), deadline, len(results))
         held = await self._at_home(holding, dispose=ReplyHold.release)  # a hold nobody took is given back
-        self._release_when_done(held, context)
+        self._release_when_done(held)
         return held
 
-    async def _serialize(
-        self, results: list[EncodedImage], deadline: float, context: grpc.aio.ServicerContext
-    ) -> list[bytes]:
+    async def _serialize(self, results: list[EncodedImage], deadline: float) -> list[bytes]:
         """Each result's payload as bytes (EncodeVideos' reply), within the reply budget."""
-        held = await self._hold_reply(results, deadline, context)
+        held = await self._hold_reply(results, deadline)
         with self._state.metrics.time_stage("transport"):
             return await self._at_home(held.off_loop(serialized_payloads, results))
 
@@ -133,7 +132,7 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
 
     async def EncodeImages(
         self, request: pb.EncodeImagesRequest, context: grpc.aio.ServicerContext
-    ) -> pb.EncodeImagesResponse | bytes:
+    ) -> pb.EncodeImagesResponse | bytes | None:
         try:
             request_id, deadline, results = await self._run(request, context)
             if request.headers_only:
@@ -147,14 +146,14 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
                     f"reply of {size} bytes exceeds the {self._info.max_message_bytes}-byte message cap; "
                     "use EncodeImagesStream"
                 )
-            held = await self._hold_reply(results, deadline, context)
+            held = await self._hold_reply(results, deadline)
             note_access(tokens=sum(r.num_tokens for r in results), transport="serialized")
             with self._state.metrics.time_stage("transport"):
                 pinned = self._engine.delivery.pinned
                 return await self._at_home(held.off_loop(serialized_reply, request_id, results, pinned))  # bytes
         except Exception as exc:  # every failure leaves through the one mapping
-            await self._abort(context, request, exc)
-            raise  # unreachable: abort raises
+            self._fail(context, request, exc)
+            return None
 
     async def EncodeImagesStream(self, request: pb.EncodeImagesRequest, context: grpc.aio.ServicerContext):
         try:
@@ -162,36 +161,39 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
             if request.headers_only:  # nothing to stream: a unary reply carries the headers
                 raise InvalidRequestError("headers_only requests go to EncodeImages", reason=Reason.BAD_REQUEST)
             request_id, deadline, results = await self._run(request, context, ipc=False)
-            held = await self._hold_reply(results, deadline, context)
+            held = await self._hold_reply(results, deadline)
             with self._state.metrics.time_stage("transport"):
                 chunk = self._info.stream_chunk_bytes
                 pinned = self._engine.delivery.pinned
                 messages = await self._at_home(held.off_loop(serialized_stream, request_id, results, chunk, pinned))
         except Exception as exc:
-            await self._abort(context, request, exc)
+            self._fail(context, request, exc)
             return
         for message in messages:
             yield message  # serialized already: passed through by passthrough_serializer (add_encoder_servicer)
 
-    async def GetServerInfo(self, request: pb.GetServerInfoRequest, context: grpc.aio.ServicerContext) -> pb.ServerInfo:
+    async def GetServerInfo(
+        self, request: pb.GetServerInfoRequest, context: grpc.aio.ServicerContext
+    ) -> pb.ServerInfo | None:
         try:
             return self._info
         except Exception as exc:  # not loaded yet: UNAVAILABLE
-            await self._abort(context, request, exc)
-            raise
+            self._fail(context, request, exc)
+            return None
 
     async def Session(self, requests, context: grpc.aio.ServicerContext):
         try:
             pool = self._engine.pool
         except Exception as exc:  # the model is still loading: UNAVAILABLE, not UNKNOWN
-            await self._abort(context, None, exc)
+            self._fail(context, None, exc)
             return
         async for event in run_session(pool, requests, context):
             if event.HasField("opened"):
                 self._state.metrics.ipc_sessions_opened.inc()
             yield event
 
-    async def _abort(self, context: grpc.aio.ServicerContext, request: object, exc: BaseException) -> None:
+    def _fail(self, context: grpc.aio.ServicerContext, request: object, exc: BaseException) -> None:
+        """End the call with `exc`'s status (the one mapping); the handler returns right after."""
         mapped = map_error(exc, metrics=self._state.metrics)  # counted and logged there, with the request id
         remaining = context.time_remaining()
         if remaining is not None and remaining <= 0:
@@ -200,7 +202,7 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
             raise asyncio.CancelledError
         items = "videos" if hasattr(request, "videos") else "images"  # EncodeVideosRequest or an image request
         note_access(reason=mapped.reason)
-        await context.abort_with_status(to_grpc_status(mapped, items))
+        end_call(context, to_grpc_status(mapped, items))
 
 
 class _HandlerRecorder:

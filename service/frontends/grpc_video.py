@@ -28,7 +28,7 @@ def video_service(engine) -> VideoService:
 class VideoServicerMixin:
     async def EncodeVideos(
         self, request: pb.EncodeVideosRequest, context: grpc.aio.ServicerContext
-    ) -> pb.EncodeVideosResponse:
+    ) -> pb.EncodeVideosResponse | None:
         try:
             request_id = request.request_id or uuid.uuid4().hex[:16]
             remaining = context.time_remaining()
@@ -55,8 +55,8 @@ class VideoServicerMixin:
                     "send fewer videos per request, sample fewer frames or use the IPC transport",
                     reason=Reason.TOO_MANY_FRAMES,
                 )
-            payloads = await self._serialize(chunks, deadline, context)
+            payloads = await self._serialize(chunks, deadline)
             return serialized_video_reply(request_id, videos, payloads)
         except Exception as exc:  # every failure leaves through the one mapping
-            await self._abort(context, request, exc)
-            raise  # unreachable: abort raises
+            self._fail(context, request, exc)
+            return None

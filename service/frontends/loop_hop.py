@@ -84,3 +84,7 @@ async def run_on(
             if outcome.done() and outcome.exception() is None and dispose is not None:
                 home.call_soon_threadsafe(dispose, outcome.result())
         raise
+    except BaseException:  # the error's traceback holds this frame: nothing here may hold the error (a cycle)
+        outcome = None  # type: ignore[assignment]  # delivered: nobody reads it again
+        started.clear()  # the task keeps its error too
+        raise

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 
+import grpc
 import pytest
 
 from service.process.gc_pauses import freeze_start_up_objects
@@ -55,3 +56,44 @@ def test_a_decode_worker_starts_with_its_imports_frozen() -> None:
     assert out.returncode == 0, out.stderr
     frozen, scanned = map(int, out.stdout.split())
     assert frozen > 10_000 and scanned < frozen // 10, (frozen, scanned)
+
+
+def live(kind: type) -> int:
+    return sum(type(o) is kind for o in gc.get_objects())
+
+
+def test_a_finished_call_leaves_its_request_to_reference_counting_not_to_the_collector() -> None:
+    """Under overload most calls are refusals: each one left in a reference cycle (gRPC's abort keeps its error on
+    the call's state) held its request, image bytes included, until a collection came."""
+    from mmproc.v1 import encoder_pb2 as pb
+    from mmproc.v1 import encoder_pb2_grpc as pb_grpc
+    from tests.support.common import wait_until
+    from tests.support.media_samples import encode_image, random_image
+    from tests.support.server import serving, test_settings
+
+    image = encode_image(random_image(64, 48, seed=1), "png")
+    too_many = pb.EncodeImagesRequest(images=[image] * 3, transport=pb.TRANSPORT_SERIALIZED)
+    answered = pb.EncodeImagesRequest(images=[image], transport=pb.TRANSPORT_SERIALIZED, cache_bypass=True)
+    with serving(test_settings(max_images_per_request=2)) as server, grpc.insecure_channel(server.grpc_target) as ch:
+        stub = pb_grpc.EncoderStub(ch)
+        stub.EncodeImages(answered, timeout=30)  # warm: first calls build what later ones reuse
+        gc.collect()
+        gc.disable()
+        try:
+            before = live(pb.EncodeImagesRequest)
+            for _ in range(5):
+                with pytest.raises(grpc.RpcError) as info:
+                    stub.EncodeImages(too_many, timeout=30)
+                assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "limit 2" in info.value.details()
+                assert "x-request-id" in dict(info.value.trailing_metadata())
+                with pytest.raises(grpc.RpcError) as info:
+                    list(stub.EncodeImagesStream(too_many, timeout=30))
+                assert info.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+                assert len(stub.EncodeImages(answered, timeout=30).embeddings) == 1
+            # The server ends its side of a call just after the client has its status: wait for that, not for a
+            # collection (disabled), which alone would free a request held in a cycle.
+            wait_until(lambda: live(pb.EncodeImagesRequest) == before, timeout=5)
+            left = live(pb.EncodeImagesRequest) - before
+        finally:
+            gc.enable()
+    assert left == 0, f"{left} requests of 15 finished calls wait for the garbage collector"
