@@ -101,7 +101,7 @@ def init_worker(memory_budget_bytes: int, log_level: str, log_json: bool) -> Non
     not a debugging event) and SIGINT is ignored: the parent decides when workers stop. Logs go to the
     inherited stderr in the server's format, each line naming the request it decodes for.
     """
-    configure_logging(log_level, log_json)
+    configure_logging(log_level, log_json, background=False)  # rare lines; a worker may end without exiting
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGVTALRM, _on_budget_alarm)  # see run_task
     signal.signal(signal.SIGPROF, signal.SIG_DFL)

@@ -219,7 +219,8 @@ class Service:
             )
             if token is not None:
                 require_bearer_token(app, token, self.metrics)
-            config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False)
+            # log_config=None: uvicorn's lines go through ours (JSON when asked, the log's own writer thread)
+            config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False, log_config=None)
             self._http = _EmbeddedUvicorn(config)
             self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]))
             while not self._http.started and not self._http_task.done():

@@ -17,6 +17,8 @@ import uuid
 from collections.abc import Iterator
 from contextvars import ContextVar
 
+from service.process.log_writer import BackgroundWriter
+
 NO_REQUEST = "-"
 REQUEST_ID: ContextVar[str] = ContextVar("mmproc_request_id", default=NO_REQUEST)
 
@@ -102,14 +104,38 @@ class JsonFormatter(logging.Formatter):
             entry.update({k: v for k, v in fields.items() if k not in entry})
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
+        elif record.exc_text:  # formatted already (a record that came through the writer's queue)
+            entry["exception"] = record.exc_text
         return json.dumps(entry)
 
 
-def configure_logging(level: str, as_json: bool) -> logging.Handler:
-    """Replace the root handlers with one stderr handler (text or JSON lines) that stamps request ids."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if as_json else logging.Formatter(TEXT_FORMAT))
-    handler.addFilter(RequestIdFilter())
+_writer: BackgroundWriter | None = None
+
+
+def flush_logs(timeout: float = 5.0) -> bool:
+    """Wait until every record logged so far has been written (tests read what was written)."""
+    return _writer.flush(timeout) if _writer is not None else True
+
+
+def dropped_log_records() -> int:
+    """Records dropped because the log's writer was behind (mmproc_log_records_dropped_total)."""
+    return _writer.queued.dropped if _writer is not None else 0
+
+
+def configure_logging(level: str, as_json: bool, *, background: bool = True) -> logging.Handler:
+    """Replace the root handlers with one stderr handler (text or JSON lines) that stamps request ids; written
+    by a thread of its own when `background` (service/process/log_writer.py), else by the thread that logs.
+    Returns the handler the root logger has."""
+    global _writer
+    stream = logging.StreamHandler(sys.stderr)
+    stream.setFormatter(JsonFormatter() if as_json else logging.Formatter(TEXT_FORMAT))
+    if _writer is not None:  # configured again (tests): the earlier writer finishes its queue first
+        _writer.stop()
+        _writer = None
+    if background:
+        _writer = BackgroundWriter(stream)
+    handler = _writer.queued if _writer is not None else stream
+    handler.addFilter(RequestIdFilter())  # on the logging thread: the request id is that thread's context
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

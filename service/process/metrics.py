@@ -33,6 +33,7 @@ from mmproc.runner import BatchStats
 from mmproc.transport.pinned_messages import PinnedMessages
 from mmproc.v1 import encoder_pb2 as pb
 from service.process.gc_pauses import GcPauses
+from service.process.logs import dropped_log_records
 from service.process.thread_cpu import CpuByRole
 
 # tier -> (hits, misses, coalesced, inserts, evictions, bytes, capacity bytes, entries); invalid replays; bypassed
@@ -100,6 +101,15 @@ class _PinnedRepliesCollector:
             "mmproc_reply_pinned_misses", "Serialized replies from a GPU staged and copied instead: no idle "
             "page-locked message and no room for one.",
             value=0 if pinned is None else pinned.misses,
+        )  # fmt: skip
+
+
+class _LogDropsCollector:
+    def collect(self) -> Iterable[CounterMetricFamily]:
+        yield CounterMetricFamily(
+            "mmproc_log_records_dropped", "Log records dropped, not waited for: the log's reader had fallen "
+            "behind and the writer's queue was full (service/process/log_writer.py).",
+            value=dropped_log_records(),
         )  # fmt: skip
 
 
@@ -210,6 +220,7 @@ class Metrics:
         self._cache_collector: _CacheCollector | None = None  # registered with the first engine's cache
         self._cpu = CpuByRole()  # mmproc_cpu_seconds_total{role}, read from /proc at scrape time
         r.register(self._cpu)
+        r.register(_LogDropsCollector())
 
     # -- helpers for the engine and the front ends ---------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Iterator
 
@@ -255,7 +256,7 @@ def test_refusals_before_the_handler_carry_the_callers_request_id(captured, tmp_
 
 
 def test_grpcs_error_for_a_reply_on_a_call_the_client_ended_is_one_info_line(capsys) -> None:
-    from service.process.logs import configure_logging
+    from service.process.logs import configure_logging, flush_logs
 
     root = logging.getLogger()
     saved, level = root.handlers[:], root.level
@@ -268,6 +269,7 @@ def test_grpcs_error_for_a_reply_on_a_call_the_client_ended_is_one_info_line(cap
                 "ExecuteBatchError raised in core by servicer method [%s]", "/mmproc.v1.Encoder/EncodeImages"
             )
         logging.getLogger("grpc._cython.cygrpc").error("another gRPC error")  # left as it is
+        assert flush_logs()  # written by the log's own thread
     finally:
         root.handlers[:] = saved
         root.setLevel(level)
@@ -275,3 +277,71 @@ def test_grpcs_error_for_a_reply_on_a_call_the_client_ended_is_one_info_line(cap
     assert [line.split()[2] for line in lines] == ["INFO", "ERROR"], lines
     assert "the client had ended the call" in lines[0] and "EncodeImages" in lines[0]
     assert not any("Traceback" in line for line in lines)
+
+
+def test_a_log_reader_that_falls_behind_costs_log_lines_never_a_wait() -> None:
+    from service.process.log_writer import BackgroundWriter
+
+    class Stuck(logging.Handler):  # a reader that stopped reading: every write blocks until released
+        def __init__(self) -> None:
+            super().__init__()
+            self.unblock, self.lines = threading.Event(), []
+
+        def emit(self, record: logging.LogRecord) -> None:
+            self.unblock.wait()
+            self.lines.append(self.format(record))
+
+    stuck = Stuck()
+    writer = BackgroundWriter(stuck, capacity=4)
+    log = logging.getLogger("tests.log_writer")
+    log.propagate, log.handlers[:] = False, [writer.queued]
+    try:
+        started = time.perf_counter()
+        for n in range(20):
+            log.warning("line %d", n)
+        assert time.perf_counter() - started < 0.5  # nobody waited for the stuck writer
+        assert 14 <= writer.queued.dropped <= 16  # 4 queued, one taken by the writer (which may not have yet)
+        stuck.unblock.set()
+        assert writer.flush()  # caught up
+        log.warning("after")  # room again: the drop is reported before this line
+        assert writer.flush()
+    finally:
+        writer.stop()
+    dropped = writer.queued.dropped
+    assert stuck.lines[-2:] == [f"{dropped} log records dropped: the log's reader fell behind", "after"]
+    assert stuck.lines[:-2] == [f"line {n}" for n in range(20 - dropped)]
+
+
+def test_a_server_whose_stderr_nobody_reads_keeps_answering() -> None:
+    """A full pipe (a stuck log shipper) blocked the front ends' loops at their next access line."""
+    import subprocess
+    import sys
+
+    import grpc
+
+    from mmproc.v1 import encoder_pb2 as pb
+    from mmproc.v1 import encoder_pb2_grpc as pb_grpc
+    from tests.service.test_lifecycle import wait_serving
+    from tests.support.common import free_port
+
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "service.process.cli", "serve", "--grpc-address", f"127.0.0.1:{port}",
+         "--http-address", "", "--preprocess-workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        wait_serving(f"127.0.0.1:{port}")
+        calls = 1500  # ~200 KB of access lines: three times what a pipe holds
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.EncoderStub(channel)
+            for _ in range(calls):
+                stub.GetServerInfo(pb.GetServerInfoRequest(), timeout=5)
+        proc.terminate()
+        lines = proc.stderr.read().decode().splitlines()  # read at last: what was queued follows
+        assert proc.wait(30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert sum("method=GetServerInfo code=OK" in line for line in lines) == calls
+    assert not [line for line in lines if "dropped" in line]

@@ -46,7 +46,7 @@ def test_every_family_is_exported_before_any_traffic(tiny_server) -> None:
         "mmproc_ipc_pool_capacity_bytes", "mmproc_ipc_leases", "mmproc_ipc_fallbacks", "mmproc_ipc_sessions_opened",
         "mmproc_decode_worker_crashes", "mmproc_decode_worker_retirements", "mmproc_decode_quarantined_images",
         "mmproc_build_info", "process_cpu_seconds", "mmproc_cpu_seconds", "mmproc_reply_pinned_bytes",
-        "mmproc_reply_pinned_misses",
+        "mmproc_reply_pinned_misses", "mmproc_log_records_dropped",
     ):  # fmt: skip
         assert family in families, family
     for stage in STAGES:
@@ -57,6 +57,7 @@ def test_every_family_is_exported_before_any_traffic(tiny_server) -> None:
     assert (
         value(samples, "mmproc_reply_pinned_bytes") == 0.0 and value(samples, "mmproc_reply_pinned_misses_total") == 0
     )
+    assert value(samples, "mmproc_log_records_dropped_total") == 0.0
 
 
 def test_counters_and_histograms_move_under_load(tiny_server) -> None:
