@@ -190,12 +190,20 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except ConfigError as err:
-        print(f"mmproc: configuration error: {err}", file=sys.stderr)
+        _say_last(f"mmproc: configuration error: {err}")
         return 2
     except MmprocError as err:
         logging.getLogger("mmproc").debug("command failed", exc_info=True)
-        print(f"mmproc: {type(err).__name__}: {err}", file=sys.stderr)
+        _say_last(f"mmproc: {type(err).__name__}: {err}")
         return 1
+
+
+def _say_last(line: str) -> None:
+    """`line` on stderr after every log line logged before it (the log's own thread writes those)."""
+    from service.process.logs import flush_logs
+
+    flush_logs()
+    print(line, file=sys.stderr)
 
 
 if __name__ == "__main__":
