@@ -3,10 +3,10 @@
 Every request leaves an access line, hundreds a second under overload, most from the front ends' event loops.
 Written there, each line is a write to stderr on the loop: if whatever reads stderr (a container runtime, a
 pipe to a log shipper) falls behind, the pipe fills and the write blocks the loop, and every request with it.
-Each write also gives up the GIL and waits to take it back behind the server's other threads. Here the loops
-hand their records to a bounded queue; one writer thread formats and writes them. When the queue is full a
-record is dropped, not waited for: the writer reports how many (a WARNING line) once it has room again, and
-`mmproc_log_records_dropped_total` counts them.
+Here the loops hand their records to a bounded queue; one writer thread formats and writes them. When the queue
+is full a record is dropped, not waited for: the writer reports how many (a WARNING line) once it has room again,
+and `mmproc_log_records_dropped_total` counts them. At exit the queue is written (atexit); a process killed
+outright loses what was still queued.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import logging.handlers
 import queue
 import threading
 
-QUEUED_RECORDS = 10_000  # ~2 MB of records: tens of seconds of access lines at overload rates
+QUEUED_RECORDS = 10_000  # ~9 MB of access-line records: tens of seconds of them at overload rates
 
 
 class QueuedHandler(logging.handlers.QueueHandler):
