@@ -109,6 +109,11 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+def text_formatter() -> logging.Formatter:
+    """TEXT_FORMAT; a record that passed no RequestIdFilter (the log writer's own report) reads as no request's."""
+    return logging.Formatter(TEXT_FORMAT, defaults={"request_id": NO_REQUEST})
+
+
 _writer: BackgroundWriter | None = None
 
 
@@ -128,7 +133,7 @@ def configure_logging(level: str, as_json: bool, *, background: bool = True) -> 
     Returns the handler the root logger has."""
     global _writer
     stream = logging.StreamHandler(sys.stderr)
-    stream.setFormatter(JsonFormatter() if as_json else logging.Formatter(TEXT_FORMAT))
+    stream.setFormatter(JsonFormatter() if as_json else text_formatter())
     if _writer is not None:  # configured again (tests): the earlier writer finishes its queue first
         _writer.stop()
         _writer = None

@@ -310,6 +310,15 @@ def test_a_log_reader_that_falls_behind_costs_log_lines_never_a_wait() -> None:
     dropped = writer.queued.dropped
     assert stuck.lines[-2:] == [f"{dropped} log records dropped: the log's reader fell behind", "after"]
     assert stuck.lines[:-2] == [f"line {n}" for n in range(20 - dropped)]
+    # The report is the writer's own record: the server's text format reads it as no request's.
+    from service.process.log_writer import _dropped_record
+    from service.process.logs import text_formatter
+
+    assert (
+        text_formatter()
+        .format(_dropped_record(dropped))
+        .endswith(f"WARNING service.process.log_writer [-] {dropped} log records dropped: the log's reader fell behind")
+    )
 
 
 def test_a_server_whose_stderr_nobody_reads_keeps_answering() -> None:
