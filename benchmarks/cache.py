@@ -3,7 +3,7 @@
 1. Content hash: MB/s of xxh3-128, blake3 and sha256 (the yardstick) over image-sized byte strings, median of
    `--reps` passes each; the ratio to sha256 is printed.
 2. Eviction policy: hit ratio (and byte hit ratio) of S3-FIFO and LRU replaying the same seeded trace through the
-   cache's own store (service/cache/embedding_cache.py), at several capacities. The trace mixes a Zipf(`--zipf`)
+   cache's own store (service/pipeline/cache/store.py), at several capacities. The trace mixes a Zipf(`--zipf`)
    popular set (chat turns re-sending images, agents re-sending screenshots) with a share of images seen once
    (batch jobs, `--one-hit-share`), with embedding sizes drawn from a few image sizes.
 
@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from mmproc.bench.serve_stats import environment
-from service.cache.cache_key import content_hash
-from service.cache.cache_policy import POLICIES
-from service.cache.embedding_cache import CacheStore, Entry
+from service.pipeline.cache.keys import content_hash
+from service.pipeline.cache.policy import POLICIES
+from service.pipeline.cache.store import CacheStore, Entry
 
 # Embedding bytes of typical images (tokens x 2048 x bf16): thumbnail, 448^2, 1024x768, a 4K screenshot.
 SIZES_KIB = (256, 1024, 3072, 16384)

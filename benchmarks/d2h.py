@@ -31,11 +31,11 @@ from mmproc.transport.pinned_messages import PinnedMessages
 from mmproc.units import MiB
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire import read_chunk
+from service.app.host_memory import reuse_freed_host_memory, set_torch_threads
+from service.app.settings import CUDA_HOST_MALLOC_REUSE_MB, STREAM_CHUNK_MB, ServerSettings
 from service.frontends.replies import passthrough_serializer, serialized_payloads, serialized_reply, serialized_stream
-from service.pipeline.engine import EncodedImage
+from service.pipeline.images import EncodedImage
 from service.pipeline.reply_budget import ReplyBudgetConfig
-from service.process.host_memory import reuse_freed_host_memory, set_torch_threads
-from service.process.settings import CUDA_HOST_MALLOC_REUSE_MB, STREAM_CHUNK_MB, ServerSettings
 
 
 def _copy_ms(src: torch.Tensor, dst: torch.Tensor, reps: int) -> float:
@@ -149,15 +149,15 @@ def loopback(
     """The real gRPC server (`create_server`, its servicer and handlers, the delivery's reply budget and page-locked
     messages of `pinned_bytes`) on 127.0.0.1, in its own thread and event loop, with an engine that answers a
     request's images with `answer(images)`: the transport alone, no model. Yields the target address."""
-    from service.frontends.grpc_server import create_server
+    from service.frontends.grpc.server import create_server
+    from service.observe.metrics import Metrics
     from service.pipeline.delivery import Delivery
     from service.pipeline.state import ServingState
-    from service.process.metrics import Metrics
 
     metrics = Metrics()
     sample = answer([b"\x00"])[0].embedding
 
-    class FixedEngine:  # what the servicer uses of service.pipeline.engine.Engine
+    class FixedEngine:  # what the servicer uses of service.pipeline.images.Engine
         pool = None
         delivery = Delivery(sample.shape[-1], sample.dtype, metrics, ReplyBudgetConfig(pinned_bytes=pinned_bytes))
 

@@ -1,4 +1,4 @@
-"""`mmproc bench decode`: what decode isolation costs, thread pool vs process pool (service/pipeline/decode_pool.py).
+"""`mmproc bench decode`: what decode isolation costs, thread pool vs process pool (service/pipeline/decode/pool.py).
 
 For each image size it reports, per isolation mode:
   latency   one request of one image at a time (median of --repeat), i.e. the per-image overhead
@@ -30,7 +30,7 @@ from PIL import Image
 from mmproc.bench.report import Progress, bars, save_plot, table
 from mmproc.media import MediaLimits
 from mmproc.preprocess import PreprocessConfig
-from service.pipeline.decode_pool import DecodePool, DecodePoolConfig
+from service.pipeline.decode.pool import DecodePool, DecodePoolConfig
 
 
 def _image(side: int, fmt: str) -> bytes:
@@ -74,7 +74,7 @@ def run(sizes: Sequence[int], workers: int, repeat: int, concurrency: int, quiet
         pools[isolation] = pool
     process = pools["process"]
     results["worker_rss_mb"] = [_rss_kb(pid) / 1024 for pid in process.worker_pids()]
-    pool_log = logging.getLogger("service.pipeline.decode_pool")
+    pool_log = logging.getLogger("service.pipeline.decode.pool")
     level, started = pool_log.level, time.perf_counter()
     pool_log.setLevel(logging.ERROR)  # its "a worker died" warning: this replacement is deliberate
     try:

@@ -1,6 +1,6 @@
 """`mmproc bench malloc_arenas`: the main process's RSS under reply-sized allocations, by glibc arena cap.
 
-Each cap runs in a fresh process that applies it the way `mmproc serve` does (service/process/host_memory.py:
+Each cap runs in a fresh process that applies it the way `mmproc serve` does (service/app/host_memory.py:
 the arena cap, then the 1 GiB freed-memory reuse). `--threads` threads (a 16-core host's reply threads) then take
 turns, at most `--holders` at a time, holding two blocks of 4-24 MB each (a reply's message chunks) and freeing
 them. The live set never passes holders x 2 x 24 MB; what passes it is freed memory that an arena keeps for its
@@ -22,8 +22,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from mmproc.units import MiB
-from service.process.host_memory import limit_malloc_arenas, reuse_freed_host_memory
-from service.process.settings import CUDA_HOST_MALLOC_REUSE_MB
+from service.app.host_memory import limit_malloc_arenas, reuse_freed_host_memory
+from service.app.settings import CUDA_HOST_MALLOC_REUSE_MB
 
 CHECKOUT = Path(__file__).resolve().parents[1]  # each cap runs as `python -m benchmarks.malloc_arenas` from here
 

@@ -65,7 +65,7 @@ class Server:
         self.grpc = f"127.0.0.1:{free_port()}"
         self.http = f"http://127.0.0.1:{free_port()}"
         command = [
-            sys.executable, "-m", "service.process.cli", "serve", "--model-path", str(model), "--dtype", "bfloat16",
+            sys.executable, "-m", "service.app.cli", "serve", "--model-path", str(model), "--dtype", "bfloat16",
             "--cache-mb", "512" if cache else "0", "--max-queue-delay-ms", "600000", "--drain-delay-s", "0",
             "--grpc-address", self.grpc, "--http-address", self.http.removeprefix("http://"),
         ]  # fmt: skip

@@ -65,7 +65,7 @@ def main() -> None:
 
         model = write_k25_engine_checkpoint(Path(tempfile.mkdtemp()) / "tiny-k25")
     target = f"127.0.0.1:{free_port()}"
-    serve = [sys.executable, "-m", "service.process.cli", "serve", "--model-path", str(model), "--grpc-address", target]
+    serve = [sys.executable, "-m", "service.app.cli", "serve", "--model-path", str(model), "--grpc-address", target]
     server = subprocess.Popen([*serve, "--http-address", ""], cwd=REPO)
     try:
         wait_ready(target, server)

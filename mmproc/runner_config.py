@@ -1,5 +1,5 @@
 """The runner's settings (mmproc/runner.py), torch-free so that the server's settings take their defaults from here
-(service/process/settings.py): each default is written once."""
+(service/app/settings.py): each default is written once."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """Which OS threads of this process do what: the server reports its CPU seconds by role from it
-(service/process/thread_cpu.py).
+(service/observe/thread_cpu.py).
 
 A thread names itself (`register(role)`), or a component names the threads it started: `task_ids()` before and
 after, then `register_tids(role, after - before)`. Process-wide on purpose: thread ids belong to the process, and

@@ -25,11 +25,11 @@ tree_cpu() { python3 scripts/tree_cpu_seconds.py "$1"; }  # the server and its d
 
 for side in on off; do
   flag=--gpu-preprocess; [ "$side" = off ] && flag=--no-gpu-preprocess
-  python3 -m service.process.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto $flag \
+  python3 -m service.app.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto $flag \
     --grpc-address 127.0.0.1:$PORT --http-address "" --ipc-pool-mb 2048 > "$OUT/server_$side.log" 2>&1 &
   server=$!
-  for _ in $(seq 300); do python3 -m service.process.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
-  python3 -m service.process.cli health --target 127.0.0.1:$PORT >/dev/null || { echo "server ($side) never SERVING"; tail -20 "$OUT/server_$side.log"; kill $server; continue; }
+  for _ in $(seq 300); do python3 -m service.app.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
+  python3 -m service.app.cli health --target 127.0.0.1:$PORT >/dev/null || { echo "server ($side) never SERVING"; tail -20 "$OUT/server_$side.log"; kill $server; continue; }
   common=(--target 127.0.0.1:$PORT --device cuda:0 --format jpeg --transport ipc --quiet)
   python3 -m mmproc.bench.serve "${common[@]}" --images-per-request 4 --resolutions 512x512 --requests 40 --warmup 0 \
     --concurrency 8 > /dev/null 2>&1  # warm: pos-emb tables, graphs, workers

@@ -39,15 +39,15 @@ if [ -z "${SKIP_TESTS:-}" ]; then  # SKIP_TESTS=1: the bench alone (the tests ra
 fi
 
 PORT=${PORT:-50161}
-python3 -m service.process.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport ipc \
+python3 -m service.app.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport ipc \
   --grpc-address 127.0.0.1:$PORT --http-address "" --ipc-pool-mb 2048 --cache-ipc-mb 1024 --log-json \
   > "$OUT/cache_server.log" 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null; wait $server' EXIT
-for _ in $(seq 300); do python3 -m service.process.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
-python3 -m service.process.cli health --target 127.0.0.1:$PORT || { echo "server never became SERVING"; exit 1; }
+for _ in $(seq 300); do python3 -m service.app.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
+python3 -m service.app.cli health --target 127.0.0.1:$PORT || { echo "server never became SERVING"; exit 1; }
 
-python3 -m service.process.cli bench serve --target 127.0.0.1:$PORT --device cuda:0 --transport ipc \
+python3 -m service.app.cli bench serve --target 127.0.0.1:$PORT --device cuda:0 --transport ipc \
   --repeat-ratio 0,0.5,0.9 --requests "${REQUESTS:-200}" --clients "${CLIENTS:-4}" --concurrency "${CONCURRENCY:-4}" \
   --images-per-request 1 --resolutions "${RESOLUTION:-1024x768}" --format jpeg --warmup 8 --rounds 2 --quiet \
   --json "$OUT/cache_bench.json" --markdown "$OUT/cache_bench.md" 2>&1 | tee "$OUT/cache_bench.log"
@@ -77,6 +77,6 @@ for name, ms in (("all-hit IPC requests", hits), ("requests with a miss", misses
 EOF
 cat "$OUT/server_hits.txt"
 grep -E '"level": "(WARNING|ERROR)"' "$OUT/cache_server.log" | head -20
-[ -n "${SKIP_TESTS:-}" ] || python3 -m service.process.cli bench cache --json "$OUT/policy.json" > "$OUT/policy.md" 2>&1
+[ -n "${SKIP_TESTS:-}" ] || python3 -m service.app.cli bench cache --json "$OUT/policy.json" > "$OUT/policy.md" 2>&1
 echo "# tests rc=$tests_rc bench rc=$bench_rc"
 [ "$tests_rc" -eq 0 ] && [ "$bench_rc" -eq 0 ]

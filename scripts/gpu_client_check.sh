@@ -24,12 +24,12 @@ if [ -z "${SKIP_TESTS:-}" ]; then  # SKIP_TESTS=1: the bench alone (the tests ra
     tests/transport/test_multi_gpu.py tests/transport/test_fanout.py tests/client 2>&1 | tee -a "$OUT/client_tests.log"
   tests_rc=${PIPESTATUS[0]}
 fi
-python3 -m service.process.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto \
+python3 -m service.app.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto \
   --grpc-address 127.0.0.1:$PORT --http-address "" --ipc-pool-mb 1024 > "$OUT/client_server.log" 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null; wait $server' EXIT
-for _ in $(seq 300); do python3 -m service.process.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
-python3 -m service.process.cli health --target 127.0.0.1:$PORT || { echo "server never became SERVING"; exit 1; }
+for _ in $(seq 300); do python3 -m service.app.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
+python3 -m service.app.cli health --target 127.0.0.1:$PORT || { echo "server never became SERVING"; exit 1; }
 for transport in auto serialized; do
   python3 -m mmproc.bench.client --target 127.0.0.1:$PORT --device cuda:0 --transport $transport --images 1,4 \
     --size 512 --requests "${REQUESTS:-300}" --profile --json "$OUT/client_$transport.json" 2>&1 \

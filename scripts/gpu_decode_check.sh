@@ -34,14 +34,14 @@ stop_servers() {  # ${a[@]+...}: an empty array under `set -u` on any bash
 }
 trap stop_servers EXIT
 healthy() {  # GRPC_PORT LOG
-  for _ in $(seq 300); do python3 -m service.process.cli health --target 127.0.0.1:$1 >/dev/null 2>&1 && return 0; sleep 1; done
+  for _ in $(seq 300); do python3 -m service.app.cli health --target 127.0.0.1:$1 >/dev/null 2>&1 && return 0; sleep 1; done
   echo "the server on :$1 never became SERVING:"; tail -20 "$2"; return 1
 }
 flags=(--model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto --ipc-pool-mb 2048 --cache-mb 0)
-python3 -m service.process.cli serve "${flags[@]}" --grpc-address 127.0.0.1:$PORT --http-address 127.0.0.1:$((PORT + 1)) \
+python3 -m service.app.cli serve "${flags[@]}" --grpc-address 127.0.0.1:$PORT --http-address 127.0.0.1:$((PORT + 1)) \
   --gpu-decode on > "$OUT/server_on.log" 2>&1 &
 on=$!
-python3 -m service.process.cli serve "${flags[@]}" --grpc-address 127.0.0.1:$((PORT + 2)) \
+python3 -m service.app.cli serve "${flags[@]}" --grpc-address 127.0.0.1:$((PORT + 2)) \
   --http-address 127.0.0.1:$((PORT + 3)) --gpu-decode off > "$OUT/server_off.log" 2>&1 &
 off=$!
 servers=($on $off)

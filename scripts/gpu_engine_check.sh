@@ -8,12 +8,12 @@ set -uo pipefail
 OUT=${OUT:-/tmp/out}
 PORT=${PORT:-50161}
 export PYTHONUNBUFFERED=1 PYTHONPATH=".${PYTHONPATH:+:$PYTHONPATH}"
-python3 -m service.process.cli serve --model kimi-k3 --device cuda:0 --dtype bfloat16 --transport auto \
+python3 -m service.app.cli serve --model kimi-k3 --device cuda:0 --dtype bfloat16 --transport auto \
   --grpc-address 127.0.0.1:$PORT --http-address "" --ipc-pool-mb 1024 > "$OUT/k3_server.log" 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null; wait $server' EXIT
-for _ in $(seq 300); do python3 -m service.process.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
-python3 -m service.process.cli health --target 127.0.0.1:$PORT || { echo "K3 server never became SERVING"; tail -30 "$OUT/k3_server.log"; exit 1; }
+for _ in $(seq 300); do python3 -m service.app.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
+python3 -m service.app.cli health --target 127.0.0.1:$PORT || { echo "K3 server never became SERVING"; tail -30 "$OUT/k3_server.log"; exit 1; }
 common=(--target 127.0.0.1:$PORT --device cuda:0 --images-per-request 1 --resolutions 448x448 --format jpeg
         --requests 300 --warmup 30 --concurrency 1 --quiet)
 python3 -m mmproc.bench.serve "${common[@]}" --compare transport --rounds 2 --json "$OUT/k3_serve_1x448.json"

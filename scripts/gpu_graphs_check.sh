@@ -17,15 +17,15 @@ export PYTHONPATH=".:/tmp/site"
 echo "# gpu_graphs_check $(date -u +%Y-%m-%dT%H:%M:%SZ) commit=${MMPROC_COMMIT:-unknown}" | tee "$OUT/graphs.log"
 graph_flags=(--cuda-graphs "$GRAPHS" --cuda-graph-max-patches "$GRAPH_PATCHES")
 flags=(--model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto --ipc-pool-mb 2048 --cache-mb 0)
-python3 -m service.process.cli serve "${flags[@]}" "${graph_flags[@]}" --grpc-address 127.0.0.1:$PORT \
+python3 -m service.app.cli serve "${flags[@]}" "${graph_flags[@]}" --grpc-address 127.0.0.1:$PORT \
   --http-address 127.0.0.1:$((PORT + 1)) > "$OUT/server_graphs.log" 2>&1 &
 graphs=$!
-python3 -m service.process.cli serve "${flags[@]}" --grpc-address 127.0.0.1:$((PORT + 2)) \
+python3 -m service.app.cli serve "${flags[@]}" --grpc-address 127.0.0.1:$((PORT + 2)) \
   --http-address 127.0.0.1:$((PORT + 3)) > "$OUT/server_default.log" 2>&1 &
 default=$!
 trap 'kill -TERM $graphs $default 2>/dev/null; wait' EXIT
 for port in $PORT $((PORT + 2)); do
-  for _ in $(seq 300); do python3 -m service.process.cli health --target 127.0.0.1:$port >/dev/null 2>&1 && break; sleep 1; done
+  for _ in $(seq 300); do python3 -m service.app.cli health --target 127.0.0.1:$port >/dev/null 2>&1 && break; sleep 1; done
 done
 common=(--device cuda:0 --format jpeg --transport ipc --server-cache off --quiet)
 ab=(--target 127.0.0.1:$PORT --http-target 127.0.0.1:$((PORT + 1)) --baseline-target 127.0.0.1:$((PORT + 2))

@@ -29,13 +29,13 @@ echo "== P2P microbench" >> "$LOG"
 timeout 180 python3 -m benchmarks.fanout --p2p --src 0 --mb 256 --reps 20 --json "$OUT/p2p.json" >> "$LOG" 2>&1 || rc=1
 
 echo "== handle-cache A/B (server: kimi-k2.5 shape, random weights, bf16, cuda:0)" >> "$LOG"
-python3 -m service.process.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport ipc \
+python3 -m service.app.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport ipc \
   --grpc-address 127.0.0.1:$PORT --http-address "" --ipc-pool-mb 1024 > "$OUT/server.log" 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null; wait $server' EXIT
 # Ready = gRPC health SERVING (`mmproc health`, the probe command the containers use), within 5 minutes.
-for _ in $(seq 300); do python3 -m service.process.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
-python3 -m service.process.cli health --target 127.0.0.1:$PORT >> "$LOG" 2>&1 || { echo "server never became SERVING"; exit 1; }
+for _ in $(seq 300); do python3 -m service.app.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
+python3 -m service.app.cli health --target 127.0.0.1:$PORT >> "$LOG" 2>&1 || { echo "server never became SERVING"; exit 1; }
 REQUESTS=${REQUESTS:-200}
 [ -n "${QUICK:-}" ] && REQUESTS=60
 # One 448x448 JPEG per request (256 tokens x 7168 x bf16 = 3.7 MB): a short encode, so the per-request pool open

@@ -26,12 +26,12 @@ else
 fi
 { date -u; echo "commit ${MMPROC_COMMIT:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}"
   nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; nproc; } | tee "$OUT/overload_env.txt"
-python3 -m service.process.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto \
+python3 -m service.app.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto \
   --grpc-address 127.0.0.1:$PORT --http-address 127.0.0.1:$HTTP_PORT --drain-delay-s 0 ${SERVER_ARGS:-} > "$OUT/overload_server.log" 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null; wait $server' EXIT
-for _ in $(seq 300); do python3 -m service.process.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
-python3 -m service.process.cli health --target 127.0.0.1:$PORT || { echo "server never became SERVING"; tail -30 "$OUT/overload_server.log"; exit 1; }
+for _ in $(seq 300); do python3 -m service.app.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
+python3 -m service.app.cli health --target 127.0.0.1:$PORT || { echo "server never became SERVING"; tail -30 "$OUT/overload_server.log"; exit 1; }
 metrics() {  # every mmproc counter and histogram sum/count (stage times, refusals by reason), no buckets
   python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$HTTP_PORT/metrics').read().decode())" \
     | grep -E "^mmproc_" | grep -v "_bucket{" | grep -v " 0.0$"

@@ -15,11 +15,11 @@ echo "# gpu_regression_check $(date -u +%Y-%m-%dT%H:%M:%SZ) commit=${MMPROC_COMM
 python3 -m pytest -q -rs -p no:cacheprovider -m cuda tests/model/test_gpu.py tests/preprocess/test_device.py \
   tests/model/test_rope_triton.py tests/model/test_add_norm_triton.py tests/transport/test_ipc_gpu.py tests/transport/test_ipc_cache_gpu.py \
   tests/model/test_video.py 2>&1 | tee "$OUT/gpu_tests.log" | tail -8
-python3 -m service.process.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto \
+python3 -m service.app.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto \
   --grpc-address 127.0.0.1:$PORT --http-address "" --ipc-pool-mb 2048 --cache-mb 0 > "$OUT/bytes_server.log" 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null; wait $server' EXIT
-for _ in $(seq 300); do python3 -m service.process.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
+for _ in $(seq 300); do python3 -m service.app.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
 common=(--target 127.0.0.1:$PORT --device cuda:0 --format jpeg --transport ipc --quiet)
 python3 -m mmproc.bench.serve "${common[@]}" --images-per-request 4 --resolutions 512x512 --requests 40 --warmup 0 \
   --concurrency 8 > /dev/null 2>&1

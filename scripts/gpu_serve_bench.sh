@@ -4,13 +4,13 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 PORT=${PORT:-50151}
-python3 -m service.process.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto \
+python3 -m service.app.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto \
   --grpc-address 127.0.0.1:$PORT --http-address "" --ipc-pool-mb 1024 > "$OUT/server.log" 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null; wait $server' EXIT
 # Ready = gRPC health SERVING (`mmproc health`, the probe command the containers use), within 5 minutes.
-for _ in $(seq 300); do python3 -m service.process.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
-python3 -m service.process.cli health --target 127.0.0.1:$PORT || { echo "server never became SERVING"; exit 1; }
+for _ in $(seq 300); do python3 -m service.app.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
+python3 -m service.app.cli health --target 127.0.0.1:$PORT || { echo "server never became SERVING"; exit 1; }
 REQUESTS=${REQUESTS:-200}
 common=(--target 127.0.0.1:$PORT --device cuda:0 --images-per-request 4 --resolutions 512x512 --format jpeg
         --requests "$REQUESTS" --warmup 20 --concurrency 1 --quiet)

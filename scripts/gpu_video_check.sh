@@ -18,17 +18,17 @@ fi
 } 2>&1 | tee "$OUT/video_env.log"
 python3 -c "import av" || { echo "PyAV missing: put its wheel in .whl/"; exit 1; }
 python3 -m pytest -q -p no:cacheprovider tests/media/test_video.py tests/model/test_video.py 2>&1 | tail -3 | tee "$OUT/video_tests.log"
-python3 -m service.process.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto \
+python3 -m service.app.cli serve --model kimi-k2.5 --device cuda:0 --dtype bfloat16 --transport auto \
   --grpc-address 127.0.0.1:$PORT --http-address "" --ipc-pool-mb 2048 > "$OUT/video_server.log" 2>&1 &
 server=$!
 trap 'kill -TERM $server 2>/dev/null; wait $server' EXIT
-for _ in $(seq 300); do python3 -m service.process.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
-python3 -m service.process.cli health --target 127.0.0.1:$PORT || { echo "server never became SERVING"; tail -30 "$OUT/video_server.log"; exit 1; }
+for _ in $(seq 300); do python3 -m service.app.cli health --target 127.0.0.1:$PORT >/dev/null 2>&1 && break; sleep 1; done
+python3 -m service.app.cli health --target 127.0.0.1:$PORT || { echo "server never became SERVING"; tail -30 "$OUT/video_server.log"; exit 1; }
 common=(--workload video --target 127.0.0.1:$PORT --device cuda:0 --video-seconds 10 --video-resolution 1280x720
         --video-fps 30 --gop 60 --distinct 4 --warmup 2 --quiet)
 for transport in ipc serialized; do
   for concurrency in 1 4; do
-    python3 -m service.process.cli bench serve "${common[@]}" --transport $transport --concurrency $concurrency --requests 32 \
+    python3 -m service.app.cli bench serve "${common[@]}" --transport $transport --concurrency $concurrency --requests 32 \
       --json "$OUT/video_${transport}_c${concurrency}.json" --decode-reps 1 | tee "$OUT/video_${transport}_c${concurrency}.md"
   done
 done

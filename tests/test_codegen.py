@@ -1,10 +1,10 @@
-"""The checked-in generated protobuf code must match what `python -m service.process.codegen` makes now."""
+"""The checked-in generated protobuf code must match what `python -m service.app.codegen` makes now."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from service.process.codegen import ROOT, generate
+from service.app.codegen import ROOT, generate
 
 
 def test_generated_code_is_fresh(tmp_path: Path) -> None:
@@ -13,5 +13,5 @@ def test_generated_code_is_fresh(tmp_path: Path) -> None:
     assert sorted(fresh) == sorted(p.name for p in checked_in.glob("*.py*")), "generated file set changed"
     for name, text in fresh.items():
         assert (checked_in / name).read_text() == text, (
-            f"mmproc/v1/{name} is stale: run `python -m service.process.codegen`"
+            f"mmproc/v1/{name} is stale: run `python -m service.app.codegen`"
         )

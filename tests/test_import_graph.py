@@ -10,7 +10,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("mmproc", "service", "benchmarks")  # lowest layer first: a package imports only those before it
-CLIENT_SIDE = ("service.process.cli",)  # `mmproc encode` is a client of the service
+CLIENT_SIDE = ("service.app.cli",)
+SERVICE_FLOORS = ("observe", "pipeline", "frontends", "app")  # service/'s folders, ground floor first  # `mmproc encode` is a client of the service
 
 
 def module_name(path: Path) -> str:
@@ -95,3 +96,22 @@ def test_module_level_imports_form_no_cycle() -> None:
         if module not in state:
             visit(module, [module])
     assert not cycles, cycles
+
+
+def test_service_folders_import_only_the_floors_below_them() -> None:
+    """service/ in floors: app (composition, settings) -> frontends -> pipeline -> observe; settings are read in
+    app/ only, and nothing imports a floor above its own, not even inside a function."""
+    _, every = graph()
+    floor = {name: i for i, name in enumerate(SERVICE_FLOORS)}
+    modules = [m for m in every if m.startswith("service.")]
+    assert {m.split(".")[1] for m in modules if m.count(".") > 1} == set(SERVICE_FLOORS)  # no folder outside a floor
+
+    def floor_of(module: str) -> int:
+        return floor[module.split(".")[1]]
+
+    upward = {
+        m: sorted(d for d in deps if d.startswith("service.") and d.count(".") > 1 and floor_of(d) > floor_of(m))
+        for m, deps in every.items()
+        if m.startswith("service.") and m.count(".") > 1
+    }
+    assert not {m: d for m, d in upward.items() if d}

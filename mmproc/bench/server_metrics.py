@@ -7,7 +7,7 @@ import http.client
 import re
 
 Samples = dict[str, float]  # 'name{label="v",...}' (as the server writes it) -> value
-# mmproc_cpu_seconds_total's roles (service/process/thread_cpu.py)
+# mmproc_cpu_seconds_total's roles (service/observe/thread_cpu.py)
 CPU_ROLES = ("event_loop", "grpc_loop", "runner", "gpu_decode", "decode_workers", "other")
 
 

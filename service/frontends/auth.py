@@ -22,11 +22,11 @@ from fastapi.responses import JSONResponse
 
 from mmproc.errors import UnauthenticatedError
 from service.frontends.error_mapping import end_call, map_error, to_grpc_status
-from service.frontends.http_app import mark_started, refusal
-from service.frontends.http_gate import add_header_gate
+from service.frontends.http.app import mark_started, refusal
+from service.frontends.http.gate import add_header_gate
 
 if TYPE_CHECKING:
-    from service.process.metrics import Metrics
+    from service.observe.metrics import Metrics
 
 OPEN_GRPC_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 OPEN_HTTP_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})  # deny by default: every other path needs it

@@ -11,7 +11,7 @@ anything else               -> INTERNAL (500), generic message; the traceback go
 
 Every mapped failure is counted in `mmproc_rejections_total{reason}` and logged here, once: expected ones
 (4xx, 503, 504) as one INFO line without a traceback, unexpected ones as ERROR with it. The request id
-comes from the logging context (service.process.logs).
+comes from the logging context (service.observe.logs).
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from google.rpc import code_pb2, error_details_pb2, status_pb2
 from grpc_status import rpc_status
 
 from mmproc.errors import HTTP_STATUS_BY_REASON, STATUS_ERRORS, InvalidMediaError, ResourceExhaustedError
-from service.process.logs import NO_REQUEST, REQUEST_ID, REQUEST_ID_HEADER
+from service.observe.logs import NO_REQUEST, REQUEST_ID, REQUEST_ID_HEADER
 
 if TYPE_CHECKING:
-    from service.process.metrics import Metrics
+    from service.observe.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from mmproc.transport.ipc_pool import PoolIdentity
 from mmproc.v1 import encoder_pb2 as pb
 from service.frontends.replies import embedding_header, ipc_reply
 from service.pipeline.encoded import EncodedImage
-from service.pipeline.video_engine import EncodedVideo, VideoItem
+from service.pipeline.videos import EncodedVideo, VideoItem
 
 
 def video_items(request: pb.EncodeVideosRequest) -> list[VideoItem]:

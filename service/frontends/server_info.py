@@ -5,21 +5,30 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 
 import mmproc
-from mmproc.prompt import FRAMINGS, framing, placeholder_token_id
-from mmproc.units import MiB
+from mmproc.prompt import FRAMINGS, VIDEO_FRAMINGS, framing, placeholder_token_id
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire import NAME_TO_PB
-from service.pipeline.engine import Engine
-from service.pipeline.video_engine import video_info
-from service.process.settings import ServerSettings
+from service.pipeline.images import Engine
+from service.pipeline.videos import VideoService
 
 logger = logging.getLogger(__name__)
 
 
-def build_server_info(settings: ServerSettings, engine: Engine) -> pb.ServerInfo:
+@dataclass(frozen=True)
+class ServedAs:
+    """What the settings decided about the reply that the engine does not know: handed down by the app."""
+
+    dtype_name: str
+    max_message_bytes: int
+    stream_chunk_bytes: int
+    model_path: Path | None
+
+
+def build_server_info(served: ServedAs, engine: Engine) -> pb.ServerInfo:
     encoder, pre, media, req = engine.encoder, engine.preprocess, engine.media_limits, engine.request_limits
     cfg = encoder.config
     return pb.ServerInfo(
@@ -28,7 +37,7 @@ def build_server_info(settings: ServerSettings, engine: Engine) -> pb.ServerInfo
         model_layout=cfg.family,  # deprecated alias of family (protos/mmproc/v1/encoder.proto)
         hidden_size=encoder.output_dim,
         vision_hidden_size=cfg.hidden_size,
-        dtype=NAME_TO_PB[settings.torch_dtype_name],
+        dtype=NAME_TO_PB[served.dtype_name],
         device=str(encoder.device),
         preprocess=pb.PreprocessInfo(
             family=pre.family,
@@ -49,10 +58,10 @@ def build_server_info(settings: ServerSettings, engine: Engine) -> pb.ServerInfo
         ),
         transports=[pb.TRANSPORT_SERIALIZED] + ([pb.TRANSPORT_IPC] if engine.pool is not None else []),
         ipc_status=engine.ipc_status,
-        max_message_bytes=settings.max_message_mb * MiB,
-        stream_chunk_bytes=settings.stream_chunk_bytes,
+        max_message_bytes=served.max_message_bytes,
+        stream_chunk_bytes=served.stream_chunk_bytes,
         family=pre.family,
-        prompt=prompt_info(pre.family, settings.model_path),
+        prompt=prompt_info(pre.family, served.model_path),
         key_store=pb.KeyStoreInfo(
             max_bytes=engine.keys.config.max_bytes, ttl_s=engine.keys.config.ttl_s, max_keys=engine.keys.config.max_keys
         ),
@@ -91,3 +100,30 @@ def prompt_info(family: str, model_path: Path | None) -> pb.PromptFraming:
         if token_id is not None:
             info.placeholder_token_id = token_id
     return info
+
+
+def video_info(videos: VideoService | None) -> pb.VideoInfo:
+    """ServerInfo.video: what a client may send and how its prompt frames the chunks."""
+    if videos is None:
+        return pb.VideoInfo(supported=False)
+    rules, limits, request = videos.rules, videos.limits, videos.request_limits
+    framing = VIDEO_FRAMINGS[videos.engine.encoder.config.family]
+    return pb.VideoInfo(
+        supported=True,
+        fps=rules.fps,
+        temporal_patch_size=rules.temporal_patch_size,
+        max_patches_per_frame=rules.max_patches,
+        max_videos_per_request=request.max_videos,
+        max_video_bytes=limits.max_video_bytes,
+        max_duration_s=limits.max_duration_s,
+        max_fps=limits.max_fps,
+        max_pixels=limits.max_pixels,
+        max_sampled_frames_per_video=limits.max_sampled_frames,
+        max_sampled_frames_per_request=request.max_sampled_frames,
+        max_sample_fps=limits.max_sample_fps,
+        containers=sorted(limits.allowed_containers),
+        codecs=sorted(limits.allowed_codecs),
+        chunk_header=framing.chunk_header,
+        placeholder=framing.placeholder,
+        chunk_footer=framing.chunk_footer,
+    )

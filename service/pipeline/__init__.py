@@ -1,2 +1,2 @@
-"""The request pipeline behind the front ends: admission and overload, the decode pool and its workers, the
-engine that feeds the runner, the IPC pool set-up, kept keys, video."""
+"""The request pipeline behind the front ends: admission and overload, the embedding cache, the decode pool and
+its workers, the forward on the runner, delivery through a transport, kept keys, video."""

@@ -18,9 +18,9 @@ from mmproc.transport.ipc_pool import IpcPool, SliceDescriptor
 from mmproc.transport.leases import Lease, UnknownSessionError
 from mmproc.transport.pinned_messages import PinnedMessages
 from mmproc.types import PreprocessedImage
+from service.observe.metrics import Metrics
 from service.pipeline.encoded import EncodedImage
 from service.pipeline.reply_budget import ReplyBudget, ReplyBudgetConfig, ReplyHold
-from service.process.metrics import Metrics
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class PoolLease(Serialized):
 
 class Delivery:
     """The transport seam: `destination` picks a request's destination once. `pool` is None until an IPC pool is
-    attached (service/pipeline/ipc_setup.py); then IPC requests get a lease, or serialized when the pool stays full
+    attached (service/app/ipc_setup.py); then IPC requests get a lease, or serialized when the pool stays full
     and `fallback` allows it."""
 
     def __init__(

@@ -22,6 +22,6 @@ class EncodedImage:
     descriptor: SliceDescriptor | None = None
     image_size: tuple[int, int] = (0, 0)  # (width, height) as decoded, after EXIF orientation
     key: str = ""  # the request's key for this image (EncodeImagesRequest.keys), if any
-    cache: str = ""  # hit | miss | coalesced | bypass, or "" without a cache (service/cache/cached_encode.py)
-    mm_hash: str = ""  # the raw bytes' hash (service/cache/cache_key.py): sent back, a client may ask by it later
+    cache: str = ""  # hit | miss | coalesced | bypass, or "" without a cache (service/pipeline/cache/cached_encode.py)
+    mm_hash: str = ""  # the raw bytes' hash (service/pipeline/cache/keys.py): sent back, a client may ask by it later
     lease: Lease | None = None  # the pool lease `descriptor` lies in (IPC)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from mmproc.errors import InvalidRequestError, Reason, UnknownKeyError
 
-if TYPE_CHECKING:  # service.pipeline.engine owns a KeyStore
+if TYPE_CHECKING:  # service.pipeline.images owns a KeyStore
     from service.pipeline.encoded import EncodedImage
 
 

@@ -1,6 +1,6 @@
 """The byte budget of serialized replies in flight. A reply takes its bytes before its embeddings are staged to host
 memory and gives them back once its front end is done sending it (or failed to). The main process keeps freed heap
-for the next reply (service/process/host_memory.py), so the peak of reply bytes in flight becomes its RSS: this
+for the next reply (service/app/host_memory.py), so the peak of reply bytes in flight becomes its RSS: this
 bounds that peak. FIFO among waiters; a reply larger than the whole budget goes alone, so none starves.
 
 Loop-affine and torch-free: every method runs on the event loop that serves the front ends (the config is built

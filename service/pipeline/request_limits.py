@@ -1,5 +1,5 @@
 """What one request may carry, checked before any decoding; torch-free so that the server's settings take their
-defaults from here (service/process/settings.py): each default is written once."""
+defaults from here (service/app/settings.py): each default is written once."""
 
 from __future__ import annotations
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from mmproc.errors import UnavailableError
 from mmproc.v1 import encoder_pb2 as pb
-from service.pipeline.engine import Engine
-from service.process.metrics import Metrics
+from service.observe.metrics import Metrics
+from service.pipeline.images import Engine
 
 
 class ServingState:

@@ -21,7 +21,7 @@ from mmproc.errors import InvalidMediaError
 from mmproc.transport import bytes_to_tensor
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
-from service.pipeline.decode_worker import prepare_image
+from service.pipeline.decode.worker import prepare_image
 from tests.support.corpus import FAMILIES, OK, Case, build_corpus
 
 CASES = build_corpus()

@@ -196,7 +196,7 @@ def test_serving_a_bad_k3_checkpoint_exits_2_naming_the_key(tmp_path) -> None:
     write_checkpoint(tmp_path, "kimi_k3", sharded=False, with_language_model=False, config_overrides=BAD_NORM)
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("MMPROC_")}
     proc = subprocess.run(
-        [sys.executable, "-m", "service.process.cli", "serve", "--model-path", str(tmp_path), "--grpc-address",
+        [sys.executable, "-m", "service.app.cli", "serve", "--model-path", str(tmp_path), "--grpc-address",
          "127.0.0.1:0", "--http-address", "127.0.0.1:0"],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip

@@ -161,7 +161,7 @@ def test_open_loop_report_reads_the_servers_gc_pauses_between_two_scrapes() -> N
     import gc
 
     from mmproc.bench.serve_open import gc_pauses, parse
-    from service.process.metrics import Metrics
+    from service.observe.metrics import Metrics
 
     metrics = Metrics()
     before = parse(metrics.render()[0].decode())

@@ -44,7 +44,7 @@ def model_dir(tmp_path_factory) -> Path:
 def mmproc_target(model_dir: Path):
     port = free_port()
     args = ["--model-path", str(model_dir), "--grpc-address", f"127.0.0.1:{port}", "--http-address", ""]
-    proc = subprocess.Popen([sys.executable, "-m", "service.process.cli", "serve", *args], cwd=REPO)
+    proc = subprocess.Popen([sys.executable, "-m", "service.app.cli", "serve", *args], cwd=REPO)
     target = f"127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120

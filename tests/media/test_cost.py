@@ -8,8 +8,8 @@ from mmproc.errors import ConfigError, InvalidMediaError
 from mmproc.media import MediaLimits, decode_image
 from mmproc.media.cost import check_cost
 from mmproc.media.formats import JPEG, JPEG_SOS, jpeg_segments, peek_size
-from service.pipeline.decode_worker import DecodeBudget
-from service.process.configs import decode_config, media_limits
+from service.app.configs import decode_config, media_limits
+from service.pipeline.decode.worker import DecodeBudget
 from tests.support.cost_samples import (
     bmp_rle,
     bmp_rle_eol_bomb,

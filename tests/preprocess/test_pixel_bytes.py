@@ -17,8 +17,8 @@ from mmproc.media import MediaLimits
 from mmproc.models.loader import encoder_from_checkpoint_tensors
 from mmproc.preprocess import PreprocessConfig, preprocess_image
 from mmproc.types import PreprocessedImage, apply_lut
-from service.pipeline.decode_pool import DecodePool, DecodePoolConfig
-from service.pipeline.decode_transfer import FILE_THRESHOLD
+from service.pipeline.decode.pool import DecodePool, DecodePoolConfig
+from service.pipeline.decode.transfer import FILE_THRESHOLD
 from tests.support.checkpoints import make_vision_tensors
 from tests.support.media_samples import make_image_bytes, random_image
 from tests.support.tiny_config import config_for

@@ -12,7 +12,7 @@ from mmproc.client import EncoderClient
 from mmproc.errors import InvalidMediaError
 from mmproc.preprocess import PreprocessConfig, target_grid
 from service.pipeline.admission import check_patch_budget, header_patches
-from service.pipeline.decode_worker import prepare_image
+from service.pipeline.decode.worker import prepare_image
 from tests.support.media_samples import make_image_bytes, make_png
 from tests.support.server import ServiceThread, serving, test_settings
 
@@ -91,9 +91,9 @@ def test_the_doors_pending_bytes_are_what_the_decode_holds(normalize: bool) -> N
     import asyncio
 
     from mmproc.models import load_encoder
-    from service.pipeline.decode_config import DecodePoolConfig
-    from service.pipeline.engine import Engine
-    from service.pipeline.engine_config import EngineConfig
+    from service.pipeline.config import EngineConfig
+    from service.pipeline.decode.config import DecodePoolConfig
+    from service.pipeline.images import Engine
 
     config = EngineConfig(decode=DecodePoolConfig(isolation="thread", workers=1, normalize=normalize))
     engine = Engine(load_encoder(None, preset="tiny"), CONFIGS[0], config)

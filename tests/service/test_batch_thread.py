@@ -1,4 +1,4 @@
-"""`BatchThread` (service/pipeline/batch_thread.py): what queues while the thread works runs in its next batch, up to
+"""`BatchThread` (service/pipeline/decode/batches.py): what queues while the thread works runs in its next batch, up to
 the bound; an error reaches every caller of its batch; a cancelled caller's job is not run; the queue's wait is
 measured."""
 
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from service.pipeline.batch_thread import BatchThread
+from service.pipeline.decode.batches import BatchThread
 
 
 def test_jobs_queued_while_the_thread_works_share_its_next_batch_up_to_the_bound() -> None:

@@ -15,8 +15,8 @@ from mmproc.client import EncoderClient
 from mmproc.errors import InvalidMediaError, UnknownKeyError
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
-from service.pipeline.engine import Engine
-from service.process.app import build_engine
+from service.app.server import build_engine
+from service.pipeline.images import Engine
 from tests.support.media_samples import make_image_bytes
 from tests.support.server import ServiceThread, test_settings
 

@@ -9,8 +9,8 @@ import logging
 import pytest
 
 from mmproc.errors import ConfigError
-from service.process.cli import main
-from service.process.config_sources import load_settings
+from service.app.cli import main
+from service.app.config_sources import load_settings
 from tests.support.common import wait_until
 from tests.support.media_samples import make_image_bytes
 

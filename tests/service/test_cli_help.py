@@ -7,13 +7,13 @@ import subprocess
 import sys
 
 from mmproc.models.registry import PRESETS
-from service.process.flags import GROUPS, flag_name, grouped_fields
-from service.process.settings import ServerSettings
+from service.app.flags import GROUPS, flag_name, grouped_fields
+from service.app.settings import ServerSettings
 
 
 def serve_help() -> str:
     run = subprocess.run(
-        [sys.executable, "-m", "service.process.cli", "serve", "--help"], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "service.app.cli", "serve", "--help"], capture_output=True, text=True, timeout=60
     )
     assert run.returncode == 0, run.stderr
     return run.stdout

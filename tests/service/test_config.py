@@ -12,9 +12,9 @@ import pytest
 
 from mmproc.errors import ConfigError
 from mmproc.units import MiB
-from service.process.cli import build_parser, main
-from service.process.config_sources import load_settings
-from service.process.settings import ServerSettings
+from service.app.cli import build_parser, main
+from service.app.config_sources import load_settings
+from service.app.settings import ServerSettings
 
 
 @pytest.fixture(autouse=True)
@@ -105,7 +105,7 @@ def test_stream_chunks_must_fit_in_a_message(capsys) -> None:
 def test_serve_refuses_bad_settings_before_starting() -> None:
     env = {k: v for k, v in os.environ.items() if not k.upper().startswith("MMPROC_")}
     proc = subprocess.run(
-        [sys.executable, "-m", "service.process.cli", "serve", "--http-address", ""],
+        [sys.executable, "-m", "service.app.cli", "serve", "--http-address", ""],
         env={**env, "MMPROC_MAX_QUEUED_IMAGES": "0"}, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 2, proc.stderr

@@ -11,14 +11,14 @@ from mmproc.media.limits import MediaLimits
 from mmproc.media.video_limits import VideoLimits
 from mmproc.runner_config import RunnerConfig
 from mmproc.transport.pool_config import PoolConfig
-from service.cache.embedding_cache import CacheConfig
-from service.pipeline.decode_config import DecodePoolConfig
+from service.app import configs
+from service.app.settings import ServerSettings
+from service.pipeline.cache.store import CacheConfig
+from service.pipeline.decode.config import DecodePoolConfig
 from service.pipeline.key_store import KeyStoreConfig
 from service.pipeline.overload import CPU_BATCH_SHARE, OverloadConfig
 from service.pipeline.reply_budget import ReplyBudgetConfig
 from service.pipeline.request_limits import InflightLimits, RequestLimits, VideoRequestLimits
-from service.process import configs
-from service.process.settings import ServerSettings
 from tests.support.python_subprocess import run_python
 
 
@@ -95,8 +95,8 @@ def test_settings_and_their_defaults_load_no_torch() -> None:
     result = run_python(
         """
         import sys
-        import service.process.configs, service.process.settings
-        service.process.configs.media_limits(service.process.settings.ServerSettings())
+        import service.app.configs, service.app.settings
+        service.app.configs.media_limits(service.app.settings.ServerSettings())
         assert "torch" not in sys.modules, "torch imported"
         """
     )
@@ -106,7 +106,7 @@ def test_settings_and_their_defaults_load_no_torch() -> None:
 def test_overload_settings_reach_the_engine() -> None:
     """--max-queue-delay-ms, --max-pending-mb and --max-reply-mb bound the engine the server builds (the first two
     used to stop at the settings: the engine ran on OverloadConfig's defaults whatever was given)."""
-    from service.process.app import build_engine
+    from service.app.server import build_engine
     from tests.support.server import test_settings
 
     settings = test_settings(max_queue_delay_ms=250.0, max_pending_mb=64, max_reply_mb=3, decode_isolation="thread")
@@ -122,7 +122,7 @@ def test_overload_settings_reach_the_engine() -> None:
 
 def test_freed_heap_is_kept_for_replies_only_where_a_gpu_stages_them() -> None:
     from mmproc.units import MiB
-    from service.process.settings import CUDA_HOST_MALLOC_REUSE_MB
+    from service.app.settings import CUDA_HOST_MALLOC_REUSE_MB
 
     assert ServerSettings(device="cpu").host_malloc_reuse_bytes == 0  # glibc's thresholds: RSS returns to idle
     assert ServerSettings(device="cuda:1").host_malloc_reuse_bytes == CUDA_HOST_MALLOC_REUSE_MB * MiB
@@ -159,7 +159,7 @@ def test_attention_backend_setting_names_exactly_the_encoder_backends() -> None:
 
 
 def test_the_attention_backend_setting_reaches_the_encoder() -> None:
-    from service.process.app import load_model
+    from service.app.server import load_model
 
     settings = ServerSettings(attention_backend="torch_varlen")
     encoder, _ = load_model(settings)

@@ -10,10 +10,10 @@ from hypothesis import strategies as st
 from mmproc.transport import concat_bytes, tensor_to_bytes
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire import chunk_head
-from service.frontends.grpc_server import GrpcServicer, _HandlerRecorder, add_encoder_servicer
+from service.frontends.grpc.server import GrpcServicer, _HandlerRecorder, add_encoder_servicer
 from service.frontends.replies import embedding_header, passthrough_serializer, serialized_stream
+from service.observe.metrics import Metrics
 from service.pipeline.state import ServingState
-from service.process.metrics import Metrics
 from tests.support.encoded import results_of
 
 HEADER = pb.Embedding(index=3, num_tokens=361, grid_h=38, grid_w=38, dtype=pb.DTYPE_BFLOAT16, shape=[361, 7168])

@@ -1,4 +1,4 @@
-"""service/process/cpus.py: the decode-worker default follows the CPUs a container may use, not the host's."""
+"""service/app/cpus.py: the decode-worker default follows the CPUs a container may use, not the host's."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import os
 
 import pytest
 
-from service.process.cpus import cgroup_cpu_quota, usable_cpus
-from service.process.settings import ServerSettings
+from service.app.cpus import cgroup_cpu_quota, usable_cpus
+from service.app.settings import ServerSettings
 
 AFFINITY = len(os.sched_getaffinity(0))
 
@@ -38,6 +38,6 @@ def test_a_fractional_quota_still_gets_one_worker(tmp_path) -> None:
 
 
 def test_decode_workers_default_and_override(monkeypatch) -> None:
-    monkeypatch.setattr("service.process.cpus.usable_cpus", lambda: 3)
+    monkeypatch.setattr("service.app.cpus.usable_cpus", lambda: 3)
     assert ServerSettings().decode_workers == 3
     assert ServerSettings(preprocess_workers=5).decode_workers == 5

@@ -1,4 +1,4 @@
-"""The decode pool (service/pipeline/decode_pool.py): process isolation, crash/hang/allocation containment, transfer."""
+"""The decode pool (service/pipeline/decode/pool.py): process isolation, crash/hang/allocation containment, transfer."""
 
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import torch
 from mmproc.errors import DeadlineExceededError, InvalidMediaError, UnavailableError
 from mmproc.media import MediaLimits
 from mmproc.preprocess import PreprocessConfig
-from service.pipeline.decode_pool import DecodePool, DecodePoolConfig, FairShare
-from service.pipeline.decode_transfer import FILE_THRESHOLD
-from service.pipeline.decode_worker import prepare_image
-from service.process.configs import decode_config
+from service.app.configs import decode_config
+from service.pipeline.decode.pool import DecodePool, DecodePoolConfig, FairShare
+from service.pipeline.decode.transfer import FILE_THRESHOLD
+from service.pipeline.decode.worker import prepare_image
 from tests.support.common import wait_until
 from tests.support.decode_faults import BALLOON, BUSY, CRASH, HANG, SEGV, SLOW, SPIN, misbehaving_task
 from tests.support.media_samples import make_image_bytes

@@ -10,9 +10,9 @@ from hypothesis import strategies as st
 
 from mmproc.errors import InvalidMediaError, Reason
 from mmproc.preprocess import PreprocessConfig
-from service.cache.cache_key import CacheKeys, content_hash, model_context
-from service.cache.cache_policy import POLICIES, LruPolicy, S3FifoPolicy
-from service.cache.embedding_cache import CacheStore, Entry, InvalidImages
+from service.pipeline.cache.keys import CacheKeys, content_hash, model_context
+from service.pipeline.cache.policy import POLICIES, LruPolicy, S3FifoPolicy
+from service.pipeline.cache.store import CacheStore, Entry, InvalidImages
 
 
 def context(**changes: object) -> str:

@@ -1,4 +1,4 @@
-"""`event_loop` (service/process/event_loop.py): auto takes uvloop where installed, asyncio where not; uvloop asked for
+"""`event_loop` (service/app/event_loop.py): auto takes uvloop where installed, asyncio where not; uvloop asked for
 but missing stops the start with a ConfigError; the server's main coroutine runs on the loop chosen."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import importlib.util
 import pytest
 
 from mmproc.errors import ConfigError
-from service.process import event_loop
+from service.app import event_loop
 from tests.support.server import test_settings
 
 HAVE_UVLOOP = importlib.util.find_spec("uvloop") is not None

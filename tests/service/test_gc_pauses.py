@@ -1,4 +1,4 @@
-"""The garbage collector in the serving process (service.process.gc_pauses): start-up's objects leave its scans,
+"""The garbage collector in the serving process (service.observe.gc_pauses): start-up's objects leave its scans,
 and every pause is measured by generation."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import gc
 import grpc
 import pytest
 
-from service.process.gc_pauses import freeze_start_up_objects
-from service.process.metrics import Metrics
+from service.observe.gc_pauses import freeze_start_up_objects
+from service.observe.metrics import Metrics
 from tests.support.python_subprocess import run_python
 
 
@@ -24,7 +24,7 @@ def sample(metrics: Metrics, name: str, generation: str) -> float:
 
 
 def test_freezing_takes_start_up_objects_out_of_every_later_full_pass(unfrozen, caplog) -> None:
-    caplog.set_level("INFO", logger="service.process.gc_pauses")
+    caplog.set_level("INFO", logger="service.observe.gc_pauses")
     scanned_before, frozen_before = len(gc.get_objects()), gc.get_freeze_count()
     frozen = freeze_start_up_objects()
     added = frozen - frozen_before
@@ -49,7 +49,7 @@ def test_a_decode_worker_starts_with_its_imports_frozen() -> None:
     # Its image budget is CPU time: a full pass over torch's objects inside a task would be charged to the image.
     out = run_python("""
         import gc
-        from service.pipeline.decode_worker import init_worker
+        from service.pipeline.decode.worker import init_worker
         init_worker(0, "WARNING", False)
         print(gc.get_freeze_count(), len(gc.get_objects()))
     """)

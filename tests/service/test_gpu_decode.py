@@ -1,4 +1,4 @@
-"""JPEGs decoded on the GPU (`gpu_decode`, service/pipeline/gpu_decode.py): the same answers as the CPU path within
+"""JPEGs decoded on the GPU (`gpu_decode`, service/pipeline/decode/gpu.py): the same answers as the CPU path within
 a level of the pixels, the same refusals, other images and GPU failures through the decode workers, and hostile
 JPEGs costing their own image a 400, never the process its CUDA context. CUDA tests run on the device
 (scripts/gpu_decode_check.sh); the CPU ones check the setting's rules."""
@@ -19,9 +19,9 @@ from mmproc.client import EncoderClient
 from mmproc.errors import ConfigError, InvalidMediaError
 from mmproc.media import MediaLimits, decode_image
 from mmproc.preprocess import PreprocessConfig
-from service.pipeline.decode_worker import Prepared, prepare_image
-from service.pipeline.gpu_decode import GpuRequest, decode_split, run_batch
-from service.process.app import build_engine
+from service.app.server import build_engine
+from service.pipeline.decode.gpu import GpuRequest, decode_split, run_batch
+from service.pipeline.decode.worker import Prepared, prepare_image
 from tests.media.test_gpu_jpeg import _garbled
 from tests.support.corpus import build_corpus
 from tests.support.media_samples import encode_image, make_image_bytes, random_image

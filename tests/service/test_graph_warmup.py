@@ -10,7 +10,7 @@ import torch
 from mmproc.client import EncoderClient
 from mmproc.errors import ConfigError
 from mmproc.models.cuda_graphs import CapturedForward
-from service.process.configs import engine_config
+from service.app.configs import engine_config
 from tests.support.media_samples import make_image_bytes
 from tests.support.server import serving, test_settings
 

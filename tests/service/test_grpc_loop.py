@@ -15,7 +15,7 @@ import pytest
 from mmproc.client import EncoderClient
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
-from service.frontends.loop_hop import run_on
+from service.frontends.grpc.loop_hop import run_on
 from tests.support.common import wait_until
 from tests.support.media_samples import make_image_bytes
 from tests.support.server import ServiceThread, serving, test_settings

@@ -1,4 +1,4 @@
-"""Host allocator tuning (service.process.host_memory): freed reply buffers are reused instead of page-faulted again,
+"""Host allocator tuning (service.app.host_memory): freed reply buffers are reused instead of page-faulted again,
 in a bounded number of glibc arenas."""
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import sys
 import pytest
 import torch
 
-from service.process import host_memory
-from service.process.host_memory import limit_malloc_arenas, reuse_freed_host_memory, set_torch_threads
+from service.app import host_memory
+from service.app.host_memory import limit_malloc_arenas, reuse_freed_host_memory, set_torch_threads
 from tests.support.python_subprocess import run_python
 
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
@@ -24,7 +24,7 @@ GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 # = 2 x 5 MB) and fault it in again on the next reply.
 _CYCLES = """
 import resource, sys
-from service.process.host_memory import reuse_freed_host_memory
+from service.app.host_memory import reuse_freed_host_memory
 applied = reuse_freed_host_memory(int(sys.argv[1]))
 def cycle():
     bufs = [bytearray(5 << 20) for _ in range(4)]  # zeroed: every page is touched, like a reply being written
@@ -58,7 +58,7 @@ def test_reuse_keeps_freed_reply_buffers_instead_of_faulting_them_in_again() -> 
 # malloc_info's XML (one <heap nr=...> per arena).
 _ARENAS = """
 import ctypes, ctypes.util, threading
-from service.process.host_memory import limit_malloc_arenas, reuse_freed_host_memory
+from service.app.host_memory import limit_malloc_arenas, reuse_freed_host_memory
 limit_malloc_arenas({arena_max})
 reuse_freed_host_memory(1 << 30)
 all_started = threading.Barrier(12)

@@ -51,7 +51,7 @@ def test_429_and_503_tell_the_client_when_to_retry() -> None:
 
 def test_cli_prints_its_version(capsys) -> None:
     import mmproc
-    from service.process.cli import main
+    from service.app.cli import main
 
     try:
         main(["--version"])

@@ -13,7 +13,7 @@ from mmproc.client import AsyncEncoderClient, EncoderClient
 from mmproc.errors import InvalidMediaError, UnknownKeyError
 from mmproc.preprocess import target_grid
 from mmproc.prompt import FRAMINGS, framing
-from service.pipeline.engine import EncodedImage
+from service.pipeline.images import EncodedImage
 from service.pipeline.key_store import KeyStore, KeyStoreConfig
 from tests.support.media_samples import make_image_bytes
 

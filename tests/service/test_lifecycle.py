@@ -45,7 +45,7 @@ def server_process(request):
     delay = getattr(request, "param", "0")
     env = {**os.environ, "MMPROC_GRACE_PERIOD_S": "20", "MMPROC_PREPROCESS_WORKERS": "2", "MMPROC_DRAIN_DELAY_S": delay}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service.process.cli", "serve", "--grpc-address", f"127.0.0.1:{grpc_port}",
+        [sys.executable, "-m", "service.app.cli", "serve", "--grpc-address", f"127.0.0.1:{grpc_port}",
          "--http-address", f"127.0.0.1:{http_port}"],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )  # fmt: skip

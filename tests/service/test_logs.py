@@ -10,10 +10,10 @@ from collections.abc import Iterator
 
 import pytest
 
-import service.pipeline.decode_worker
+import service.pipeline.decode.worker
 from mmproc.client import EncoderClient
 from mmproc.errors import InvalidMediaError
-from service.process.logs import JsonFormatter, RequestIdFilter, request_context
+from service.observe.logs import JsonFormatter, RequestIdFilter, request_context
 from tests.support.media_samples import make_image_bytes
 from tests.support.server import ServiceThread, serving, test_settings
 
@@ -39,13 +39,13 @@ class Capture(logging.Handler):
 def captured(monkeypatch) -> Iterator[Capture]:
     """Root-logger records at INFO and above, stamped by the same filter `mmproc serve` installs; the decode
     worker logs one line per image, so that the test can see which request id a worker thread carries."""
-    original = service.pipeline.decode_worker.prepare_image
+    original = service.pipeline.decode.worker.prepare_image
 
     def logging_prepare_image(*args):
         logging.getLogger("test.worker").info("decoding one image")
         return original(*args)
 
-    monkeypatch.setattr(service.pipeline.decode_worker, "prepare_image", logging_prepare_image)
+    monkeypatch.setattr(service.pipeline.decode.worker, "prepare_image", logging_prepare_image)
     handler, root = Capture(), logging.getLogger()
     level = root.level
     root.addHandler(handler)
@@ -200,7 +200,7 @@ def test_json_lines_carry_iso_utc_times_and_the_access_fields() -> None:
 
 
 def test_chatty_libraries_stay_at_warning_even_at_debug() -> None:
-    from service.process.logs import configure_logging
+    from service.observe.logs import configure_logging
 
     root = logging.getLogger()
     saved = root.handlers[:], root.level
@@ -256,7 +256,7 @@ def test_refusals_before_the_handler_carry_the_callers_request_id(captured, tmp_
 
 
 def test_grpcs_error_for_a_reply_on_a_call_the_client_ended_is_one_info_line(capsys) -> None:
-    from service.process.logs import configure_logging, flush_logs
+    from service.observe.logs import configure_logging, flush_logs
 
     root = logging.getLogger()
     saved, level = root.handlers[:], root.level
@@ -280,7 +280,7 @@ def test_grpcs_error_for_a_reply_on_a_call_the_client_ended_is_one_info_line(cap
 
 
 def test_a_log_reader_that_falls_behind_costs_log_lines_never_a_wait() -> None:
-    from service.process.log_writer import BackgroundWriter
+    from service.observe.log_writer import BackgroundWriter
 
     class Stuck(logging.Handler):  # a reader that stopped reading: every write blocks until released
         def __init__(self) -> None:
@@ -311,13 +311,13 @@ def test_a_log_reader_that_falls_behind_costs_log_lines_never_a_wait() -> None:
     assert stuck.lines[-2:] == [f"{dropped} log records dropped: the log's reader fell behind", "after"]
     assert stuck.lines[:-2] == [f"line {n}" for n in range(20 - dropped)]
     # The report is the writer's own record: the server's text format reads it as no request's.
-    from service.process.log_writer import _dropped_record
-    from service.process.logs import text_formatter
+    from service.observe.log_writer import _dropped_record
+    from service.observe.logs import text_formatter
 
     assert (
         text_formatter()
         .format(_dropped_record(dropped))
-        .endswith(f"WARNING service.process.log_writer [-] {dropped} log records dropped: the log's reader fell behind")
+        .endswith(f"WARNING service.observe.log_writer [-] {dropped} log records dropped: the log's reader fell behind")
     )
 
 
@@ -335,7 +335,7 @@ def test_a_server_whose_stderr_nobody_reads_keeps_answering() -> None:
 
     port = free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "service.process.cli", "serve", "--grpc-address", f"127.0.0.1:{port}",
+        [sys.executable, "-m", "service.app.cli", "serve", "--grpc-address", f"127.0.0.1:{port}",
          "--http-address", "", "--preprocess-workers", "1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip

@@ -12,7 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 import mmproc
 from mmproc.client import EncoderClient
 from mmproc.errors import InvalidMediaError
-from service.process.metrics import STAGES
+from service.observe.metrics import STAGES
 from tests.support.common import wait_until
 from tests.support.media_samples import make_image_bytes
 

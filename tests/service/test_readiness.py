@@ -17,8 +17,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from mmproc.client import EncoderClient
 from mmproc.client.retry import NO_RETRY
 from mmproc.errors import ConfigError, UnavailableError
-from service.process.app import build_engine, serve
-from service.process.cli import main
+from service.app.cli import main
+from service.app.server import build_engine, serve
 from tests.support.common import wait_until
 from tests.support.media_samples import make_image_bytes
 from tests.support.server import ServiceThread, test_settings

@@ -23,8 +23,8 @@ from mmproc.client import AsyncEncoderClient, EncoderClient
 from mmproc.errors import ConfigError, InvalidMediaError, UnauthenticatedError
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
-from service.process.config_sources import load_settings
-from service.process.settings import ServerSettings
+from service.app.config_sources import load_settings
+from service.app.settings import ServerSettings
 from tests.support.media_samples import make_image_bytes
 from tests.support.server import ServiceThread, serving, test_settings
 
@@ -121,7 +121,7 @@ def test_the_token_never_reaches_logs_or_config_output(locked_server, caplog, ca
     assert TOKEN not in caplog.text and "wrong-token" not in caplog.text
     assert TOKEN not in repr(locked_server.settings) and TOKEN not in str(locked_server.settings.model_dump())
 
-    from service.process.cli import main
+    from service.app.cli import main
 
     monkeypatch.setenv("MMPROC_AUTH_TOKEN", TOKEN)
     assert main(["config"]) == 0

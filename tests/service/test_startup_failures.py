@@ -15,7 +15,7 @@ ENV = {k: v for k, v in os.environ.items() if not k.upper().startswith("MMPROC_"
 
 def serve(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "service.process.cli", "serve", *args],
+        [sys.executable, "-m", "service.app.cli", "serve", *args],
         env=ENV,
         capture_output=True,
         text=True,

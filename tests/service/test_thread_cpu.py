@@ -10,8 +10,8 @@ import pytest
 
 from mmproc import thread_roles
 from mmproc.client import EncoderClient
-from service.process import thread_cpu
-from service.process.thread_cpu import ROLES, CpuByRole
+from service.observe import thread_cpu
+from service.observe.thread_cpu import ROLES, CpuByRole
 from tests.service.test_metrics import scrape, value
 from tests.support.media_samples import make_image_bytes
 

@@ -1,7 +1,7 @@
-"""Decode tasks that misbehave on purpose, for fault tests of `service/pipeline/decode_pool.py`.
+"""Decode tasks that misbehave on purpose, for fault tests of `service/pipeline/decode/pool.py`.
 
 Top-level functions so that a process worker can import them by name; each behaves like
-`service.pipeline.decode_worker.prepare_image` except on its magic input.
+`service.pipeline.decode.worker.prepare_image` except on its magic input.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import time
 
 from mmproc.media import MediaLimits
 from mmproc.preprocess import PreprocessConfig
-from service.pipeline.decode_worker import Prepared, prepare_image
+from service.pipeline.decode.worker import Prepared, prepare_image
 
 CRASH = b"CRASH-THE-DECODER"  # SIGKILL the worker (stands in for a segfault in a C decoder)
 SEGV = b"SEGFAULT-THE-DECODER"  # a real SIGSEGV

@@ -16,11 +16,11 @@ import torch
 from mmproc.batching import pack_images
 from mmproc.media import decode_image
 from mmproc.preprocess import preprocess_image
-from service.pipeline.decode_pool import DecodePool
-from service.process.app import EngineFactory, Service, build_engine
-from service.process.config_sources import load_settings
-from service.process.configs import decode_config
-from service.process.settings import ServerSettings
+from service.app.config_sources import load_settings
+from service.app.configs import decode_config
+from service.app.server import EngineFactory, Service, build_engine
+from service.app.settings import ServerSettings
+from service.pipeline.decode.pool import DecodePool
 from tests.support.common import wait_until
 from tests.support.decode_faults import misbehaving_task
 

@@ -27,7 +27,7 @@ from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from mmproc.wire import descriptor_from_pb
 from service.frontends.replies import ipc_reply
-from service.pipeline.engine import EncodedImage
+from service.pipeline.images import EncodedImage
 from tests.support.media_samples import make_image_bytes
 
 IMAGES = [make_image_bytes(448, 448, fmt="PNG", seed=1), make_image_bytes(300, 200, fmt="JPEG", seed=2)]

@@ -12,7 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from mmproc.transport.allocator import SliceAllocator
 from mmproc.transport.leases import Hold, Lease, LeaseTable
-from service.cache.embedding_cache import CacheStore, Entry
+from service.pipeline.cache.store import CacheStore, Entry
 
 A = 256
 

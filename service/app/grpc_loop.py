@@ -1,0 +1,59 @@
+"""Where the gRPC front end runs: on an event loop of its own, in a thread of its own (`grpc_loop = "own"`), or on
+the main loop beside the HTTP front end and the engine ("shared").
+
+Why a loop of its own: grpc.aio takes new calls in from its core one at a time, each through a turn of the loop it
+runs on. On a loop that HTTP requests and the engine's callbacks keep busy, calls wait there before any handler
+runs; under overload gRPC refusals took twice HTTP's time at p99 (docs/benchmarks/overload.md, session 18). On its
+own loop, handlers read the request and ask the door there, and hop to the main loop only for the engine's work,
+which is bound to it (`GrpcServicer` takes that loop as `home`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+from mmproc import thread_roles
+from service.app import event_loop
+from service.frontends.grpc.loop_hop import run_on
+
+T = TypeVar("T")
+logger = logging.getLogger(__name__)
+
+
+class GrpcLoop:
+    """The loop the gRPC server lives on. `run(coro)`, awaited on the main loop, runs `coro` there: the server's
+    creation, health changes and stop must run on the loop the server was made on."""
+
+    def __init__(self, choice: str, loop_kind: str) -> None:
+        """choice: "own" or "shared"; loop_kind: the `event_loop` setting (the own loop is of the same kind)."""
+        self.own = choice == "own"
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        if self.own:
+            self._loop = event_loop.new_loop(loop_kind)
+            self._thread = threading.Thread(target=self._serve, name="mmproc-grpc", daemon=True)
+            self._thread.start()
+        logger.info("gRPC front end on %s", "an event loop of its own" if self.own else "the main event loop")
+
+    def _serve(self) -> None:
+        """The thread's work, its CPU time counted as `grpc_loop` (thread_cpu.py; gRPC's core threads stay `other`)."""
+        assert self._loop is not None
+        thread_roles.register("grpc_loop")
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+
+    async def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return await run_on(self._loop, coro)
+
+    def close(self) -> None:
+        """Stop the own loop once the server on it has stopped (nothing left on it is awaited)."""
+        if self._loop is None or self._thread is None:
+            return
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._loop.close()

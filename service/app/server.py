@@ -1,0 +1,363 @@
+"""`mmproc serve`: bind gRPC + HTTP (NOT_SERVING), load and warm up the model in a thread, then SERVING;
+on SIGTERM/SIGINT report NOT_SERVING first, drain in-flight work within the grace period, and stop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+import uvicorn
+
+import mmproc
+from mmproc import thread_roles
+from mmproc.errors import ConfigError
+from mmproc.models import PRESETS, VisionEncoder, load_encoder
+from mmproc.models.loader import read_config
+from mmproc.preprocess import PreprocessConfig, load_preprocess_config
+from mmproc.units import MiB
+from mmproc.v1 import encoder_pb2 as pb
+from service.app import configs
+from service.app.grpc_loop import GrpcLoop
+from service.app.host_memory import limit_malloc_arenas, reuse_freed_host_memory, set_torch_threads
+from service.app.ipc_setup import setup_ipc
+from service.app.settings import ServerSettings
+from service.app.video_setup import build_video_service
+from service.frontends.auth import BearerToken, require_bearer_token
+from service.frontends.grpc.server import create_server, set_serving
+from service.frontends.http.app import create_http_app
+from service.frontends.server_info import ServedAs, build_server_info
+from service.observe.gc_pauses import freeze_start_up_objects
+from service.observe.loop_lag import watch_loop_lag
+from service.observe.metrics import Metrics
+from service.pipeline.cache.keys import model_context
+from service.pipeline.images import Engine
+from service.pipeline.state import ServingState
+
+logger = logging.getLogger(__name__)
+
+
+def load_model(settings: ServerSettings) -> tuple[VisionEncoder, PreprocessConfig]:
+    dtype = getattr(torch, settings.torch_dtype_name)
+    encoder = load_encoder(settings.model_path, preset=settings.model, device=settings.device, dtype=dtype)
+    encoder.tower.set_options(attention_backend=settings.attention_backend)
+    # Small batches are launch-bound on a GPU: replayed graphs (docs/benchmarks/encoder.md). A no-op on the CPU.
+    encoder.use_cuda_graphs(
+        settings.cuda_graphs, settings.cuda_graph_max_patches, max_image_patches=settings.cuda_graph_max_image_patches
+    )
+    family = encoder.config.family
+    if settings.model_path is not None:
+        preprocess = load_preprocess_config(settings.model_path, family)
+    else:
+        preprocess = PreprocessConfig.default_for(family)
+    return encoder, preprocess
+
+
+def build_engine(settings: ServerSettings, metrics: Metrics | None = None) -> Engine:
+    encoder, preprocess = load_model(settings)
+    context = model_context(
+        model=settings.model,
+        model_path=settings.model_path,
+        dtype=settings.torch_dtype_name,
+        device_type=encoder.device.type,
+        preprocess=preprocess,
+        exif=settings.apply_exif_orientation,
+    )
+    engine = Engine(encoder, preprocess, configs.engine_config(settings, cache_context=context), metrics)
+    engine.ipc_status = setup_ipc(settings, engine)
+    engine.videos = build_video_service(settings, engine)
+    return engine
+
+
+class _EmbeddedUvicorn(uvicorn.Server):
+    """uvicorn inside our event loop: signals are ours, not uvicorn's."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):  # type: ignore[override]
+        yield
+
+
+def _http_socket(address: str) -> socket.socket:
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or "127.0.0.1"
+    address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(address_family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, int(port)))
+    except OSError as exc:
+        sock.close()
+        raise ConfigError(f"cannot listen on http_address {address} (--http-address): {exc.strerror or exc}") from None
+    return sock
+
+
+def listening_address(address: str, port: int) -> str:
+    """The address as bound: a unix socket as its path, a TCP one with the port it got (port 0 picks one)."""
+    if address.startswith("unix:"):
+        return address
+    host, _, _ = address.rpartition(":")
+    return f"{host}:{port}"
+
+
+def check_model_before_binding(settings: ServerSettings) -> None:
+    """The model's configuration, read and checked before any port is bound (the weights load later): an unknown
+    preset, a missing or unreadable checkpoint, or a config of no known family is a ConfigError at once."""
+    if settings.model_path is None:
+        if settings.model not in PRESETS:
+            raise ConfigError(f"unknown preset {settings.model!r} (--model); choose one of {sorted(PRESETS)}")
+        return
+    config = read_config(Path(settings.model_path))
+    load_preprocess_config(settings.model_path, config.family)
+
+
+T = TypeVar("T")
+EngineFactory = Callable[[ServerSettings, Metrics], Engine]
+
+
+async def _in_daemon_thread(fn: Callable[[], T], name: str) -> T:
+    """`fn()` on its own daemon thread: a model load still running at exit never holds the process up
+    (the default executor would be joined at loop shutdown)."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(setter: Callable[[object], None], value: object) -> None:
+        if not future.done():
+            setter(value)
+
+    def work() -> None:
+        try:
+            result = fn()
+        except BaseException as exc:
+            outcome: tuple[Callable, object] = (future.set_exception, exc)
+        else:
+            outcome = (future.set_result, result)
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+            loop.call_soon_threadsafe(settle, *outcome)
+
+    threading.Thread(target=work, name=name, daemon=True).start()
+    return await future
+
+
+class Service:
+    """A running server. `start()` binds both addresses, reporting NOT_SERVING (/readyz 503), and loads the
+    model in a thread; once it is loaded and warmed up, health turns SERVING (`wait_ready()`).
+    `run_until_stopped()` serves until `stop()`, then drains (see `shutdown`)."""
+
+    def __init__(
+        self,
+        settings: ServerSettings,
+        *,
+        engine_factory: EngineFactory = build_engine,
+        before_serving: Callable[[], object] | None = None,
+    ) -> None:
+        self.settings = settings
+        self._before_serving = before_serving  # runs once the model is warm, before health turns SERVING
+        self.metrics = Metrics()
+        self.state = ServingState(self.metrics)
+        self.metrics.ready.set_function(lambda: float(self.state.status == "ready"))
+        self.metrics.track_cpu(
+            lambda: [] if self.state.current is None else self.state.current.decode_pool.worker_pids()
+        )
+        self._engine_factory = engine_factory
+        self.grpc_port = 0
+        self.http_port = 0
+        self._stop = asyncio.Event()
+        self._loading: asyncio.Task | None = None
+        self._http: _EmbeddedUvicorn | None = None
+        self._http_task: asyncio.Task | None = None
+        self._loop_lag: asyncio.Task | None = None
+        self._grpc_loop: GrpcLoop | None = None
+
+    @property
+    def engine(self) -> Engine:
+        return self.state.engine()
+
+    @property
+    def info(self) -> pb.ServerInfo:
+        return self.state.info()
+
+    async def start(self) -> None:
+        thread_roles.register("event_loop")  # this thread runs the loop from here on (mmproc_cpu_seconds_total)
+        s = self.settings
+        token = BearerToken(s.auth_token.get_secret_value()) if s.auth_token is not None else None
+        # The HTTP socket first: a failure to bind either address then leaves nothing half started behind.
+        sock = _http_socket(s.http_address) if s.http_address else None
+        self._grpc_loop = grpc_loop = GrpcLoop(s.grpc_loop, s.event_loop)
+        try:
+            making = create_server(
+                self.state,
+                s.grpc_address,
+                max_message_bytes=s.max_message_mb * MiB,
+                default_deadline_s=s.default_deadline_s,
+                max_connection_age_s=s.max_connection_age_s,
+                auth_token=token,
+                # Room for health probes and IPC session streams above the engine's own in-flight limit.
+                max_concurrent_rpcs=2 * s.max_inflight_requests + 64,
+                home=asyncio.get_running_loop() if grpc_loop.own else None,
+            )
+            self._grpc, self.grpc_port, self._health = await grpc_loop.run(making)
+        except BaseException:
+            grpc_loop.close()
+            if sock is not None:
+                sock.close()
+            raise
+        if sock is not None:
+            self.http_port = sock.getsockname()[1]
+            app = create_http_app(
+                self.state,
+                version=mmproc.__version__,
+                default_deadline_s=s.default_deadline_s,
+                max_body_bytes=s.max_message_mb * MiB,
+            )
+            if token is not None:
+                require_bearer_token(app, token, self.metrics)
+            # log_config=None: uvicorn's lines go through ours (JSON when asked, the log's own writer thread)
+            config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False, log_config=None)
+            self._http = _EmbeddedUvicorn(config)
+            self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]))
+            while not self._http.started and not self._http_task.done():
+                await asyncio.sleep(0.005)
+        logger.info(
+            "listening: gRPC %s, HTTP %s; NOT_SERVING until the model is loaded and warmed up",
+            listening_address(s.grpc_address, self.grpc_port),
+            listening_address(s.http_address, self.http_port) if s.http_address else "off",
+        )
+        self._loading = asyncio.create_task(self._load())
+        self._loop_lag = asyncio.create_task(watch_loop_lag(self.metrics.loop_lag.observe))
+
+    async def _load(self) -> None:
+        def build_and_warm_up() -> Engine:
+            engine = self._engine_factory(self.settings, self.metrics)
+            engine.start()
+            return engine
+
+        started = time.monotonic()
+        engine = await _in_daemon_thread(build_and_warm_up, "mmproc-load")
+        self.state.publish(engine, build_server_info(served_as(self.settings), engine))
+        self.metrics.describe(self.info)
+        if self.state.draining:  # stopped while loading: never report SERVING
+            return
+        if self._before_serving is not None:
+            self._before_serving()
+        await self._grpc_loop.run(set_serving(self._health, True))
+        info = self.info
+        logger.info(
+            "serving %s (%s, %s on %s) after %.1f s; transport %s",
+            info.model_name,
+            info.family,
+            self.settings.torch_dtype_name,
+            info.device,
+            time.monotonic() - started,
+            info.ipc_status,
+        )
+        s = self.settings
+        logger.info(
+            "mmproc %s: auth %s; decode workers %d (%s); batches up to %d patches / %d images; queue %d images; "
+            "requests up to %d images, %d MiB, %d patches; CUDA graphs %d; JPEG decode on the %s; "
+            "drain delay %.1f s, grace %.1f s",
+            mmproc.__version__,
+            "on" if s.auth_token is not None else "off",
+            s.decode_workers,
+            s.decode_isolation,
+            s.max_batch_patches,
+            s.max_batch_images,
+            s.max_queued_images,
+            s.max_images_per_request,
+            s.max_request_mb,
+            s.max_patches_per_request,
+            s.cuda_graphs,
+            "CPU" if engine.decode.gpu is None else "GPU",
+            s.drain_delay_s,
+            s.grace_period_s,
+        )
+
+    async def wait_ready(self) -> None:
+        """Return once SERVING; raise what loading the model raised."""
+        assert self._loading is not None, "start() first"
+        await asyncio.shield(self._loading)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run_until_stopped(self) -> None:
+        """Serve until stop(); drain; then re-raise a failed model load (so that `serve` exits non-zero)."""
+        assert self._loading is not None, "start() first"
+        stopping = asyncio.create_task(self._stop.wait())
+        await asyncio.wait({stopping, self._loading}, return_when=asyncio.FIRST_COMPLETED)
+        failed = self._loading.done() and not self._loading.cancelled() and self._loading.exception() is not None
+        if failed:
+            logger.error("loading the model failed: %s", self._loading.exception())
+        else:
+            await stopping
+        stopping.cancel()
+        await self.shutdown()
+        if failed:
+            raise self._loading.exception()  # type: ignore[misc]
+
+    async def shutdown(self) -> None:
+        """Drain: NOT_SERVING first, refuse new work, finish in-flight work within the grace period."""
+        grace = self.settings.grace_period_s
+        started = time.monotonic()
+        self.state.draining = True
+        await self._grpc_loop.run(self._health.enter_graceful_shutdown())
+        engine = self.state.current
+        if engine is not None:
+            engine.begin_drain()
+            idle = await engine.wait_idle(grace)
+            logger.info("drained in %.2f s (%s)", time.monotonic() - started, "clean" if idle else "grace period over")
+        elif self._loading is not None and not self._loading.done():
+            logger.info("stopping while the model is still loading")
+            self._loading.cancel()
+        # Listeners stay up (NOT_SERVING, /readyz 503, new work UNAVAILABLE) until the drain delay has passed, so
+        # that load balancers see the endpoint go away before any connection is refused.
+        delay = self.settings.drain_delay_s - (time.monotonic() - started)
+        if delay > 0:
+            logger.info("draining: listeners stay up %.1f s more for load balancers to notice", delay)
+            await asyncio.sleep(delay)
+        # Admitted requests are done; what is left are replies on the wire and IPC session streams (which
+        # never end by themselves), so the rest of the grace is short.
+        await self._grpc_loop.run(self._grpc.stop(min(2.0, max(0.0, grace - (time.monotonic() - started)))))
+        self._grpc_loop.close()
+        if self._http is not None and self._http_task is not None:
+            self._http.should_exit = True
+            await self._http_task
+        if self._loop_lag is not None:
+            self._loop_lag.cancel()
+        if engine is not None:  # a forward still running past the grace period is left to the process exit
+            left = max(0.5, grace - (time.monotonic() - started))
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(_in_daemon_thread(engine.close, "mmproc-close"), left)
+
+
+async def serve(settings: ServerSettings) -> int:
+    # Process-wide, so only the serving process does it; before any thread pool starts (glibc fixes the arena limit then).
+    limit_malloc_arenas(settings.malloc_arena_max)
+    reuse_freed_host_memory(settings.host_malloc_reuse_bytes)
+    set_torch_threads(settings.torch_threads)
+    check_model_before_binding(settings)
+    service = Service(settings, before_serving=freeze_start_up_objects)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, service.stop)
+    with service.metrics.gc_pause:
+        await service.start()
+        await service.run_until_stopped()
+    logger.info("stopped")
+    return 0
+
+
+def served_as(settings: ServerSettings) -> ServedAs:
+    return ServedAs(
+        dtype_name=settings.torch_dtype_name,
+        max_message_bytes=settings.max_message_mb * MiB,
+        stream_chunk_bytes=settings.stream_chunk_bytes,
+        model_path=settings.model_path,
+    )

@@ -1,0 +1,49 @@
+"""The decode pool's settings (service/pipeline/decode/pool.py), torch-free so that the server's settings take their
+defaults from here (service/app/settings.py): each default is written once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from mmproc.errors import ConfigError
+
+if TYPE_CHECKING:  # the decode worker needs torch
+    from service.pipeline.decode.worker import DecodeBudget
+
+Isolation = Literal["process", "thread"]
+
+
+@dataclass(frozen=True)
+class DecodePoolConfig:
+    """isolation: "process" (crash/memory isolation) or "thread". workers: parallel decodes.
+    worker_memory_mb: address space a process worker may add after start-up (0: no cap).
+    timeout_s: the most wall-clock time one process worker may spend on one image (also caps its budget).
+    budget_base_s, budget_per_mp_s: one image's CPU time budget, base + per declared megapixel (process mode).
+    log_level, log_json: how process workers log (to the inherited stderr), as the server does.
+    normalize: normalize the patches here (a CPU encoder); False leaves the uint8 bytes to the device (a CUDA
+    encoder: a quarter of the bytes to hold and ship, and the CPU's most expensive pass moved to the GPU)."""
+
+    isolation: Isolation = "process"
+    workers: int = 2
+    worker_memory_mb: int = 1024
+    timeout_s: float = 30.0
+    budget_base_s: float = 0.5
+    budget_per_mp_s: float = 0.2
+    log_level: str = "WARNING"
+    log_json: bool = False
+    normalize: bool = True
+
+    def __post_init__(self) -> None:
+        if self.isolation not in ("process", "thread"):
+            raise ConfigError(f"decode_isolation must be 'process' or 'thread', got {self.isolation!r}")
+        if self.workers < 1 or self.worker_memory_mb < 0 or not self.timeout_s > 0:
+            raise ConfigError(f"bad decode pool config {self}")
+        if not self.budget_base_s > 0 or not self.budget_per_mp_s >= 0:
+            raise ConfigError(f"bad decode time budget in {self}")
+
+    @property
+    def budget(self) -> DecodeBudget:
+        from service.pipeline.decode.worker import DecodeBudget
+
+        return DecodeBudget(self.budget_base_s, self.budget_per_mp_s, self.timeout_s)

@@ -1,0 +1,155 @@
+"""Videos through the image pipeline: decoded in the same isolated workers (service/pipeline/decode/pool.py), their chunks
+queued on the same runner under the same batch budget as images, delivered over the same transports.
+
+Per request: count and bytes checked first; each video validated and decoded in a worker (mmproc.media.video:
+every limit but the decode-time budget is checked before a frame is decoded); then the request's sampled frames
+and patches (against `max_patches_per_request` and the in-flight patch bound shared with images); then one
+runner submission of every chunk, each chunk an item like an image (a chunk costs its t * h * w patches in a
+batch and yields one frame's tokens).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from mmproc.errors import InvalidRequestError, Reason
+from mmproc.media.video import VideoSampling
+from mmproc.media.video_limits import VideoLimits
+from mmproc.preprocess.video_config import VideoRules
+from mmproc.types import PreprocessedImage, PreprocessedVideo
+from service.pipeline.admission import check_readers
+from service.pipeline.decode.pool import VideoJob
+from service.pipeline.encoded import EncodedImage
+from service.pipeline.images import Engine
+from service.pipeline.request_limits import VideoRequestLimits
+
+
+@dataclass(frozen=True)
+class VideoItem:
+    """One video of a request: the file's bytes and optional sampling overrides (within `VideoLimits`)."""
+
+    data: bytes
+    fps: float | None = None
+    num_frames: int | None = None
+
+
+@dataclass(frozen=True)
+class EncodedVideo:
+    """One video's result: per chunk an `EncodedImage` (embedding (tokens, hidden), grid, descriptor), its frames
+    and its start time; the sampled frame numbers, the stream's fps and frame size."""
+
+    index: int
+    chunks: tuple[EncodedImage, ...]
+    frames: tuple[int, ...]
+    timestamps: tuple[float, ...]
+    indices: tuple[int, ...]
+    fps: float
+    size: tuple[int, int]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(chunk.num_tokens for chunk in self.chunks)
+
+
+class VideoService:
+    def __init__(self, engine: Engine, rules: VideoRules, limits: VideoLimits, request_limits: VideoRequestLimits):
+        self.engine = engine
+        self.rules = rules
+        self.limits = limits
+        self.request_limits = request_limits
+
+    def check_request(self, items: list[VideoItem]) -> None:
+        """Count, bytes and sampling overrides, before anything is decoded."""
+        limits = self.request_limits
+        if not items:
+            raise InvalidRequestError("request has no videos", reason=Reason.BAD_REQUEST)
+        if len(items) > limits.max_videos:
+            raise InvalidRequestError(
+                f"{len(items)} videos in one request, limit {limits.max_videos}", reason=Reason.TOO_MANY_IMAGES
+            )
+        total = sum(len(item.data) for item in items)
+        if total > limits.max_request_bytes:
+            raise InvalidRequestError(
+                f"request carries {total} bytes of videos, limit {limits.max_request_bytes}",
+                reason=Reason.REQUEST_TOO_LARGE,
+            )
+        for i, item in enumerate(items):
+            if item.fps is not None and item.num_frames is not None:
+                raise InvalidRequestError("give fps or num_frames, not both", reason=Reason.BAD_REQUEST, index=i)
+            if item.fps is not None and not 0 < item.fps <= self.limits.max_sample_fps:
+                raise InvalidRequestError(
+                    f"fps {item.fps} is not in (0, {self.limits.max_sample_fps}]", reason=Reason.BAD_REQUEST, index=i
+                )
+            if item.num_frames is not None and not 0 < item.num_frames <= self.limits.max_sampled_frames:
+                raise InvalidRequestError(
+                    f"num_frames {item.num_frames} is not in 1..{self.limits.max_sampled_frames}",
+                    reason=Reason.TOO_MANY_FRAMES,
+                    index=i,
+                )
+
+    async def encode(
+        self,
+        items: list[VideoItem],
+        request_id: str,
+        deadline: float | None = None,
+        *,
+        ipc_session: str | None = None,
+        readers: int = 1,
+    ) -> list[EncodedVideo]:
+        """Encode every video of one request, or raise a typed mmproc error (InvalidMediaError naming the video).
+        The image pipeline's steps (service/pipeline/images.py), with the video's own checks around decoding."""
+        engine, admission = self.engine, self.engine.admission
+        admission.check_open()
+        check_readers(readers)
+        self.check_request(items)
+        # Patches are known only once decoded, and chunks only then take queue slots (the runner's own bound).
+        with admission.admit(0, len(items), deadline, reserve=0) as admitted:
+            jobs = [
+                VideoJob(item.data, self.limits, self.rules, VideoSampling(item.fps, item.num_frames)) for item in items
+            ]
+            videos = await engine.decode.videos(jobs, deadline)
+            chunks = self._check_decoded(videos)
+            admission.decoded(admitted, chunks)
+            rows = sum(chunk.num_tokens for chunk in chunks)
+            destination = await engine.delivery.destination(ipc_session, rows, deadline, readers)
+            admission.handed_over(admitted)  # the run step submits next, with no await in between
+            embeddings = await engine.run(chunks, deadline, request_id, destination)
+            return self._results(videos, destination.deliver(chunks, embeddings))
+
+    def _check_decoded(self, videos: list[PreprocessedVideo]) -> list[PreprocessedImage]:
+        frames = sum(len(video.indices) for video in videos)
+        if frames > self.request_limits.max_sampled_frames:
+            raise InvalidRequestError(
+                f"request samples {frames} frames, limit {self.request_limits.max_sampled_frames}",
+                reason=Reason.TOO_MANY_FRAMES,
+            )
+        chunks = [chunk for video in videos for chunk in video.chunks]
+        patches = sum(chunk.num_patches for chunk in chunks)
+        limit = self.engine.request_limits.max_patches
+        if patches > limit:
+            raise InvalidRequestError(
+                f"request needs {patches} patches ({frames} frames), limit {limit}", reason=Reason.TOO_MANY_PATCHES
+            )
+        return chunks
+
+    @staticmethod
+    def _results(videos: list[PreprocessedVideo], delivered: list[EncodedImage]) -> list[EncodedVideo]:
+        """Each video's chunks, numbered within the video, sized as the video's frames."""
+        out, at = [], 0
+        for index, video in enumerate(videos):
+            chunks = []
+            for i in range(len(video.chunks)):
+                chunks.append(replace(delivered[at], index=i, image_size=video.source_size, lease=None))
+                at += 1
+            out.append(
+                EncodedVideo(
+                    index=index,
+                    chunks=tuple(chunks),
+                    frames=tuple(chunk.frames for chunk in video.chunks),
+                    timestamps=video.timestamps,
+                    indices=video.indices,
+                    fps=video.fps,
+                    size=video.source_size,
+                )
+            )
+        return out
