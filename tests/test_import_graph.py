@@ -11,7 +11,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("mmproc", "service", "benchmarks")  # lowest layer first: a package imports only those before it
 CLIENT_SIDE = ("service.app.cli",)
-SERVICE_FLOORS = ("observe", "pipeline", "frontends", "app")  # service/'s folders, ground floor first  # `mmproc encode` is a client of the service
+SERVICE_FLOORS = (
+    "observe",
+    "pipeline",
+    "frontends",
+    "app",
+)  # service/'s folders, ground floor first  # `mmproc encode` is a client of the service
 
 
 def module_name(path: Path) -> str:

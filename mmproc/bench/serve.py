@@ -25,7 +25,8 @@ import torch
 from mmproc.bench.catalog import checkout_module
 from mmproc.bench.images import FORMATS, ORDERS, ImageSpec, generate_requests, parse_resolutions
 from mmproc.bench.report import save_plot
-from mmproc.bench.serve_load import ClientConfig, Payload, measurer, run_plan
+from mmproc.bench.serve_load import measurer, run_plan
+from mmproc.bench.serve_pass import ClientConfig, Payload
 from mmproc.bench.serve_plot import plot_serve
 from mmproc.bench.serve_repeat import parse_ratios, run_repeat
 from mmproc.bench.serve_server import side_names

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import torch
 
-from mmproc.bench.serve_load import ClientConfig, Payload, Phase, Progress
+from mmproc.bench.serve_pass import ClientConfig, Payload, Phase, Progress
 from mmproc.bench.serve_server import at_start
 from mmproc.bench.serve_stats import Sample
 

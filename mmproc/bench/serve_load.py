@@ -20,26 +20,15 @@ import numpy as np
 import torch
 
 from mmproc.bench.client_processes import ClientProcesses, deal
-from mmproc.bench.serve_server import Scrape, at_start, summarize_server, try_scrape, window
+from mmproc.bench.serve_async import measure_async
+from mmproc.bench.serve_pass import ClientConfig, Payload, Phase, Progress
+from mmproc.bench.serve_server import at_start, summarize_server, try_scrape, window
 from mmproc.bench.serve_stats import (
     Sample,
     raw_rows,
     sum_ipc,
     summarize,
 )
-
-Payload = tuple[int, tuple[bytes, ...]]  # (request index, encoded images)
-
-
-@dataclasses.dataclass(frozen=True)
-class ClientConfig:
-    target: str
-    transport: str
-    handle_cache: bool
-    device: str
-    timeout: float
-    consume: str  # "copy": clone the embeddings (what encode_images does) | "view": read them in place
-    cache: bool = True  # False: every request sets cache_bypass (the server's embedding cache is not used)
 
 
 class _ReplyClock:
@@ -119,32 +108,6 @@ class _Worker:
                           error=type(exc).__name__, message=str(exc)[:300])  # fmt: skip
         reply = self.clock.at if self.clock is not None else None
         return Sample(index, len(images), start, time.perf_counter(), reply, got, ready, scheduled, out_bytes)
-
-
-class Progress:
-    """`done/total` and rate on one stderr line, at most 10 redraws a second; silent when disabled."""
-
-    def __init__(self, total: int, label: str, enabled: bool) -> None:
-        self.total, self.label, self.enabled = total, label, enabled
-        self.done = 0
-        self._lock = threading.Lock()
-        self._start = self._drawn = time.perf_counter()
-
-    def tick(self) -> None:
-        with self._lock:
-            self.done += 1
-            now = time.perf_counter()
-            if self.enabled and (now - self._drawn >= 0.1 or self.done == self.total):
-                self._drawn = now
-                filled = 30 * self.done // max(1, self.total)
-                rate = self.done / max(1e-9, now - self._start)
-                sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (30 - filled)}] "
-                                 f"{self.done}/{self.total} {rate:.1f} req/s")  # fmt: skip
-                sys.stderr.flush()
-
-    def close(self) -> None:
-        if self.enabled:
-            sys.stderr.write("\n")
 
 
 def _join_all(threads: Sequence[threading.Thread], by: float) -> None:
@@ -230,19 +193,6 @@ def run_rate(
     return {"samples": list(samples), "dropped": dropped, "late": late, "not_sent": len(payloads) - sent - dropped}
 
 
-@dataclasses.dataclass
-class Phase:
-    """One measured pass of the workload with fresh clients (perf_counter t0; counts: dropped/late/not_sent)."""
-
-    samples: list[Sample]
-    wall_s: float
-    t0: float
-    counts: dict[str, int]
-    ipc_stats: dict[str, int] | None
-    stage_split: bool
-    scrapes: list[Scrape] = dataclasses.field(default_factory=list)  # the server's metrics: before, after
-
-
 def measure(
     label: str,
     cfg: ClientConfig,
@@ -256,8 +206,6 @@ def measure(
     returns when the measured phase may begin (the other client processes are ready too). `metrics`: the server's
     HTTP address, read once the phase may begin (the Phase's first scrape)."""
     if args.client == "async":
-        from mmproc.bench.serve_async import measure_async  # it builds on this module
-
         return measure_async(label, cfg, args, measured, warmup, start, metrics)
     workers = [_Worker.open(cfg) for _ in range(args.concurrency)]
     try:

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from mmproc.bench.client_processes import ClientProcesses
 from mmproc.bench.loop_watch import LoopWatch
-from mmproc.bench.serve_open import Load, Outcome, base_images, closed_loop, open_loop, unique_jpeg
+from mmproc.bench.open_load import Load, Outcome, base_images, closed_loop, open_loop, unique_jpeg
 
 STRIDE = 10**6  # image indices per process within a phase (phases start 10**8 apart): every image unique
 

@@ -20,7 +20,8 @@ import numpy as np
 
 from mmproc.bench.client_processes import deal
 from mmproc.bench.images import ImageSpec, generate_requests
-from mmproc.bench.serve_load import ClientConfig, Measure, result
+from mmproc.bench.serve_load import Measure, result
+from mmproc.bench.serve_pass import ClientConfig
 from mmproc.bench.serve_stats import _fmt, _stat, environment
 
 MAX_RATIOS = 8

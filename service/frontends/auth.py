@@ -22,8 +22,8 @@ from fastapi.responses import JSONResponse
 
 from mmproc.errors import UnauthenticatedError
 from service.frontends.error_mapping import end_call, map_error, to_grpc_status
-from service.frontends.http.app import mark_started, refusal
 from service.frontends.http.gate import add_header_gate
+from service.frontends.http.refusals import mark_started, refusal
 
 if TYPE_CHECKING:
     from service.observe.metrics import Metrics

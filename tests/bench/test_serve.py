@@ -146,7 +146,7 @@ def test_transport_microbench_skips_cleanly_without_cuda(capsys: pytest.CaptureF
 
 
 def test_open_loop_report_reads_the_servers_loop_lag_between_two_scrapes() -> None:
-    from mmproc.bench.serve_open import loop_lag_ms
+    from mmproc.bench.open_report import loop_lag_ms
 
     def scrape(cumulative: dict[str, float]) -> dict[str, float]:
         return {f'mmproc_event_loop_lag_seconds_bucket{{le="{le}"}}': n for le, n in cumulative.items()}
@@ -160,7 +160,7 @@ def test_open_loop_report_reads_the_servers_loop_lag_between_two_scrapes() -> No
 def test_open_loop_report_reads_the_servers_gc_pauses_between_two_scrapes() -> None:
     import gc
 
-    from mmproc.bench.serve_open import gc_pauses, parse
+    from mmproc.bench.open_report import gc_pauses, parse
     from service.observe.metrics import Metrics
 
     metrics = Metrics()
@@ -174,7 +174,7 @@ def test_open_loop_report_reads_the_servers_gc_pauses_between_two_scrapes() -> N
 
 
 def test_open_loop_report_reads_the_servers_cores_by_role_inside_the_load() -> None:
-    from mmproc.bench.serve_open import server_cores
+    from mmproc.bench.open_report import server_cores
 
     cpu = [(0.5, {"runner": 1.0}), (1.0, {"runner": 2.0, "grpc_loop": 0.5}), (3.0, {"runner": 5.0, "grpc_loop": 1.5}),
            (9.0, {"runner": 90.0, "grpc_loop": 9.0})]  # fmt: skip

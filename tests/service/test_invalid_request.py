@@ -16,7 +16,7 @@ from mmproc.client.rpc import encoder_stub, error_from_rpc
 from mmproc.errors import InvalidMediaError, InvalidRequestError, Reason
 from mmproc.v1 import encoder_pb2 as pb
 from service.frontends.error_mapping import map_error
-from service.frontends.http.app import decode_image_field, request_budget_s
+from service.frontends.http.fields import decode_image_field, request_budget_s
 from service.pipeline.admission import check_patch_budget
 from service.pipeline.key_store import KeyStoreConfig, check_keys
 from tests.support.media_samples import make_image_bytes

@@ -24,8 +24,9 @@ import grpc
 import httpx
 import pytest
 
-from mmproc.bench import serve_open as bench
+from mmproc.bench import open_load as bench
 from mmproc.bench.images import ImageSpec, generate_requests
+from mmproc.bench.open_report import Scraper
 from mmproc.client import AsyncEncoderClient, EncoderClient
 from mmproc.errors import ResourceExhaustedError
 from mmproc.v1 import encoder_pb2 as pb
@@ -512,7 +513,7 @@ def errors() -> Iterator[ErrorRecords]:
 
 
 def scrape(server: ServiceThread) -> dict[str, float]:
-    scraper = bench.Scraper(("127.0.0.1", server.service.http_port))
+    scraper = Scraper(("127.0.0.1", server.service.http_port))
     return asyncio.run(scraper.scrape())
 
 

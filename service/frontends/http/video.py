@@ -17,8 +17,8 @@ from pydantic import BaseModel, Field
 
 from service.frontends.error_mapping import map_error
 from service.frontends.grpc.video import video_service
-from service.frontends.http.app import TIMEOUT_HEADER, decode_image_field, priority_fields, request_budget_s
 from service.frontends.http.disconnect import client_closed, unless_disconnected
+from service.frontends.http.fields import TIMEOUT_HEADER, decode_image_field, priority_fields, request_budget_s
 from service.frontends.http.reply import held_reply
 from service.frontends.replies import serialized_payloads
 from service.frontends.replies_video import all_chunks, video_json

@@ -1,0 +1,109 @@
+"""POST /v1/encode: images as base64 or data: URIs in JSON, the reply's embeddings as JSON (data in base64 on
+request)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import time
+from typing import TYPE_CHECKING
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, Field
+
+from mmproc.transport import DTYPE_NAMES
+from service.frontends.error_mapping import map_error
+from service.frontends.http.disconnect import client_closed, unless_disconnected
+from service.frontends.http.reply import held_reply
+from service.frontends.replies import serialized_payloads
+from service.observe.logs import REQUEST_ID_HEADER, log_access, request_context
+from service.pipeline.encoded import EncodedImage
+from service.pipeline.state import ServingState
+
+if TYPE_CHECKING:
+    from service.observe.metrics import Metrics
+
+
+from service.frontends.http.fields import TIMEOUT_HEADER, decode_image_field, priority_fields, request_budget_s
+from service.frontends.http.refusals import http_request_id, mark_started
+
+
+class EncodeBody(BaseModel):
+    images: list[str] = Field(..., description="base64 strings or data: URIs")
+    return_embeddings: bool = False
+    request_id: str | None = None
+    keys: list[str] | None = Field(None, description="one per image: keep each result under it (docs/engines.md)")
+    cache_bypass: bool = Field(False, description="neither look up nor keep in the embedding cache (docs/cache.md)")
+
+
+def encode_reply(request_id: str, results: list[EncodedImage], with_data: bool) -> JSONResponse:
+    """The 200 reply of /v1/encode, rendered (payload bytes, their sha256, base64 if asked, the JSON text)."""
+    payloads = serialized_payloads(results)
+    embeddings = [embedding_json(r, data, with_data) for r, data in zip(results, payloads)]
+    return JSONResponse({"request_id": request_id, "embeddings": embeddings})
+
+
+def embedding_json(result: EncodedImage, data: bytes, with_data: bool) -> dict[str, object]:
+    item: dict[str, object] = {
+        "index": result.index,
+        "num_tokens": result.num_tokens,
+        "grid_hw": list(result.grid_hw),
+        "grid_thw": [1, *result.grid_hw],
+        "image_size": list(result.image_size),
+        "shape": list(result.embedding.shape),
+        "dtype": DTYPE_NAMES[result.embedding.dtype],
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    if result.key:
+        item["key"] = result.key
+    if result.cache:
+        item["cache"] = result.cache
+        item["mm_hash"] = result.mm_hash
+    if with_data:
+        item["data"] = base64.b64encode(data).decode("ascii")
+    return item
+
+
+def add_encode_route(app: FastAPI, state: ServingState, metrics: Metrics, *, default_deadline_s: float) -> None:
+    @app.post("/v1/encode")
+    async def encode(body: EncodeBody, request: Request) -> Response:
+        started = mark_started(request)
+        request_id = body.request_id or http_request_id(request)
+        with request_context(request_id):
+            work = encode_request(body, request_id, request.headers.get(TIMEOUT_HEADER))
+            outcome = await unless_disconnected(work, request.receive)
+            if outcome is None:  # the client left: its work was cancelled
+                outcome = "CANCELLED", client_closed(metrics), {}
+            code, response, fields = outcome
+            elapsed = time.perf_counter() - started
+            log_access("http", "/v1/encode", code, elapsed, images=len(body.images), status=response.status_code,
+                       **fields, **priority_fields(request))  # fmt: skip
+        metrics.observe_request("http:/v1/encode", code, elapsed)
+        response.headers[REQUEST_ID_HEADER] = request_id
+        return response
+
+    async def encode_request(
+        body: EncodeBody, request_id: str, timeout: str | None
+    ) -> tuple[str, Response, dict[str, str]]:
+        try:
+            deadline = time.monotonic() + request_budget_s(timeout, default_deadline_s)
+            engine = state.engine()
+            engine.check_image_count(len(body.images))  # before decoding any base64
+            images = [decode_image_field(value, i) for i, value in enumerate(body.images)]
+            if body.keys is not None:
+                results = await engine.encode_keyed(images, body.keys, request_id, deadline)
+            else:
+                results = await engine.encode(images, request_id, deadline, cache=not body.cache_bypass)
+            with_data = body.return_embeddings  # rendered off the loop: a 1024² K2.5 reply is ~20 MB to copy and hash
+            response = await held_reply(
+                engine, deadline, results, with_data, lambda: encode_reply(request_id, results, with_data)
+            )
+        except Exception as exc:
+            mapped = map_error(exc, metrics=metrics)
+            response = JSONResponse(
+                mapped.http_body(request_id), status_code=mapped.http_status, headers=mapped.http_headers
+            )
+            return mapped.grpc_code.name, response, {"reason": mapped.reason}
+        fields = {"cache": ",".join(r.cache for r in results)} if any(r.cache for r in results) else {}
+        return "OK", response, fields
