@@ -26,8 +26,8 @@ import numpy as np
 import torch
 
 from mmproc.client.rpc import Assembler
-from mmproc.transport import start_staging
-from mmproc.transport.pinned_messages import PinnedMessages
+from mmproc.transport.serialized.pinned_messages import PinnedMessages
+from mmproc.transport.serialized.staging import start_staging
 from mmproc.units import MiB
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire import read_chunk

@@ -36,7 +36,7 @@ def _copy(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 def p2p_child(handle_hex: str, nbytes: int, uuid: str, reps: int) -> dict:
     """In a fresh process: open the buffer on OUR GPU `uuid`; first-open, open/close and copy costs."""
-    from mmproc.transport import cuda_ipc
+    from mmproc.transport.cuda_ipc import runtime as cuda_ipc
 
     index = cuda_ipc.device_index_by_uuid(uuid)
     assert index is not None, f"GPU {uuid} is not visible here"
@@ -72,7 +72,7 @@ def p2p_main(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     if not torch.cuda.is_available():
         print("fanout --p2p: no CUDA GPU visible; skipped.", file=sys.stderr)
         return 0
-    from mmproc.transport import cuda_ipc
+    from mmproc.transport.cuda_ipc import runtime as cuda_ipc
 
     count, src = torch.cuda.device_count(), args.src
     if not (0 <= src < count and 1 <= args.mb <= 16384 and 1 <= args.reps <= 10_000):

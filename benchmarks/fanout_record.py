@@ -16,7 +16,7 @@ from mmproc.bench.provenance import git_commit
 def _environment(argv: Sequence[str] | None) -> dict:
     gpus = []
     if torch.cuda.is_available():
-        from mmproc.transport.cuda_ipc import device_uuid
+        from mmproc.transport.cuda_ipc.runtime import device_uuid
 
         gpus = [{"index": i, "name": torch.cuda.get_device_name(i), "uuid": device_uuid(i)}
                 for i in range(torch.cuda.device_count())]  # fmt: skip

@@ -18,15 +18,15 @@ import torch
 
 from mmproc.client.shared_embeddings import SharedEmbeddings
 from mmproc.errors import InternalError, StaleSessionError, UnavailableError
-from mmproc.transport.cuda_ipc import device_uuid
-from mmproc.transport.ipc_pool import PoolIdentity, SliceDescriptor
-from mmproc.transport.node import node_identity
+from mmproc.transport.cuda_ipc.node import node_identity
+from mmproc.transport.cuda_ipc.pool import PoolIdentity, SliceDescriptor
+from mmproc.transport.cuda_ipc.runtime import device_uuid
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from mmproc.wire import PB_TO_DTYPE, descriptor_from_pb, identity_from_pb
 
 if TYPE_CHECKING:
-    from mmproc.transport.ipc_consumer import OpenedPool
+    from mmproc.transport.cuda_ipc.consumer import OpenedPool
 
 logger = logging.getLogger(__name__)
 
@@ -88,7 +88,7 @@ class IpcClient:
     """
 
     def __init__(self, stub: pb_grpc.EncoderStub, device: torch.device, handle_cache: bool) -> None:
-        from mmproc.transport.ipc_consumer import HandleCache
+        from mmproc.transport.cuda_ipc.consumer import HandleCache
 
         self._stub = stub
         self._device = device

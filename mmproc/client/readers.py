@@ -28,7 +28,7 @@ from mmproc.client.shared_embeddings import SharedEmbeddings
 from mmproc.client.targets import Targets
 from mmproc.client.video import VideoEmbedding, VideoInput, encode_over_ipc, make_video_request, read_serialized
 from mmproc.errors import StaleSessionError, UnavailableError
-from mmproc.transport.cuda_ipc import ipc_unavailable_reason
+from mmproc.transport.cuda_ipc.runtime import ipc_unavailable_reason
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 

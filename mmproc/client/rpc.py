@@ -21,7 +21,7 @@ from mmproc.errors import (
     ResourceExhaustedError,
     UnavailableError,
 )
-from mmproc.transport import bytes_to_tensor
+from mmproc.transport.serialized.staging import bytes_to_tensor
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from mmproc.wire import PB_TO_DTYPE, PB_TO_NAME, StreamChunk, read_chunk

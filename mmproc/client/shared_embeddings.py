@@ -22,10 +22,10 @@ import torch
 from google.protobuf.message import DecodeError
 
 from mmproc.errors import InternalError
-from mmproc.transport import bytes_to_tensor, tensor_nbytes
-from mmproc.transport.cuda_ipc import IPC_HANDLE_BYTES
-from mmproc.transport.ipc_pool import PoolIdentity, SliceDescriptor
-from mmproc.transport.leases import MAX_READERS
+from mmproc.transport.cuda_ipc.pool import PoolIdentity, SliceDescriptor
+from mmproc.transport.cuda_ipc.runtime import IPC_HANDLE_BYTES
+from mmproc.transport.leases.records import MAX_READERS
+from mmproc.transport.serialized.staging import bytes_to_tensor, tensor_nbytes
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire import PB_TO_DTYPE, PB_TO_NAME, descriptor_from_pb, identity_from_pb, pool_info_pb
 

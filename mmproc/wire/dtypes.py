@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from mmproc.transport import DTYPE_NAMES
+from mmproc.transport.serialized.staging import DTYPE_NAMES
 from mmproc.v1 import encoder_pb2 as pb
 
 NAME_TO_PB: dict[str, int] = {name: pb.DType.Value(f"DTYPE_{name.upper()}") for name in DTYPE_NAMES.values()}

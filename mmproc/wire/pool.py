@@ -3,7 +3,7 @@ shared batch names it too)."""
 
 from __future__ import annotations
 
-from mmproc.transport.ipc_pool import PoolIdentity, SliceDescriptor
+from mmproc.transport.cuda_ipc.pool import PoolIdentity, SliceDescriptor
 from mmproc.v1 import encoder_pb2 as pb
 
 

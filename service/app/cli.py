@@ -52,7 +52,7 @@ def cmd_config(args: argparse.Namespace) -> int:
 def cmd_encode(args: argparse.Namespace) -> int:
     from mmproc.client import EncoderClient
     from mmproc.errors import InvalidMediaError
-    from mmproc.transport import tensor_to_bytes
+    from mmproc.transport.serialized.staging import tensor_to_bytes
 
     try:
         images = [Path(p).read_bytes() for p in args.images]

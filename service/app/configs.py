@@ -7,9 +7,10 @@ from __future__ import annotations
 from mmproc.media.limits import MediaLimits
 from mmproc.media.video_limits import VideoLimits
 from mmproc.runner_config import RunnerConfig
-from mmproc.transport.pool_config import PoolConfig
+from mmproc.transport.cuda_ipc.config import PoolConfig
 from mmproc.units import MiB
-from service.app.settings import ServerSettings, image_sizes
+from service.app.model_settings import image_sizes
+from service.app.settings import ServerSettings
 from service.pipeline.cache.store import CacheConfig
 from service.pipeline.config import EngineConfig
 from service.pipeline.decode.config import DecodePoolConfig

@@ -77,7 +77,7 @@ def limit_malloc_arenas(arena_max: int) -> bool:
 
 def set_torch_threads(threads: int) -> int:
     """Use at most `threads` of this process's CPUs for torch's CPU ops (0: leave torch's default); returns the
-    count in effect. The serialized reply copies run on them (mmproc/transport/host_copy.py; thread counts measured
+    count in effect. The serialized reply copies run on them (mmproc/transport/serialized/host_copy.py; thread counts measured
     in docs/benchmarks/transport.md); more threads than CPUs only oversubscribe."""
     if threads > 0:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 
 from mmproc.errors import ConfigError
-from mmproc.transport.cuda_ipc import ipc_unavailable_reason
+from mmproc.transport.cuda_ipc.runtime import ipc_unavailable_reason
 from service.app.configs import ipc_pool_config
 from service.app.settings import ServerSettings
 from service.pipeline.images import Engine
@@ -20,8 +20,8 @@ def setup_ipc(settings: ServerSettings, engine: Engine) -> str:
         return "IPC off (--transport serialized): serialized only"
     reason = "the encoder runs on the CPU" if engine.encoder.device.type != "cuda" else ipc_unavailable_reason()
     if reason is None:
-        from mmproc.transport.ipc_pool import IpcPool
-        from mmproc.transport.ipc_probe import probe_pool
+        from mmproc.transport.cuda_ipc.pool import IpcPool
+        from mmproc.transport.cuda_ipc.probe import probe_pool
 
         pool = IpcPool(engine.encoder.device, ipc_pool_config(settings))
         reason = probe_pool(pool)

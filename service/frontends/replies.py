@@ -4,11 +4,10 @@ of each payload) and IPC descriptors. Shared by the gRPC servicer, the HTTP app 
 
 from __future__ import annotations
 
-from mmproc.transport import DTYPE_NAMES, concat_bytes, start_staging
-from mmproc.transport.host_copy import raw_bytes
-from mmproc.transport.ipc_pool import PoolIdentity
-from mmproc.transport.pinned_messages import PinnedMessages
-from mmproc.transport.serialized import Part, write_messages
+from mmproc.transport.cuda_ipc.pool import PoolIdentity
+from mmproc.transport.serialized.host_copy import concat_bytes, raw_bytes
+from mmproc.transport.serialized.pinned_messages import PinnedMessages
+from mmproc.transport.serialized.staging import DTYPE_NAMES, Part, start_staging, write_messages
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire import NAME_TO_PB, chunk_head, interleave, reply_framing
 from service.pipeline.encoded import EncodedImage

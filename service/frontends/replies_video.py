@@ -5,8 +5,8 @@ from __future__ import annotations
 import base64
 import hashlib
 
-from mmproc.transport import DTYPE_NAMES
-from mmproc.transport.ipc_pool import PoolIdentity
+from mmproc.transport.cuda_ipc.pool import PoolIdentity
+from mmproc.transport.serialized.staging import DTYPE_NAMES
 from mmproc.v1 import encoder_pb2 as pb
 from service.frontends.replies import embedding_header, ipc_reply
 from service.pipeline.encoded import EncodedImage

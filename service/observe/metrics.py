@@ -30,7 +30,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 import mmproc
 from mmproc.errors import Reason
 from mmproc.runner import BatchStats
-from mmproc.transport.pinned_messages import PinnedMessages
+from mmproc.transport.serialized.pinned_messages import PinnedMessages
 from mmproc.v1 import encoder_pb2 as pb
 from service.observe.gc_pauses import GcPauses
 from service.observe.logs import dropped_log_records

@@ -29,7 +29,7 @@ from mmproc.errors import (
 )
 from mmproc.media.formats import peek_size, sniff_format
 from mmproc.preprocess import PreprocessConfig, target_grid
-from mmproc.transport.leases import MAX_READERS
+from mmproc.transport.leases.records import MAX_READERS
 from mmproc.types import PreprocessedImage
 from service.pipeline.overload import OverloadGuard, Ticket
 from service.pipeline.request_limits import InflightLimits, RequestLimits

@@ -14,9 +14,9 @@ from typing import TypeVar
 import torch
 
 from mmproc.errors import DeadlineExceededError, ResourceExhaustedError, StaleSessionError
-from mmproc.transport.ipc_pool import IpcPool, SliceDescriptor
-from mmproc.transport.leases import Lease, UnknownSessionError
-from mmproc.transport.pinned_messages import PinnedMessages
+from mmproc.transport.cuda_ipc.pool import IpcPool, SliceDescriptor
+from mmproc.transport.leases.records import Lease, UnknownSessionError
+from mmproc.transport.serialized.pinned_messages import PinnedMessages
 from mmproc.types import PreprocessedImage
 from service.observe.metrics import Metrics
 from service.pipeline.encoded import EncodedImage

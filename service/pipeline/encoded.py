@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mmproc.transport.ipc_pool import SliceDescriptor
-from mmproc.transport.leases import Lease
+from mmproc.transport.cuda_ipc.pool import SliceDescriptor
+from mmproc.transport.leases.records import Lease
 
 
 @dataclass(frozen=True)

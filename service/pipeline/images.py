@@ -26,7 +26,7 @@ from mmproc.media.limits import MediaLimits
 from mmproc.models import VisionEncoder
 from mmproc.preprocess import PreprocessConfig, preprocess_image
 from mmproc.runner import BatchStats, Runner
-from mmproc.transport.ipc_pool import IpcPool
+from mmproc.transport.cuda_ipc.pool import IpcPool
 from mmproc.types import PreprocessedImage
 from service.observe.metrics import Metrics
 from service.pipeline.admission import Admission, check_readers

@@ -30,7 +30,7 @@ class ReplyBudgetConfig:
     # 64 MiB: three 1024² Kimi K2.5 replies (19 MB each) sending at once, for ~+100 MB of main-process peak (measured
     # on the CPU), within issue 24's +200 MB; slow network consumers may want more.
     max_bytes: int = 64 * MiB
-    # Page-locked messages that serialized replies from a GPU are written into (mmproc/transport/pinned_messages.py);
+    # Page-locked messages that serialized replies from a GPU are written into (mmproc/transport/serialized/pinned_messages.py);
     # 0: none, every reply staged and copied.
     pinned_bytes: int = 0
 

@@ -18,7 +18,7 @@ import torch
 
 from mmproc.client import error_from_rpc
 from mmproc.errors import InvalidMediaError
-from mmproc.transport import bytes_to_tensor
+from mmproc.transport.serialized.staging import bytes_to_tensor
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from service.pipeline.decode.worker import prepare_image

@@ -31,7 +31,7 @@ from mmproc.client import error_from_rpc
 from mmproc.errors import InvalidMediaError
 from mmproc.media import decode_image
 from mmproc.preprocess import preprocess_image
-from mmproc.transport import bytes_to_tensor
+from mmproc.transport.serialized.staging import bytes_to_tensor
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from tests.support.corpus import build_corpus

@@ -10,7 +10,7 @@ import pytest
 from mmproc.media.limits import MediaLimits
 from mmproc.media.video_limits import VideoLimits
 from mmproc.runner_config import RunnerConfig
-from mmproc.transport.pool_config import PoolConfig
+from mmproc.transport.cuda_ipc.config import PoolConfig
 from service.app import configs
 from service.app.settings import ServerSettings
 from service.pipeline.cache.store import CacheConfig

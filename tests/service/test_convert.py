@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmproc.transport import concat_bytes, tensor_to_bytes
+from mmproc.transport.serialized.host_copy import concat_bytes
+from mmproc.transport.serialized.staging import tensor_to_bytes
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire import chunk_head
 from service.frontends.grpc.server import GrpcServicer, _HandlerRecorder, add_encoder_servicer

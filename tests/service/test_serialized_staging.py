@@ -11,8 +11,8 @@ import grpc
 import pytest
 import torch
 
-from mmproc.transport import stage_to_host, start_staging, tensor_to_bytes
-from mmproc.transport.pinned_messages import PinnedMessages
+from mmproc.transport.serialized.pinned_messages import PinnedMessages
+from mmproc.transport.serialized.staging import stage_to_host, start_staging, tensor_to_bytes
 from mmproc.units import MiB
 from mmproc.v1 import encoder_pb2 as pb
 from service.frontends.replies import embedding_header, serialized_payloads, serialized_reply, serialized_stream

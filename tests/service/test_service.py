@@ -18,7 +18,7 @@ from mmproc.client import AsyncEncoderClient, EncoderClient
 from mmproc.errors import InvalidMediaError
 from mmproc.media import decode_image
 from mmproc.preprocess import target_grid
-from mmproc.transport import tensor_to_bytes
+from mmproc.transport.serialized.staging import tensor_to_bytes
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from tests.support.media_samples import make_image_bytes

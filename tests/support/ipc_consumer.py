@@ -28,8 +28,8 @@ import torch
 
 from mmproc.client import AsyncEncoderClient, EncoderClient, SharedEmbeddings
 from mmproc.errors import UnavailableError
-from mmproc.transport import tensor_to_bytes
-from mmproc.transport.cuda_ipc import device_index_by_uuid, device_uuid
+from mmproc.transport.cuda_ipc.runtime import device_index_by_uuid, device_uuid
+from mmproc.transport.serialized.staging import tensor_to_bytes
 from tests.support.media_samples import make_image_bytes
 
 

@@ -8,7 +8,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from mmproc.transport.allocator import Slice, SliceAllocator
+from mmproc.transport.leases.allocator import Slice, SliceAllocator
 
 A = 256  # default alignment
 

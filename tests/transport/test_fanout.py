@@ -20,9 +20,10 @@ from mmproc.client import EncoderClient, SharedEmbeddings
 from mmproc.client.ipc import IpcClient
 from mmproc.client.readers import IpcReader
 from mmproc.errors import InvalidMediaError, StaleSessionError, UnavailableError
-from mmproc.transport.allocator import SliceAllocator
-from mmproc.transport.ipc_pool import PoolIdentity, SliceDescriptor
-from mmproc.transport.leases import MAX_READERS, LeaseTable
+from mmproc.transport.cuda_ipc.pool import PoolIdentity, SliceDescriptor
+from mmproc.transport.leases.allocator import SliceAllocator
+from mmproc.transport.leases.records import MAX_READERS
+from mmproc.transport.leases.table import LeaseTable
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from mmproc.wire import descriptor_from_pb

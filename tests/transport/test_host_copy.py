@@ -1,4 +1,4 @@
-"""The one host copy of a serialized payload (mmproc.transport.host_copy): uninitialized bytes, filled exactly
+"""The one host copy of a serialized payload (mmproc.transport.serialized.host_copy): uninitialized bytes, filled exactly
 from any source, safe from concurrent reply threads."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from mmproc.transport.host_copy import concat_bytes, join_bytes, new_bytes
+from mmproc.transport.serialized.host_copy import concat_bytes, join_bytes, new_bytes
 from mmproc.units import MiB
 
 

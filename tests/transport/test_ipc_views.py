@@ -8,7 +8,7 @@ import torch
 
 from mmproc.client.ipc import clone_views
 from mmproc.errors import InternalError
-from mmproc.transport.ipc_consumer import TypedViews
+from mmproc.transport.cuda_ipc.consumer import TypedViews
 
 HIDDEN = 8
 

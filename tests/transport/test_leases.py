@@ -12,20 +12,20 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from mmproc.errors import ResourceExhaustedError
-from mmproc.transport.allocator import SliceAllocator
-from mmproc.transport.leases import (
+from mmproc.transport.leases.allocator import SliceAllocator
+from mmproc.transport.leases.records import (
     GENERATION_MAX,
     MAX_READERS,
     Lease,
     LeaseNotOwnedError,
     LeaseState,
     LeaseStats,
-    LeaseTable,
     TooManySessionsError,
     UnknownLeaseError,
     UnknownSessionError,
     next_generation,
 )
+from mmproc.transport.leases.table import LeaseTable
 
 A = 256
 
@@ -196,7 +196,7 @@ def test_ttl_expiry_with_injected_clock(caplog: pytest.LogCaptureFixture) -> Non
     clock.now += 29.9
     assert table.expire() == []
     clock.now += 0.1  # leased is 60 s old
-    with caplog.at_level(logging.WARNING, logger="mmproc.transport.leases"):
+    with caplog.at_level(logging.WARNING, logger="mmproc.transport.leases.table"):
         assert table.expire() == [leased]
     assert f"lease {leased.lease_id} of session {sid}" in caplog.text
     assert table.state_of(leased.lease_id) is None

@@ -10,8 +10,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from mmproc.transport.allocator import SliceAllocator
-from mmproc.transport.leases import Hold, Lease, LeaseTable
+from mmproc.transport.leases.allocator import SliceAllocator
+from mmproc.transport.leases.records import Hold, Lease
+from mmproc.transport.leases.table import LeaseTable
 from service.pipeline.cache.store import CacheStore, Entry
 
 A = 256

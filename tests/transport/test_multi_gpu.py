@@ -40,7 +40,7 @@ def server() -> Iterator[ServiceThread]:
 
 
 def uuid(index: int) -> str:
-    from mmproc.transport.cuda_ipc import device_uuid
+    from mmproc.transport.cuda_ipc.runtime import device_uuid
 
     return device_uuid(index)
 

@@ -1,4 +1,4 @@
-"""Page-locked reply messages (mmproc/transport/pinned_messages.py): reused only once nobody else holds them, bounded
+"""Page-locked reply messages (mmproc/transport/serialized/pinned_messages.py): reused only once nobody else holds them, bounded
 in bytes, and the pool steps aside (the reply is copied) when it has no room. Page-locking itself needs CUDA: here a
 recorder stands in for cudaHostRegister; tests/service/test_serialized_staging.py runs the real one on a GPU."""
 
@@ -9,7 +9,7 @@ import logging
 
 import pytest
 
-from mmproc.transport.pinned_messages import LAYOUT_OK, MIN_MESSAGE, PinnedMessages, data_address, size_class
+from mmproc.transport.serialized.pinned_messages import LAYOUT_OK, MIN_MESSAGE, PinnedMessages, data_address, size_class
 from mmproc.units import MiB
 
 pytestmark = pytest.mark.skipif(not LAYOUT_OK, reason="not CPython's bytes layout: the pool stays off")

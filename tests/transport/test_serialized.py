@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mmproc.transport import bytes_to_tensor, stage_to_host, tensor_bytes_view, tensor_to_bytes
+from mmproc.transport.serialized.staging import bytes_to_tensor, stage_to_host, tensor_bytes_view, tensor_to_bytes
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from mmproc.client.rpc import Assembler
 from mmproc.errors import InternalError
-from mmproc.transport import tensor_to_bytes
+from mmproc.transport.serialized.staging import tensor_to_bytes
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire import StreamChunk, read_chunk
 

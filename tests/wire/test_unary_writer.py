@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from mmproc.transport.serialized import write_messages
+from mmproc.transport.serialized.staging import write_messages
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire import interleave, reply_framing
 

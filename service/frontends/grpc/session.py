@@ -9,9 +9,9 @@ from collections.abc import AsyncIterator
 
 import grpc
 
-from mmproc.transport.ipc_pool import IpcPool
-from mmproc.transport.leases import LeaseNotOwnedError, UnknownLeaseError
-from mmproc.transport.node import node_identity
+from mmproc.transport.cuda_ipc.node import node_identity
+from mmproc.transport.cuda_ipc.pool import IpcPool
+from mmproc.transport.leases.records import LeaseNotOwnedError, UnknownLeaseError
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire import pool_info_pb
 

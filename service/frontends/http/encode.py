@@ -12,7 +12,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
-from mmproc.transport import DTYPE_NAMES
+from mmproc.transport.serialized.staging import DTYPE_NAMES
 from service.frontends.error_mapping import map_error
 from service.frontends.http.disconnect import client_closed, unless_disconnected
 from service.frontends.http.reply import held_reply

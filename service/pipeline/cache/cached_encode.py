@@ -25,8 +25,8 @@ from mmproc.errors import (
     Reason,
     UnknownKeyError,
 )
-from mmproc.transport.ipc_pool import IpcPool
-from mmproc.transport.leases import Lease
+from mmproc.transport.cuda_ipc.pool import IpcPool
+from mmproc.transport.leases.records import Lease
 from service.pipeline.admission import Admission
 from service.pipeline.cache.keys import MAX_MM_HASH_CHARS, CacheKeys
 from service.pipeline.cache.store import CacheConfig, CacheStore, Entry, InvalidImages

@@ -2,7 +2,7 @@
 to an encoded image, one per tier, and the short-lived memory of invalid images.
 
 - host tier (serialized replies): the embedding as an owned CPU tensor; bytes = the tensor's bytes.
-- pool tier (IPC replies): a `Hold` on the pool slice the image was encoded into (mmproc.transport.leases); a
+- pool tier (IPC replies): a `Hold` on the pool slice the image was encoded into (mmproc.transport.leases.table); a
   hit lends the same bytes as a new lease. Bytes = the held slices' sizes, each counted once while any entry
   holds it (a request's images share one slice), so the bound is pool memory the cache keeps.
 
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from mmproc.errors import InvalidMediaError
-from mmproc.transport.leases import Hold
+from mmproc.transport.leases.records import Hold
 from service.pipeline.cache.policy import make_policy
 
 if TYPE_CHECKING:  # service.pipeline.images owns the cache

@@ -11,8 +11,8 @@ from dataclasses import replace
 import torch
 
 from mmproc.errors import StaleSessionError
-from mmproc.transport.ipc_pool import IpcPool
-from mmproc.transport.leases import Lease, UnknownSessionError
+from mmproc.transport.cuda_ipc.pool import IpcPool
+from mmproc.transport.leases.records import Lease, UnknownSessionError
 from service.pipeline.cache.store import CacheConfig, CacheStore, Entry
 from service.pipeline.delivery import Delivery
 from service.pipeline.encoded import EncodedImage

@@ -1,12 +1,12 @@
-"""The records of the lease table (mmproc/transport/leases.py): leases, holds, stats, its errors. Protocol: docs/ipc.md."""
+"""The records of the lease table (mmproc/transport/leases/table.py): leases, holds, stats, its errors. Protocol: docs/ipc.md."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 from mmproc.errors import ResourceExhaustedError
-from mmproc.transport.allocator import Slice
+from mmproc.transport.leases.allocator import Slice
 
 __all__ = [
     "GENERATION_MAX",
@@ -113,3 +113,17 @@ class LeaseStats:
     reclaimed_total: int
     expired_total: int
     waits_timed_out_total: int
+
+
+@dataclass
+class SessionLeases:
+    """One consumer session of the table and the leases it holds."""
+
+    consumer: str
+    lease_ids: set[int] = field(default_factory=set)
+
+
+@dataclass
+class LeaseEntry:
+    lease: Lease
+    state: LeaseState = LeaseState.LEASED

@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from mmproc.transport.host_copy import new_bytes
+from mmproc.transport.serialized.host_copy import new_bytes
 from mmproc.units import MiB
 
 logger = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from mmproc.transport.host_copy import concat_bytes, join_bytes, raw_bytes
-from mmproc.transport.pinned_messages import PinnedMessages, data_address
+from mmproc.transport.serialized.host_copy import concat_bytes, join_bytes, raw_bytes
+from mmproc.transport.serialized.pinned_messages import PinnedMessages, data_address
 
 # Wire names of the dtypes we send; the proto's DType enum is mapped from these in the service/client.
 DTYPE_NAMES: dict[torch.dtype, str] = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import torch
 
 from mmproc.errors import DeadlineExceededError, InternalError
-from mmproc.transport import cuda_ipc
-from mmproc.transport.ipc_pool import WORD_BYTES, PoolIdentity, SliceDescriptor
+from mmproc.transport.cuda_ipc import runtime as cuda_ipc
+from mmproc.transport.cuda_ipc.pool import WORD_BYTES, PoolIdentity, SliceDescriptor
 
 logger = logging.getLogger(__name__)
 

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 
 import torch
 
-from mmproc.transport import cuda_ipc
-from mmproc.transport.allocator import SliceAllocator
-from mmproc.transport.leases import Lease, LeaseStats, LeaseTable
-from mmproc.transport.pool_config import WORD_BYTES, PoolConfig
+from mmproc.transport.cuda_ipc import runtime as cuda_ipc
+from mmproc.transport.cuda_ipc.config import WORD_BYTES, PoolConfig
+from mmproc.transport.leases.allocator import SliceAllocator
+from mmproc.transport.leases.records import Lease, LeaseStats
+from mmproc.transport.leases.table import LeaseTable
 
 logger = logging.getLogger(__name__)
 

@@ -13,53 +13,26 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 
-from mmproc.transport.allocator import Slice, SliceAllocator
-from mmproc.transport.lease_records import (
-    GENERATION_MAX,
+from mmproc.transport.leases.allocator import Slice, SliceAllocator
+from mmproc.transport.leases.records import (
     MAX_READERS,
     Hold,
     Lease,
+    LeaseEntry,
     LeaseNotOwnedError,
     LeaseState,
     LeaseStats,
+    SessionLeases,
     TooManySessionsError,
     UnknownLeaseError,
     UnknownSessionError,
     next_generation,
 )
 
-__all__ = [
-    "GENERATION_MAX",
-    "MAX_READERS",
-    "Hold",
-    "Lease",
-    "LeaseNotOwnedError",
-    "LeaseState",
-    "LeaseStats",
-    "LeaseTable",
-    "TooManySessionsError",
-    "UnknownLeaseError",
-    "UnknownSessionError",
-    "next_generation",
-]
-
 logger = logging.getLogger(__name__)
 
 _WORD_MASK = 2**64 - 1
-
-
-@dataclass
-class _Session:
-    consumer: str
-    lease_ids: set[int] = field(default_factory=set)
-
-
-@dataclass
-class _Entry:
-    lease: Lease
-    state: LeaseState = LeaseState.LEASED
 
 
 class LeaseTable:
@@ -92,8 +65,8 @@ class LeaseTable:
         self._clock = clock
 
         self._cond = threading.Condition(threading.Lock())
-        self._sessions: dict[str, _Session] = {}
-        self._leases: dict[int, _Entry] = {}
+        self._sessions: dict[str, SessionLeases] = {}
+        self._leases: dict[int, LeaseEntry] = {}
         self._slot_lease: dict[int, int] = {}  # slot -> id of the live lease holding it
         # FIFO reuse: the slot freed longest ago goes first, so a slot rests as long as possible.
         self._free_slots: deque[int] = deque(range(num_word_slots))
@@ -127,7 +100,7 @@ class LeaseTable:
             session_id = secrets.token_hex(8)
             while session_id in self._sessions:  # pragma: no cover - 64 random bits
                 session_id = secrets.token_hex(8)
-            self._sessions[session_id] = _Session(consumer=consumer)
+            self._sessions[session_id] = SessionLeases(consumer=consumer)
         logger.info("ipc session %s opened for consumer %r", session_id, consumer)
         return session_id
 
@@ -172,7 +145,7 @@ class LeaseTable:
         if isinstance(readers, bool) or not isinstance(readers, int) or not 1 <= readers <= MAX_READERS:
             raise ValueError(f"readers must be in 1..{MAX_READERS}, got {readers!r}")
 
-        def attempt(session: _Session) -> Lease | None:
+        def attempt(session: SessionLeases) -> Lease | None:
             if self._holds.get(hold.hold_id) != hold:
                 return None
             return self._try_acquire_locked(session_id, session, hold.slice.nbytes, readers, shared=hold.slice)
@@ -185,7 +158,7 @@ class LeaseTable:
         deadline: float | None,
         readers: int,
         size: int,
-        attempt: Callable[[_Session], Lease | None],
+        attempt: Callable[[SessionLeases], Lease | None],
         *,
         relieve: bool = True,
     ) -> Lease | None:
@@ -358,14 +331,14 @@ class LeaseTable:
 
     # -- internals (call with the lock held) ---------------------------------------------------------------
 
-    def _session(self, session_id: str) -> _Session:
+    def _session(self, session_id: str) -> SessionLeases:
         session = self._sessions.get(session_id)
         if session is None:
             raise UnknownSessionError(f"unknown or closed ipc session {session_id!r}")
         return session
 
     def _try_acquire_locked(
-        self, session_id: str, session: _Session, nbytes: int, readers: int, shared: Slice | None = None
+        self, session_id: str, session: SessionLeases, nbytes: int, readers: int, shared: Slice | None = None
     ) -> Lease | None:
         if self._max_leases_per_session is not None and len(session.lease_ids) >= self._max_leases_per_session:
             return None
@@ -393,13 +366,13 @@ class LeaseTable:
             created_at=self._clock(),
         )
         self._next_lease_id += 1
-        self._leases[lease.lease_id] = _Entry(lease)
+        self._leases[lease.lease_id] = LeaseEntry(lease)
         for slot in slots:
             self._slot_lease[slot] = lease.lease_id
         session.lease_ids.add(lease.lease_id)
         return lease
 
-    def _free_locked(self, entry: _Entry) -> Lease:
+    def _free_locked(self, entry: LeaseEntry) -> Lease:
         lease = entry.lease
         self._unref_locked(lease.slice)
         del self._leases[lease.lease_id]

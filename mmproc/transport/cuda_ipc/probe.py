@@ -12,8 +12,8 @@ import multiprocessing as mp
 
 import torch
 
-from mmproc.transport import cuda_ipc
-from mmproc.transport.ipc_pool import IpcPool, PoolIdentity
+from mmproc.transport.cuda_ipc import runtime as cuda_ipc
+from mmproc.transport.cuda_ipc.pool import IpcPool, PoolIdentity
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ _MAGIC = 0x6D6D70726F63  # "mmproc"
 
 def _child(identity: PoolIdentity, queue: mp.Queue) -> None:
     try:
-        from mmproc.transport.ipc_consumer import OpenedPool
+        from mmproc.transport.cuda_ipc.consumer import OpenedPool
 
         index = cuda_ipc.device_index_by_uuid(identity.device_uuid)
         if index is None:

@@ -1,0 +1,1 @@
+"""Leases of a pool that hands out memory: sessions, slices, generations, readers, holds (docs/ipc.md)."""
