@@ -30,10 +30,10 @@ from mmproc.transport.serialized.pinned_messages import PinnedMessages
 from mmproc.transport.serialized.staging import start_staging
 from mmproc.units import MiB
 from mmproc.v1 import encoder_pb2 as pb
-from mmproc.wire import read_chunk
+from mmproc.wire.chunks import read_chunk
+from mmproc.wire.serialized import passthrough_serializer, serialized_payloads, serialized_reply, serialized_stream
 from service.app.host_memory import reuse_freed_host_memory, set_torch_threads
 from service.app.settings import CUDA_HOST_MALLOC_REUSE_MB, STREAM_CHUNK_MB, ServerSettings
-from service.frontends.replies import passthrough_serializer, serialized_payloads, serialized_reply, serialized_stream
 from service.pipeline.images import EncodedImage
 from service.pipeline.reply_budget import ReplyBudgetConfig
 

@@ -17,11 +17,6 @@ common=(--target 127.0.0.1:$PORT --device cuda:0 --images-per-request 4 --resolu
 python3 -m mmproc.bench.serve "${common[@]}" --compare transport --rounds 2 --json "$OUT/serve_transport.json"
 python3 -m mmproc.bench.serve "${common[@]}" --transport ipc --compare handle-cache --rounds 2 \
   --json "$OUT/serve_handle_cache.json"
-# The consumer's read path step by step (reply -> ready), against the same copies on its own memory.
-python3 -m benchmarks.ipc_steps --target 127.0.0.1:$PORT --device cuda:0 --requests "$REQUESTS" \
-  --json "$OUT/ipc_steps.json"
-# The same with the consumer polling for its reply (a hot thread, like a busy LLM worker): table in the log only.
-python3 -m benchmarks.ipc_steps --target 127.0.0.1:$PORT --device cuda:0 --requests "$REQUESTS" --busy-wait
 if [ -z "${QUICK:-}" ]; then
 python3 -m mmproc.bench.serve "${common[@]}" --transport ipc --concurrency 8 --requests 400 \
   --json "$OUT/serve_ipc_c8.json"

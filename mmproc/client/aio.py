@@ -10,14 +10,15 @@ import torch
 
 from mmproc.client.blocking import EncoderClient, new_request_id
 from mmproc.client.call_headers import aio_headers, call_headers
-from mmproc.client.readers import AsyncSerializedReader, IpcReader, ThreadedIpcReader, ipc_wanted
+from mmproc.client.readers import AsyncSerializedReader, SerializedReader, ThreadedReader
 from mmproc.client.results import ImageEmbedding, from_header
 from mmproc.client.retry import RetryPolicy
-from mmproc.client.rpc import TRANSPORTS, channel_options, check_images, check_keys, make_request
+from mmproc.client.rpc import channel_options, check_images, check_keys, make_request
 from mmproc.client.targets import Targets
 from mmproc.client.video import VideoEmbedding, VideoInput
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
+from mmproc.wire.transports import Table
 
 
 class AsyncEncoderClient:
@@ -43,9 +44,11 @@ class AsyncEncoderClient:
         token: str | None = None,
         cache: bool = True,
         priority: str = "interactive",
+        transports: Table | None = None,
     ) -> None:
-        if transport not in TRANSPORTS:
-            raise ValueError(f"transport must be one of {sorted(TRANSPORTS)}, got {transport!r}")
+        names = ("auto", *(transports or Table()).by_name)
+        if transport not in names:
+            raise ValueError(f"transport must be one of {sorted(names)}, got {transport!r}")
         self.device = torch.device(device)
         self.transport = transport
         self.timeout = timeout
@@ -55,16 +58,18 @@ class AsyncEncoderClient:
         channel = lambda t: grpc.aio.insecure_channel(t, options=options, interceptors=interceptors)  # noqa: E731
         self._targets = Targets(target, channel, retry)
         serialized = AsyncSerializedReader(self._targets, self.device, self._cache_bypass)
-        self._reader: ThreadedIpcReader | AsyncSerializedReader = serialized
-        self._ipc: EncoderClient | None = None  # owns the IPC session and its (blocking) channels
-        if ipc_wanted(transport, self.device):
-            self._ipc = EncoderClient(
+        self._reader: ThreadedReader | AsyncSerializedReader = serialized
+        self._ipc: EncoderClient | None = None  # owns the transport's session and its (blocking) channels
+        if transport != "serialized":
+            blocking = EncoderClient(
                 target, device=self.device, transport=transport, timeout=timeout,
                 max_message_bytes=max_message_bytes, handle_cache=handle_cache, retry=retry, token=token, cache=cache,
-                priority=priority,
+                priority=priority, transports=transports,
             )  # fmt: skip
-            assert isinstance(self._ipc._reader, IpcReader)  # the same `ipc_wanted` chose it
-            self._reader = ThreadedIpcReader(self._ipc._reader, serialized)
+            if isinstance(blocking._reader, SerializedReader):  # nothing but bytes here: grpc.aio reads those
+                blocking.close()
+            else:
+                self._ipc, self._reader = blocking, ThreadedReader(blocking._reader, serialized)
 
     @property
     def ipc_stats(self) -> dict[str, int] | None:

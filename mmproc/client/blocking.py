@@ -12,15 +12,16 @@ import torch
 
 from mmproc.client.call_headers import call_headers, headers_channel
 from mmproc.client.ipc import IpcClient
-from mmproc.client.readers import IpcReader, Received, SerializedReader, choose_reader
+from mmproc.client.readers import IpcReader, Reader, Received, choose_reader
 from mmproc.client.results import ImageEmbedding, from_header
 from mmproc.client.retry import RetryPolicy
-from mmproc.client.rpc import TRANSPORTS, channel_options, check_images, check_keys, make_request
+from mmproc.client.rpc import channel_options, check_images, check_keys, make_request
 from mmproc.client.shared_embeddings import SharedEmbeddings
 from mmproc.client.targets import Targets
 from mmproc.client.video import VideoEmbedding, VideoInput
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
+from mmproc.wire.transports import Table
 
 
 def new_request_id() -> str:
@@ -45,16 +46,16 @@ class EncoderClient:
         token: str | None = None,
         cache: bool = True,
         priority: str = "interactive",
+        transports: Table | None = None,
     ) -> None:
         """transport: "auto" (CUDA IPC when this process and the server share a node, a PID namespace and
-        CUDA, else serialized), "ipc" (the same, but say so loudly when it falls back) or "serialized".
+        CUDA, else serialized), "ipc" (the same, but say so loudly when it falls back) or "serialized"; another
+        transport's name in `transports` (default: the table of mmproc/wire/transports.py).
         handle_cache=False opens and closes the server's pool for every request (A/B benchmarks only).
         token: the server's `auth_token`, sent as `authorization: Bearer <token>` on every call.
         cache=False sets `cache_bypass` on every request: the server encodes afresh (docs/cache.md).
         priority="batch" marks every request as offline work, which the server sheds first under overload
         (`x-mmproc-priority`; docs/reliability.md, "Overload")."""
-        if transport not in TRANSPORTS:
-            raise ValueError(f"transport must be one of {sorted(TRANSPORTS)}, got {transport!r}")
         self.device = torch.device(device)
         self.transport = transport
         self.timeout = timeout
@@ -65,9 +66,10 @@ class EncoderClient:
         channel = lambda t: headers_channel(grpc.insecure_channel(t, options=options), headers)  # noqa: E731
         self._targets = Targets(target, channel, retry)
         self._stub = self._targets.stubs[0]  # the IPC session talks to the first target (IPC is same-node)
-        self._reader: IpcReader | SerializedReader = choose_reader(
-            transport, self._targets, self.device, cache_bypass=self._cache_bypass, handle_cache=handle_cache
-        )
+        self._reader: Reader = choose_reader(
+            transport, self._targets, self.device, cache_bypass=self._cache_bypass, handle_cache=handle_cache,
+            table=transports,
+        )  # fmt: skip
 
     @property
     def _ipc(self) -> IpcClient | None:

@@ -23,7 +23,8 @@ from mmproc.transport.cuda_ipc.pool import PoolIdentity, SliceDescriptor
 from mmproc.transport.cuda_ipc.runtime import device_uuid
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
-from mmproc.wire import PB_TO_DTYPE, descriptor_from_pb, identity_from_pb
+from mmproc.wire.cuda_ipc import descriptor_from_pb, identity_from_pb
+from mmproc.wire.dtypes import PB_TO_DTYPE
 
 if TYPE_CHECKING:
     from mmproc.transport.cuda_ipc.consumer import OpenedPool

@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 import torch
@@ -31,6 +33,7 @@ from mmproc.errors import StaleSessionError, UnavailableError
 from mmproc.transport.cuda_ipc.runtime import ipc_unavailable_reason
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
+from mmproc.wire.transports import Table
 
 logger = logging.getLogger(__name__)
 
@@ -196,14 +199,49 @@ def ipc_wanted(transport: str, device: torch.device) -> bool:
     return True
 
 
+@dataclass(frozen=True)
+class ReaderContext:
+    """What a transport's reader factory is handed (the `reader` of its record in mmproc/wire/transports.py)."""
+
+    targets: Targets
+    device: torch.device
+    handle_cache: bool
+    asked: str  # the transport the user asked for: "auto" or a name
+    fallback: SerializedReader  # for requests the transport cannot serve
+
+
+def serialized(context: ReaderContext) -> SerializedReader:
+    return context.fallback
+
+
+def ipc(context: ReaderContext) -> IpcReader | None:
+    if not ipc_wanted(context.asked, context.device):
+        return None
+    return IpcReader(IpcClient(context.targets.stubs[0], context.device, context.handle_cache), context.fallback)
+
+
 def choose_reader(
-    transport: str, targets: Targets, device: torch.device, *, cache_bypass: bool, handle_cache: bool
-) -> IpcReader | SerializedReader:
-    """The client's reader, once: IPC when `transport` allows it and this process can map a CUDA pool."""
-    serialized = SerializedReader(targets, device, cache_bypass, transport)
-    if not ipc_wanted(transport, device):
-        return serialized
-    return IpcReader(IpcClient(targets.stubs[0], device, handle_cache), serialized)
+    transport: str,
+    targets: Targets,
+    device: torch.device,
+    *,
+    cache_bypass: bool,
+    handle_cache: bool,
+    table: Table | None = None,
+) -> Reader:
+    """The client's reader, once: the transport asked for by name, or with "auto" the first of the table's that
+    this process can read; serialized otherwise."""
+    table = table or Table()
+    fallback = SerializedReader(targets, device, cache_bypass, transport)
+    if transport not in ("auto", *table.by_name):
+        raise ValueError(f"transport must be one of {sorted(['auto', *table.by_name])}, got {transport!r}")
+    context = ReaderContext(targets, device, handle_cache, transport, fallback)
+    for candidate in table.ordered if transport == "auto" else (table.by_name[transport],):
+        module, _, factory = candidate.reader.partition(":")
+        reader = getattr(importlib.import_module(module), factory)(context)
+        if reader is not None:
+            return reader
+    return fallback
 
 
 class AsyncSerializedReader:
@@ -236,16 +274,17 @@ class AsyncSerializedReader:
         return await self.targets.acall(attempt, timeout)
 
 
-class ThreadedIpcReader:
-    """The async client's IPC reader: a blocking `IpcReader` run in a worker thread on the caller's current CUDA
-    stream, so the event loop never blocks. A cancelled call's thread finishes its request (and returns its lease)
-    in the background. Videos go serialized (`serialized`), as they always have from the async client."""
+class ThreadedReader:
+    """The async client's reader of a transport that hands out memory: the blocking reader run in a worker thread
+    on the caller's current CUDA stream, so the event loop never blocks. A cancelled call's thread finishes its
+    request (and gives back what it was lent) in the background. Videos go serialized (`serialized`), as they
+    always have from the async client."""
 
-    def __init__(self, reader: IpcReader, serialized: AsyncSerializedReader) -> None:
+    def __init__(self, reader: Reader, serialized: AsyncSerializedReader) -> None:
         self.reader, self.serialized, self.device = reader, serialized, reader.device
 
     async def read(self, images: list[bytes], keys: Sequence[str], request_id: str, timeout: float) -> Received:
-        stream = torch.cuda.current_stream(self.device)
+        stream = torch.cuda.current_stream(self.device) if self.device.type == "cuda" else None
 
         def blocking() -> Received:
             with torch.cuda.stream(stream), self.reader.read(images, keys, request_id, timeout) as got:
@@ -257,3 +296,19 @@ class ThreadedIpcReader:
         self, videos: Sequence[bytes | VideoInput], request_id: str, timeout: float
     ) -> list[VideoEmbedding]:
         return await self.serialized.videos(videos, request_id, timeout)
+
+
+class Reader(Protocol):
+    """What the blocking client asks of its reader (SerializedReader, IpcReader, or another transport's)."""
+
+    device: torch.device
+
+    def read(
+        self, images: list[bytes], keys: Sequence[str], request_id: str, timeout: float
+    ) -> contextlib.AbstractContextManager[Received]: ...
+    def shared(self, images: list[bytes], readers: int, request_id: str, timeout: float) -> SharedEmbeddings: ...
+    def read_shared(
+        self, shared: SharedEmbeddings, rank: int, timeout: float
+    ) -> contextlib.AbstractContextManager[list[torch.Tensor]]: ...
+    def videos(self, videos: Sequence[bytes | VideoInput], request_id: str, timeout: float) -> list[VideoEmbedding]: ...
+    def close(self) -> None: ...

@@ -24,7 +24,8 @@ from mmproc.errors import (
 from mmproc.transport.serialized.staging import bytes_to_tensor
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
-from mmproc.wire import PB_TO_DTYPE, PB_TO_NAME, StreamChunk, read_chunk
+from mmproc.wire.chunks import StreamChunk, read_chunk
+from mmproc.wire.dtypes import PB_TO_DTYPE, PB_TO_NAME
 
 TRANSPORTS = {"auto": pb.TRANSPORT_AUTO, "serialized": pb.TRANSPORT_SERIALIZED, "ipc": pb.TRANSPORT_IPC}
 ERRORS_BY_CODE: dict[grpc.StatusCode, type[MmprocError]] = {

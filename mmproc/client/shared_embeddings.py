@@ -27,7 +27,8 @@ from mmproc.transport.cuda_ipc.runtime import IPC_HANDLE_BYTES
 from mmproc.transport.leases.records import MAX_READERS
 from mmproc.transport.serialized.staging import bytes_to_tensor, tensor_nbytes
 from mmproc.v1 import encoder_pb2 as pb
-from mmproc.wire import PB_TO_DTYPE, PB_TO_NAME, descriptor_from_pb, identity_from_pb, pool_info_pb
+from mmproc.wire.cuda_ipc import descriptor_from_pb, identity_from_pb, pool_info_pb
+from mmproc.wire.dtypes import PB_TO_DTYPE, PB_TO_NAME
 
 __all__ = ["SharedEmbeddings", "descriptor_from_pb", "identity_from_pb"]
 

@@ -117,7 +117,7 @@ class SessionEvent(_message.Message):
     def __init__(self, opened: _Optional[_Union[SessionOpened, _Mapping]] = ..., refused: _Optional[_Union[SessionRefused, _Mapping]] = ...) -> None: ...
 
 class EncodeImagesRequest(_message.Message):
-    __slots__ = ("images", "request_id", "transport", "consumer", "readers", "keys", "headers_only", "mm_hashes", "cache_bypass")
+    __slots__ = ("images", "request_id", "transport", "consumer", "readers", "keys", "headers_only", "mm_hashes", "cache_bypass", "transport_name")
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
@@ -127,6 +127,7 @@ class EncodeImagesRequest(_message.Message):
     HEADERS_ONLY_FIELD_NUMBER: _ClassVar[int]
     MM_HASHES_FIELD_NUMBER: _ClassVar[int]
     CACHE_BYPASS_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_NAME_FIELD_NUMBER: _ClassVar[int]
     images: _containers.RepeatedScalarFieldContainer[bytes]
     request_id: str
     transport: Transport
@@ -136,7 +137,8 @@ class EncodeImagesRequest(_message.Message):
     headers_only: bool
     mm_hashes: _containers.RepeatedScalarFieldContainer[str]
     cache_bypass: bool
-    def __init__(self, images: _Optional[_Iterable[bytes]] = ..., request_id: _Optional[str] = ..., transport: _Optional[_Union[Transport, str]] = ..., consumer: _Optional[_Union[ConsumerInfo, _Mapping]] = ..., readers: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., headers_only: _Optional[bool] = ..., mm_hashes: _Optional[_Iterable[str]] = ..., cache_bypass: _Optional[bool] = ...) -> None: ...
+    transport_name: str
+    def __init__(self, images: _Optional[_Iterable[bytes]] = ..., request_id: _Optional[str] = ..., transport: _Optional[_Union[Transport, str]] = ..., consumer: _Optional[_Union[ConsumerInfo, _Mapping]] = ..., readers: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., headers_only: _Optional[bool] = ..., mm_hashes: _Optional[_Iterable[str]] = ..., cache_bypass: _Optional[bool] = ..., transport_name: _Optional[str] = ...) -> None: ...
 
 class IpcDescriptor(_message.Message):
     __slots__ = ("pool_id", "epoch", "device_uuid", "offset_bytes", "nbytes", "lease_id", "generation", "ready_offset_bytes", "ack_offset_bytes", "readers", "reader_ack_offset_bytes")
@@ -165,7 +167,7 @@ class IpcDescriptor(_message.Message):
     def __init__(self, pool_id: _Optional[str] = ..., epoch: _Optional[int] = ..., device_uuid: _Optional[str] = ..., offset_bytes: _Optional[int] = ..., nbytes: _Optional[int] = ..., lease_id: _Optional[int] = ..., generation: _Optional[int] = ..., ready_offset_bytes: _Optional[int] = ..., ack_offset_bytes: _Optional[int] = ..., readers: _Optional[int] = ..., reader_ack_offset_bytes: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class Embedding(_message.Message):
-    __slots__ = ("index", "num_tokens", "grid_h", "grid_w", "dtype", "shape", "data", "ipc", "grid_t", "image_width", "image_height", "key", "cache", "mm_hash")
+    __slots__ = ("index", "num_tokens", "grid_h", "grid_w", "dtype", "shape", "data", "ipc", "handle", "grid_t", "image_width", "image_height", "key", "cache", "mm_hash")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     NUM_TOKENS_FIELD_NUMBER: _ClassVar[int]
     GRID_H_FIELD_NUMBER: _ClassVar[int]
@@ -174,6 +176,7 @@ class Embedding(_message.Message):
     SHAPE_FIELD_NUMBER: _ClassVar[int]
     DATA_FIELD_NUMBER: _ClassVar[int]
     IPC_FIELD_NUMBER: _ClassVar[int]
+    HANDLE_FIELD_NUMBER: _ClassVar[int]
     GRID_T_FIELD_NUMBER: _ClassVar[int]
     IMAGE_WIDTH_FIELD_NUMBER: _ClassVar[int]
     IMAGE_HEIGHT_FIELD_NUMBER: _ClassVar[int]
@@ -188,23 +191,26 @@ class Embedding(_message.Message):
     shape: _containers.RepeatedScalarFieldContainer[int]
     data: bytes
     ipc: IpcDescriptor
+    handle: bytes
     grid_t: int
     image_width: int
     image_height: int
     key: str
     cache: CacheStatus
     mm_hash: str
-    def __init__(self, index: _Optional[int] = ..., num_tokens: _Optional[int] = ..., grid_h: _Optional[int] = ..., grid_w: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., ipc: _Optional[_Union[IpcDescriptor, _Mapping]] = ..., grid_t: _Optional[int] = ..., image_width: _Optional[int] = ..., image_height: _Optional[int] = ..., key: _Optional[str] = ..., cache: _Optional[_Union[CacheStatus, str]] = ..., mm_hash: _Optional[str] = ...) -> None: ...
+    def __init__(self, index: _Optional[int] = ..., num_tokens: _Optional[int] = ..., grid_h: _Optional[int] = ..., grid_w: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ..., ipc: _Optional[_Union[IpcDescriptor, _Mapping]] = ..., handle: _Optional[bytes] = ..., grid_t: _Optional[int] = ..., image_width: _Optional[int] = ..., image_height: _Optional[int] = ..., key: _Optional[str] = ..., cache: _Optional[_Union[CacheStatus, str]] = ..., mm_hash: _Optional[str] = ...) -> None: ...
 
 class EncodeImagesResponse(_message.Message):
-    __slots__ = ("request_id", "embeddings", "transport")
+    __slots__ = ("request_id", "embeddings", "transport", "transport_name")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     EMBEDDINGS_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_NAME_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     embeddings: _containers.RepeatedCompositeFieldContainer[Embedding]
     transport: Transport
-    def __init__(self, request_id: _Optional[str] = ..., embeddings: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ..., transport: _Optional[_Union[Transport, str]] = ...) -> None: ...
+    transport_name: str
+    def __init__(self, request_id: _Optional[str] = ..., embeddings: _Optional[_Iterable[_Union[Embedding, _Mapping]]] = ..., transport: _Optional[_Union[Transport, str]] = ..., transport_name: _Optional[str] = ...) -> None: ...
 
 class SharedEmbeddings(_message.Message):
     __slots__ = ("reply", "pool", "readers")
@@ -410,7 +416,7 @@ class KeyStoreInfo(_message.Message):
     def __init__(self, max_bytes: _Optional[int] = ..., ttl_s: _Optional[float] = ..., max_keys: _Optional[int] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("version", "model_name", "model_layout", "hidden_size", "vision_hidden_size", "dtype", "device", "device_uuid", "preprocess", "limits", "transports", "ipc_status", "max_message_bytes", "stream_chunk_bytes", "family", "prompt", "key_store", "cache", "video")
+    __slots__ = ("version", "model_name", "model_layout", "hidden_size", "vision_hidden_size", "dtype", "device", "device_uuid", "preprocess", "limits", "transports", "ipc_status", "max_message_bytes", "stream_chunk_bytes", "family", "prompt", "key_store", "cache", "transport_names", "video")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_LAYOUT_FIELD_NUMBER: _ClassVar[int]
@@ -429,6 +435,7 @@ class ServerInfo(_message.Message):
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     KEY_STORE_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_NAMES_FIELD_NUMBER: _ClassVar[int]
     VIDEO_FIELD_NUMBER: _ClassVar[int]
     version: str
     model_name: str
@@ -448,5 +455,6 @@ class ServerInfo(_message.Message):
     prompt: PromptFraming
     key_store: KeyStoreInfo
     cache: CacheInfo
+    transport_names: _containers.RepeatedScalarFieldContainer[str]
     video: VideoInfo
-    def __init__(self, version: _Optional[str] = ..., model_name: _Optional[str] = ..., model_layout: _Optional[str] = ..., hidden_size: _Optional[int] = ..., vision_hidden_size: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., device: _Optional[str] = ..., device_uuid: _Optional[str] = ..., preprocess: _Optional[_Union[PreprocessInfo, _Mapping]] = ..., limits: _Optional[_Union[RequestLimits, _Mapping]] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., ipc_status: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., stream_chunk_bytes: _Optional[int] = ..., family: _Optional[str] = ..., prompt: _Optional[_Union[PromptFraming, _Mapping]] = ..., key_store: _Optional[_Union[KeyStoreInfo, _Mapping]] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., video: _Optional[_Union[VideoInfo, _Mapping]] = ...) -> None: ...
+    def __init__(self, version: _Optional[str] = ..., model_name: _Optional[str] = ..., model_layout: _Optional[str] = ..., hidden_size: _Optional[int] = ..., vision_hidden_size: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., device: _Optional[str] = ..., device_uuid: _Optional[str] = ..., preprocess: _Optional[_Union[PreprocessInfo, _Mapping]] = ..., limits: _Optional[_Union[RequestLimits, _Mapping]] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., ipc_status: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., stream_chunk_bytes: _Optional[int] = ..., family: _Optional[str] = ..., prompt: _Optional[_Union[PromptFraming, _Mapping]] = ..., key_store: _Optional[_Union[KeyStoreInfo, _Mapping]] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., transport_names: _Optional[_Iterable[str]] = ..., video: _Optional[_Union[VideoInfo, _Mapping]] = ...) -> None: ...

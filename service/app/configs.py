@@ -125,6 +125,11 @@ def ipc_pool_config(s: ServerSettings) -> PoolConfig:
     return PoolConfig(pool_bytes=s.ipc_pool_mb * MiB, num_word_slots=s.ipc_word_slots, ttl_s=s.ipc_ttl_s)
 
 
+def transport_configs(s: ServerSettings) -> dict[str, object]:
+    """Each transport's own config, by its name in the table (mmproc/wire/transports.py)."""
+    return {"ipc": ipc_pool_config(s)}
+
+
 def engine_config(s: ServerSettings, *, cache_context: str) -> EngineConfig:
     """Everything the engine takes besides its model; `cache_context` needs the loaded model (service/app/server.py)."""
     return EngineConfig(

@@ -25,11 +25,12 @@ from mmproc.models.loader import read_config
 from mmproc.preprocess import PreprocessConfig, load_preprocess_config
 from mmproc.units import MiB
 from mmproc.v1 import encoder_pb2 as pb
+from mmproc.wire.transports import Table
 from service.app import configs
 from service.app.grpc_loop import GrpcLoop
 from service.app.host_memory import limit_malloc_arenas, reuse_freed_host_memory, set_torch_threads
-from service.app.ipc_setup import setup_ipc
 from service.app.settings import ServerSettings
+from service.app.transports import start_transports
 from service.app.video_setup import build_video_service
 from service.frontends.auth import BearerToken, require_bearer_token
 from service.frontends.grpc.server import create_server, set_serving
@@ -61,7 +62,8 @@ def load_model(settings: ServerSettings) -> tuple[VisionEncoder, PreprocessConfi
     return encoder, preprocess
 
 
-def build_engine(settings: ServerSettings, metrics: Metrics | None = None) -> Engine:
+def build_engine(settings: ServerSettings, metrics: Metrics | None = None, transports: Table | None = None) -> Engine:
+    """The pipeline of `settings`' model, with the transports of `transports` (default: the table's) started."""
     encoder, preprocess = load_model(settings)
     context = model_context(
         model=settings.model,
@@ -71,8 +73,9 @@ def build_engine(settings: ServerSettings, metrics: Metrics | None = None) -> En
         preprocess=preprocess,
         exif=settings.apply_exif_orientation,
     )
-    engine = Engine(encoder, preprocess, configs.engine_config(settings, cache_context=context), metrics)
-    engine.ipc_status = setup_ipc(settings, engine)
+    table = transports or Table()
+    engine = Engine(encoder, preprocess, configs.engine_config(settings, cache_context=context), metrics, table)
+    engine.ipc_status = start_transports(settings, engine, table)
     engine.videos = build_video_service(settings, engine)
     return engine
 

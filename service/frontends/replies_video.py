@@ -1,15 +1,14 @@
-"""Video results <-> protobuf and JSON, over the image converters (service/frontends/replies.py): a chunk is an Embedding."""
+"""Video results <-> protobuf and JSON, over the image replies (mmproc/wire): a chunk is an Embedding."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 
-from mmproc.transport.cuda_ipc.pool import PoolIdentity
 from mmproc.transport.serialized.staging import DTYPE_NAMES
 from mmproc.v1 import encoder_pb2 as pb
-from service.frontends.replies import embedding_header, ipc_reply
-from service.pipeline.encoded import EncodedImage
+from mmproc.wire.results import EncodedImage, embedding_header
+from mmproc.wire.transports import Table
 from service.pipeline.videos import EncodedVideo, VideoItem
 
 
@@ -61,10 +60,15 @@ def serialized_video_reply(
     return reply
 
 
-def ipc_video_reply(request_id: str, videos: list[EncodedVideo], pool: PoolIdentity) -> pb.EncodeVideosResponse:
-    headers = list(ipc_reply(request_id, all_chunks(videos), pool).embeddings)
-    reply = _chunk_headers(videos, headers)
-    reply.request_id, reply.transport = request_id, pb.TRANSPORT_IPC
+def in_memory_video_reply(
+    transports: Table, request_id: str, videos: list[EncodedVideo]
+) -> pb.EncodeVideosResponse | None:
+    """The reply of chunks that lie in a transport's memory, or None when their bytes travel in the reply."""
+    images = transports.reply(request_id, all_chunks(videos))
+    if images is None:
+        return None
+    reply = _chunk_headers(videos, list(images.embeddings))
+    reply.request_id, reply.transport = request_id, images.transport
     return reply
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import mmproc
 from mmproc.prompt import FRAMINGS, VIDEO_FRAMINGS, framing, placeholder_token_id
 from mmproc.v1 import encoder_pb2 as pb
-from mmproc.wire import NAME_TO_PB
+from mmproc.wire.dtypes import NAME_TO_PB
 from service.pipeline.images import Engine
 from service.pipeline.videos import VideoService
 
@@ -31,6 +31,7 @@ class ServedAs:
 def build_server_info(served: ServedAs, engine: Engine) -> pb.ServerInfo:
     encoder, pre, media, req = engine.encoder, engine.preprocess, engine.media_limits, engine.request_limits
     cfg = encoder.config
+    names, by_name = engine.delivery.transports, engine.transports.by_name
     return pb.ServerInfo(
         version=mmproc.__version__,
         model_name=cfg.name,
@@ -56,7 +57,8 @@ def build_server_info(served: ServedAs, engine: Engine) -> pb.ServerInfo:
             max_aspect_ratio=media.max_aspect_ratio,
             formats=sorted(media.allowed_formats),
         ),
-        transports=[pb.TRANSPORT_SERIALIZED] + ([pb.TRANSPORT_IPC] if engine.pool is not None else []),
+        transports=[by_name[t].wire for t in names if by_name[t].wire != pb.TRANSPORT_AUTO],
+        transport_names=names,
         ipc_status=engine.ipc_status,
         max_message_bytes=served.max_message_bytes,
         stream_chunk_bytes=served.stream_chunk_bytes,

@@ -198,7 +198,7 @@ class Metrics:
         )
         self.pinned_host_bytes.set_function(_pinned_host_bytes)
 
-        # IPC transport: defined here, updated by mmproc's IPC pool set-up (service/app/ipc_setup.py).
+        # IPC transport: defined here, updated once the IPC transport starts (service/app/transports.py).
         self.ipc_pool_bytes = Gauge("mmproc_ipc_pool_bytes_in_use", "IPC pool bytes leased out.", registry=r)
         self.ipc_pool_capacity_bytes = Gauge("mmproc_ipc_pool_capacity_bytes", "IPC pool size.", registry=r)
         self.ipc_leases = Gauge("mmproc_ipc_leases", "IPC leases outstanding.", registry=r)
@@ -271,7 +271,7 @@ class Metrics:
                 "layout": info.family,  # deprecated alias of family (existing dashboards group by it)
                 "dtype": pb.DType.Name(info.dtype).removeprefix("DTYPE_").lower(),
                 "device": info.device,
-                "transport": "ipc" if pb.TRANSPORT_IPC in info.transports else "serialized",
+                "transport": info.transport_names[0] if info.transport_names else "serialized",
             }
         )
 

@@ -1,104 +1,31 @@
-"""The delivery step: where a request's embeddings go, chosen once per request. Serialized: plain tensors that the
-front ends turn into bytes, within the reply byte budget (service/pipeline/reply_budget.py); IPC: one pool lease that
-the runner writes into and the reply describes. The IPC hand-off's protocol: docs/ipc.md."""
+"""The delivery step: where a request's embeddings go, chosen once per request from the transports the server
+started (mmproc/wire/transports.py). Serialized: plain tensors that the front ends turn into bytes, within the
+reply byte budget (service/pipeline/reply_budget.py); another transport: a destination of its producer, falling
+back to serialized when it has no room in time (counted, logged once) or refused, as configured."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from collections.abc import Sequence
 
 import torch
 
-from mmproc.errors import DeadlineExceededError, ResourceExhaustedError, StaleSessionError
-from mmproc.transport.cuda_ipc.pool import IpcPool, SliceDescriptor
-from mmproc.transport.leases.records import Lease, UnknownSessionError
+from mmproc.errors import DeadlineExceededError, ResourceExhaustedError
+from mmproc.transport.serialized.destination import SerializedDestination
 from mmproc.transport.serialized.pinned_messages import PinnedMessages
 from mmproc.types import PreprocessedImage
+from mmproc.wire.results import SERIALIZED, EncodedImage
+from mmproc.wire.transports import Destination, Producer, Via
 from service.observe.metrics import Metrics
-from service.pipeline.encoded import EncodedImage
 from service.pipeline.reply_budget import ReplyBudget, ReplyBudgetConfig, ReplyHold
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
-
-class Serialized:
-    """Plain tensors: the runner allocates each request's output, the front end serializes it."""
-
-    lease: Lease | None = None
-
-    def output(self) -> Callable[[int], torch.Tensor] | None:
-        return None
-
-    def on_written(self) -> Callable[[], None] | None:
-        return None
-
-    async def written(self) -> None:
-        return None
-
-    def abandon(self) -> None:
-        return None
-
-    def deliver(self, prepared: list[PreprocessedImage], embeddings: list[torch.Tensor]) -> list[EncodedImage]:
-        return [
-            EncodedImage(i, p.grid_hw, p.num_tokens, e, None, p.image_size)
-            for i, (p, e) in enumerate(zip(prepared, embeddings))
-        ]
-
-
-class PoolLease(Serialized):
-    """One lease for the whole request: the runner writes its rows there, marks the lease ready on its stream and
-    records an event; the reply waits for that event, then carries one descriptor per image."""
-
-    def __init__(self, delivery: Delivery, lease: Lease) -> None:
-        self.lease = lease
-        self._delivery = delivery
-        self._written: list[torch.cuda.Event] = []
-
-    def output(self) -> Callable[[int], torch.Tensor]:
-        pool, lease, hidden, dtype = self._delivery.pool, self.lease, self._delivery.hidden, self._delivery.dtype
-        assert pool is not None
-        return lambda rows: pool.destination(lease, rows, hidden, dtype)
-
-    def on_written(self) -> Callable[[], None]:
-        pool, lease, written = self._delivery.pool, self.lease, self._written
-        assert pool is not None
-
-        def on_written() -> None:  # runner thread, right after the request's last forward was enqueued
-            pool.mark_ready(lease)
-            written.append(torch.cuda.Event(blocking=True))  # its waiter sleeps, not spins (a core each)
-            written[0].record(torch.cuda.current_stream(pool.device))  # the runner thread's device may be another
-
-        return on_written
-
-    async def written(self) -> None:
-        # Reply once the slice is written, so the consumer's wait on the ready word never stalls its stream on
-        # our compute; the ready word stays the stream-ordered guarantee.
-        if self._written:
-            await self._delivery.off_loop(self._written[0].synchronize)
-
-    def abandon(self) -> None:
-        """The request failed: the runner's writes to the lease are stream-ordered before any later lease's."""
-        assert self._delivery.pool is not None
-        self._delivery.pool.leases.abandon(self.lease)
-
-    def deliver(self, prepared: list[PreprocessedImage], embeddings: list[torch.Tensor]) -> list[EncodedImage]:
-        descriptors = self._delivery.descriptors(self.lease, [p.num_tokens for p in prepared])
-        return [
-            EncodedImage(i, p.grid_hw, p.num_tokens, e, d, p.image_size, lease=self.lease)
-            for i, (p, e, d) in enumerate(zip(prepared, embeddings, descriptors))
-        ]
-
 
 class Delivery:
-    """The transport seam: `destination` picks a request's destination once. `pool` is None until an IPC pool is
-    attached (service/app/ipc_setup.py); then IPC requests get a lease, or serialized when the pool stays full
-    and `fallback` allows it."""
+    """The transport seam of the pipeline: `destination` picks a request's destination once; `producers` are the
+    transports started besides serialized (service/app/transports.py)."""
 
     def __init__(
         self, hidden: int, dtype: torch.dtype, metrics: Metrics, replies: ReplyBudgetConfig | None = None
@@ -111,65 +38,48 @@ class Delivery:
         metrics.reply_bytes_in_flight.set_function(lambda: self.replies.in_flight)
         self.pinned = PinnedMessages(replies.pinned_bytes) if replies.pinned_bytes else None
         metrics.track_pinned_replies(self.pinned)
-        self.pool: IpcPool | None = None
+        self.producers: dict[str, Producer] = {}
         self.fallback = True
         self.fallbacks = 0
-        self._waiters: ThreadPoolExecutor | None = None  # lease waits and CUDA syncs, off the event loop
 
-    def attach(self, pool: IpcPool, *, fallback: bool) -> None:
-        """Serve IPC requests from `pool`. fallback: when the pool stays full, reply serialized instead of
-        RESOURCE_EXHAUSTED."""
-        self.pool = pool
+    def attach(self, producer: Producer, *, fallback: bool) -> None:
+        """Serve requests for `producer.transport`. fallback: when it has no room in time, reply serialized
+        instead of RESOURCE_EXHAUSTED."""
+        self.producers[producer.transport] = producer
         self.fallback = fallback
-        self._waiters = ThreadPoolExecutor(max_workers=8, thread_name_prefix="mmproc-lease")
+
+    @property
+    def transports(self) -> list[str]:
+        """The transports this server serves now, serialized last."""
+        return [*self.producers, SERIALIZED]
 
     def close(self) -> None:
         if self.pinned is not None:
             self.pinned.close()
-        if self.pool is not None:
-            assert self._waiters is not None
-            self._waiters.shutdown(wait=True, cancel_futures=True)
-            self.pool.close()
+        for producer in self.producers.values():
+            producer.close()
 
-    async def off_loop(self, fn: Callable[[], T]) -> T:
-        """`fn` on the lease waiters (IPC attached only): blocking lease waits and stream syncs."""
-        assert self._waiters is not None
-        return await asyncio.get_running_loop().run_in_executor(self._waiters, fn)
+    async def destination(self, via: Via, rows: int, deadline: float | None, readers: int) -> Destination:
+        """A destination of `rows` embedding rows as `via` asks (read by `readers` consumers of its session), or
+        serialized for a transport this server does not serve."""
+        producer = self.producers.get(via.transport) if via.session is not None else None
+        if producer is None or via.session is None:
+            return SerializedDestination()
+        destination = await producer.destination(via.session, rows, deadline, readers)
+        if destination is None:
+            self._full(via.transport, rows * self.hidden * self.dtype.itemsize)
+            return SerializedDestination()
+        return destination
 
-    async def destination(
-        self, session: str | None, rows: int, deadline: float | None, readers: int
-    ) -> Serialized | PoolLease:
-        """A lease of `rows` embedding rows for an IPC request (`session` set, a pool attached), else serialized."""
-        lease = await self.lease(session, rows, deadline, readers) if session else None
-        return Serialized() if lease is None else PoolLease(self, lease)
-
-    async def lease(self, session: str, rows: int, deadline: float | None, readers: int) -> Lease | None:
-        """A pool lease for `rows` rows, read by `readers` consumers, or None to reply serialized.
-
-        Waits for space at most half of the time left before the deadline (the other half is for the work),
-        off the event loop; then falls back (counted, logged once) or refuses, as configured.
-        """
-        if self.pool is None:
-            return None
-        pool = self.pool
-        nbytes = rows * self.hidden * self.dtype.itemsize
-        now = time.monotonic()
-        wait_until = now + (deadline - now) / 2 if deadline is not None else now + 1.0
-        try:
-            lease = await self.off_loop(
-                lambda: pool.leases.acquire(session, nbytes, deadline=wait_until, readers=readers)
-            )
-        except UnknownSessionError:
-            raise StaleSessionError(f"IPC session {session} is unknown or closed; open a new one") from None
-        if lease is not None:
-            return lease
+    def _full(self, transport: str, nbytes: int) -> None:
+        """`transport` found no room in time: count the fallback, or refuse (RESOURCE_EXHAUSTED)."""
         if not self.fallback:
-            raise ResourceExhaustedError(f"IPC pool full: no {nbytes}-byte slice freed in time")
+            raise ResourceExhaustedError(f"{transport} pool full: no {nbytes}-byte slice freed in time")
         self.fallbacks += 1
         self._metrics.ipc_fallbacks.inc()
         if self.fallbacks == 1:
-            logger.warning("IPC pool full past the wait: replying serialized (counted in ipc fallbacks; logged once)")
-        return None
+            logger.warning("%s pool full past the wait: replying serialized (counted in fallbacks; logged once)",
+                           transport)  # fmt: skip
 
     async def reply_bytes(self, nbytes: int, deadline: float | None, images: int) -> ReplyHold:
         """Budget for a serialized reply of `nbytes`, taken before it is staged to host memory; the front end
@@ -178,15 +88,16 @@ class Delivery:
         try:
             return await self.replies.acquire(nbytes, deadline)
         except (DeadlineExceededError, asyncio.CancelledError):
-            self._metrics.dropped_images.labels("delivery").inc(images)  # as run_step.count_dropped (imports us)
+            self._metrics.dropped_images.labels("delivery").inc(images)  # as forward_step.count_dropped
             raise
 
-    def descriptors(self, lease: Lease, rows: list[int]) -> list[SliceDescriptor]:
-        """One descriptor per image of `rows` rows each, all in one lease (same ready word and reader ack words)."""
-        assert self.pool is not None
-        row_bytes = self.hidden * self.dtype.itemsize
-        out, row = [], 0
-        for n in rows:
-            out.append(self.pool.descriptor(lease, row, n, row_bytes))
-            row += n
-        return out
+
+def delivered(
+    destination: Destination, prepared: Sequence[PreprocessedImage], embeddings: Sequence[torch.Tensor]
+) -> list[EncodedImage]:
+    """Each image's result, with the handle its destination gave it (None: serialized)."""
+    handles = destination.deliver([p.num_tokens for p in prepared])
+    return [
+        EncodedImage(i, p.grid_hw, p.num_tokens, e, p.image_size, handle=h)
+        for i, (p, e, h) in enumerate(zip(prepared, embeddings, handles, strict=True))
+    ]

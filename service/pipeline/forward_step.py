@@ -1,5 +1,5 @@
 """The run step: one runner submission per request, written into the request's destination
-(service/pipeline/delivery.py), bounded by its deadline on both sides of the device."""
+(a transport's, chosen by service/pipeline/delivery.py), bounded by its deadline on both sides of the device."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import torch
 from mmproc.errors import DeadlineExceededError
 from mmproc.runner import Runner
 from mmproc.types import PreprocessedImage
+from mmproc.wire.transports import Destination
 from service.observe.metrics import Metrics
-from service.pipeline.delivery import PoolLease, Serialized
 
 
 def count_dropped(metrics: Metrics, stage: str, images: int) -> None:
@@ -30,7 +30,7 @@ class RunStep:
         prepared: list[PreprocessedImage],
         deadline: float | None,
         request_id: str,
-        destination: Serialized | PoolLease,
+        destination: Destination,
     ) -> list[torch.Tensor]:
         """The request's embeddings, each (num_tokens, hidden) on the device; abandons the destination on failure."""
         try:
@@ -44,7 +44,7 @@ class RunStep:
         prepared: list[PreprocessedImage],
         deadline: float | None,
         request_id: str,
-        destination: Serialized | PoolLease,
+        destination: Destination,
     ) -> list[torch.Tensor]:
         output, on_written = destination.output(), destination.on_written()
         if deadline is not None and time.monotonic() >= deadline:  # before batching: never queued

@@ -6,7 +6,7 @@ run -> deliver, each step an object with its own state:
 - decode (service/pipeline/decode/step.py): the decode pool's isolated workers, off the event loop, and JPEGs on
   the GPU (service/pipeline/decode/gpu.py);
 - run (service/pipeline/forward_step.py): the runner's single thread that owns the device;
-- delivery (service/pipeline/delivery.py): the destination chosen once per request, serialized or an IPC lease.
+- delivery (service/pipeline/delivery.py): the destination chosen once per request, on the transport it asked for.
 Videos take the same steps (service/pipeline/videos.py).
 """
 
@@ -26,8 +26,9 @@ from mmproc.media.limits import MediaLimits
 from mmproc.models import VisionEncoder
 from mmproc.preprocess import PreprocessConfig, preprocess_image
 from mmproc.runner import BatchStats, Runner
-from mmproc.transport.cuda_ipc.pool import IpcPool
 from mmproc.types import PreprocessedImage
+from mmproc.wire.results import EncodedImage
+from mmproc.wire.transports import BY_BYTES, Producer, Table, Via
 from service.observe.metrics import Metrics
 from service.pipeline.admission import Admission, check_readers
 from service.pipeline.cache.cached_encode import EmbeddingCache
@@ -37,8 +38,7 @@ from service.pipeline.decode.config import DecodePoolConfig
 from service.pipeline.decode.gpu import GpuDecoder
 from service.pipeline.decode.pool import DecodePool
 from service.pipeline.decode.step import DecodeStep
-from service.pipeline.delivery import Delivery
-from service.pipeline.encoded import EncodedImage
+from service.pipeline.delivery import Delivery, delivered
 from service.pipeline.forward_step import RunStep, count_dropped
 from service.pipeline.key_store import KeyStore, check_keys
 from service.pipeline.overload import OverloadGuard
@@ -55,8 +55,10 @@ class Engine:
         preprocess: PreprocessConfig,
         config: EngineConfig | None = None,
         metrics: Metrics | None = None,
+        transports: Table | None = None,
     ) -> None:
         config = config or EngineConfig()
+        self.transports = transports or Table()  # what front ends ask for a request's route and reply
         self.encoder = encoder
         self.preprocess = preprocess
         self.config = config
@@ -93,7 +95,7 @@ class Engine:
         self.delivery = Delivery(encoder.output_dim, encoder.dtype, metrics, config.replies)
         self.keys = KeyStore(config.key_store)
         self.cache = self._build_cache(config)
-        self.ipc_status = "IPC not set up: serialized only"
+        self.ipc_status = "transports: serialized only (none started)"
         self.batches_run = 0
         self.videos = None  # service.pipeline.videos.VideoService for a model that takes video (process/app.py)
         metrics.track(queue_images=lambda: runner.queued_images, inflight_requests=lambda: self.admission.inflight)
@@ -213,9 +215,9 @@ class Engine:
         return self.admission.draining
 
     @property
-    def pool(self) -> IpcPool | None:
-        """The IPC pool, or None when IPC is off (serialized only)."""
-        return self.delivery.pool
+    def pool(self):  # noqa: ANN201 (an IpcPool: the Session stream and server info of the CUDA IPC transport)
+        """The pool of the transport that hands out slices of one (CUDA IPC), or None (serialized only)."""
+        return next((p.pool for p in self.delivery.producers.values() if getattr(p, "pool", None)), None)
 
     @property
     def decode_pool(self) -> DecodePool:
@@ -250,13 +252,16 @@ class Engine:
             self.decode.gpu.close()
         self.delivery.close()
 
-    def attach_ipc_pool(self, pool: IpcPool, *, fallback: bool) -> None:
-        """Serve IPC requests from `pool` (service/app/ipc_setup.py). fallback: when the pool stays full,
-        reply serialized instead of RESOURCE_EXHAUSTED."""
-        self.delivery.attach(pool, fallback=fallback)
-        self.metrics.track_ipc(pool.stats, pool.config.pool_bytes)
-        if self.cache is not None:
-            self.cache.attach_pool(pool)
+    def attach(self, producer: Producer, *, fallback: bool) -> None:
+        """Serve requests for a started transport (service/app/transports.py). fallback: when it has no room in
+        time, reply serialized instead of RESOURCE_EXHAUSTED. One that hands out slices of a pool also lends the
+        embedding cache its pool tier."""
+        self.delivery.attach(producer, fallback=fallback)
+        pool = getattr(producer, "pool", None)
+        if pool is not None:
+            self.metrics.track_ipc(pool.stats, pool.config.pool_bytes)
+            if self.cache is not None:
+                self.cache.attach_pool(pool)
 
     # -- requests -----------------------------------------------------------------------------------
 
@@ -273,7 +278,7 @@ class Engine:
         request_id: str,
         deadline: float | None = None,
         *,
-        ipc_session: str | None = None,
+        via: Via = BY_BYTES,
         readers: int = 1,
         cache: bool = True,
         mm_hashes: Sequence[str] = (),
@@ -283,27 +288,27 @@ class Engine:
 
         Through the embedding cache unless `cache` is False (the request's bypass) or the server has none: an
         image may then be sent as empty bytes with its `mm_hashes` entry to be looked up (UnknownKeyError when not
-        cached; with `lookup_only`, a header-only "miss" result instead). With `ipc_session` (and a pool attached)
-        the embeddings lie in a pool lease read by `readers` consumers (tensor-parallel ranks) and carry descriptors.
+        cached; with `lookup_only`, a header-only "miss" result instead). `via` a transport that hands out memory
+        (started on this server), the embeddings lie in it, read by `readers` consumers (tensor-parallel ranks), and carry handles.
         """
         self.admission.check_open()
         check_readers(readers)
         if self.cache is not None and cache:
             with self.admission.cached():
                 return await self.cache.encode(
-                    images, request_id, deadline, ipc_session=ipc_session, readers=readers, mm_hashes=mm_hashes,
+                    images, request_id, deadline, via=via, readers=readers, mm_hashes=mm_hashes,
                     lookup_only=lookup_only,
                 )  # fmt: skip
         if any(not data for data in images) and any(mm_hashes):
             raise InvalidRequestError("lookup by mm_hash needs the cache (bypassed or off)", reason=Reason.BAD_REQUEST)
-        results = await self._encode_uncached(images, request_id, deadline, ipc_session=ipc_session, readers=readers)
+        results = await self._encode_uncached(images, request_id, deadline, via=via, readers=readers)
         if self.cache is None:
             return results
         self.cache.bypassed += len(results)
         return [replace(r, cache="bypass") for r in results]
 
     async def _encode_uncached(
-        self, images: list[bytes], request_id: str, deadline: float | None, *, ipc_session: str | None, readers: int
+        self, images: list[bytes], request_id: str, deadline: float | None, *, via: Via, readers: int
     ) -> list[EncodedImage]:
         """The steps themselves, without the cache: admit -> decode -> destination -> run -> deliver. `encode`
         checked readers and that the engine is open; `admit` checks the latter again."""
@@ -313,10 +318,10 @@ class Engine:
             prepared = await self.decode.images(images, deadline, admitted)
             admission.decoded(admitted, prepared)
             rows = sum(p.num_tokens for p in prepared)
-            destination = await self.delivery.destination(ipc_session, rows, deadline, readers)
+            destination = await self.delivery.destination(via, rows, deadline, readers)
             admission.handed_over(admitted)  # the run step submits next, with no await in between
             embeddings = await self.run(prepared, deadline, request_id, destination)
-            return destination.deliver(prepared, embeddings)
+            return delivered(destination, prepared, embeddings)
 
     async def encode_keyed(
         self, images: list[bytes], keys: list[str], request_id: str, deadline: float | None = None
@@ -331,46 +336,36 @@ class Engine:
         return out
 
     async def fetch(
-        self,
-        keys: list[str],
-        request_id: str,
-        deadline: float | None = None,
-        *,
-        ipc_session: str | None = None,
-        readers: int = 1,
+        self, keys: list[str], request_id: str, deadline: float | None = None, *, via: Via = BY_BYTES, readers: int = 1
     ) -> list[EncodedImage]:
-        """The results kept under `keys`, without encoding (UnknownKeyError for a key not kept). With
-        `ipc_session` they are copied (device to device) into one pool lease, as `encode` would write them."""
+        """The results kept under `keys`, without encoding (UnknownKeyError for a key not kept). `via` a transport
+        that hands out memory, they are copied (device to device) into one destination, as `encode` would write."""
         self.admission.check_open()
         check_readers(readers)
         self.check_image_count(len(keys))
         check_keys(keys, 0, self.keys.config)
         results = self.keys.get(keys)
-        delivery = self.delivery
-        pool = delivery.pool
-        if ipc_session is None or pool is None:
-            return results
         rows = [r.num_tokens for r in results]
-        lease = await delivery.lease(ipc_session, sum(rows), deadline, readers)
-        if lease is None:
+        destination = await self.delivery.destination(via, sum(rows), deadline, readers)
+        output, on_written = destination.output(), destination.on_written()
+        if output is None or on_written is None:
             return results
-        hidden, dtype = delivery.hidden, delivery.dtype
 
-        def copy_in() -> None:  # the current stream is the runner's, so the kept rows are written before this
-            destination = pool.destination(lease, sum(rows), hidden, dtype)
-            torch.cat([r.embedding.to(destination.device) for r in results], out=destination)  # host cache hits: H2D
-            pool.mark_ready(lease)
+        def copy_in() -> torch.Tensor:  # the current stream is the runner's, so the kept rows are written before this
+            whole = output(sum(rows))
+            torch.cat([r.embedding.to(whole.device) for r in results], out=whole)  # host cache hits: H2D
+            on_written()
             torch.cuda.current_stream(self.encoder.device).synchronize()
+            return whole
 
         try:
-            await delivery.off_loop(copy_in)
+            whole = await asyncio.get_running_loop().run_in_executor(None, copy_in)
         except BaseException:
-            pool.leases.abandon(lease)
+            destination.abandon()
             raise
-        whole = pool.destination(lease, sum(rows), hidden, dtype)
         out, row = [], 0
-        for result, desc in zip(results, delivery.descriptors(lease, rows)):
-            out.append(replace(result, embedding=whole[row : row + result.num_tokens], descriptor=desc))
+        for result, handle in zip(results, destination.deliver(rows)):
+            out.append(replace(result, embedding=whole[row : row + result.num_tokens], handle=handle))
             row += result.num_tokens
         return out
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from mmproc.errors import InvalidRequestError, Reason, UnknownKeyError
 
 if TYPE_CHECKING:  # service.pipeline.images owns a KeyStore
-    from service.pipeline.encoded import EncodedImage
+    from mmproc.wire.results import EncodedImage
 
 
 @dataclass(frozen=True)
@@ -56,7 +56,7 @@ class KeyStore:
 
     def put(self, key: str, result: EncodedImage, now: float | None = None) -> None:
         """Keep `result` (a plain device tensor, never a pool view) under `key`, replacing an older entry."""
-        assert result.descriptor is None, "pool slices are reused after the ack: keep a plain tensor"
+        assert result.handle is None, "a transport's memory is reused after the ack: keep a plain tensor"
         now = time.monotonic() if now is None else now
         self._drop(key)
         size = _nbytes(result)

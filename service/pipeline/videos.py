@@ -17,9 +17,11 @@ from mmproc.media.video import VideoSampling
 from mmproc.media.video_limits import VideoLimits
 from mmproc.preprocess.video_config import VideoRules
 from mmproc.types import PreprocessedImage, PreprocessedVideo
+from mmproc.wire.results import EncodedImage
+from mmproc.wire.transports import BY_BYTES, Via
 from service.pipeline.admission import check_readers
 from service.pipeline.decode.pool import VideoJob
-from service.pipeline.encoded import EncodedImage
+from service.pipeline.delivery import delivered
 from service.pipeline.images import Engine
 from service.pipeline.request_limits import VideoRequestLimits
 
@@ -93,7 +95,7 @@ class VideoService:
         request_id: str,
         deadline: float | None = None,
         *,
-        ipc_session: str | None = None,
+        via: Via = BY_BYTES,
         readers: int = 1,
     ) -> list[EncodedVideo]:
         """Encode every video of one request, or raise a typed mmproc error (InvalidMediaError naming the video).
@@ -111,10 +113,10 @@ class VideoService:
             chunks = self._check_decoded(videos)
             admission.decoded(admitted, chunks)
             rows = sum(chunk.num_tokens for chunk in chunks)
-            destination = await engine.delivery.destination(ipc_session, rows, deadline, readers)
+            destination = await engine.delivery.destination(via, rows, deadline, readers)
             admission.handed_over(admitted)  # the run step submits next, with no await in between
             embeddings = await engine.run(chunks, deadline, request_id, destination)
-            return self._results(videos, destination.deliver(chunks, embeddings))
+            return self._results(videos, delivered(destination, chunks, embeddings))
 
     def _check_decoded(self, videos: list[PreprocessedVideo]) -> list[PreprocessedImage]:
         frames = sum(len(video.indices) for video in videos)
@@ -133,13 +135,13 @@ class VideoService:
         return chunks
 
     @staticmethod
-    def _results(videos: list[PreprocessedVideo], delivered: list[EncodedImage]) -> list[EncodedVideo]:
+    def _results(videos: list[PreprocessedVideo], results: list[EncodedImage]) -> list[EncodedVideo]:
         """Each video's chunks, numbered within the video, sized as the video's frames."""
         out, at = [], 0
         for index, video in enumerate(videos):
             chunks = []
             for i in range(len(video.chunks)):
-                chunks.append(replace(delivered[at], index=i, image_size=video.source_size, lease=None))
+                chunks.append(replace(results[at], index=i, image_size=video.source_size))
                 at += 1
             out.append(
                 EncodedVideo(

@@ -10,9 +10,10 @@ from hypothesis import strategies as st
 from mmproc.transport.serialized.host_copy import concat_bytes
 from mmproc.transport.serialized.staging import tensor_to_bytes
 from mmproc.v1 import encoder_pb2 as pb
-from mmproc.wire import chunk_head
+from mmproc.wire.chunks import chunk_head
+from mmproc.wire.results import embedding_header
+from mmproc.wire.serialized import passthrough_serializer, serialized_stream
 from service.frontends.grpc.server import GrpcServicer, _HandlerRecorder, add_encoder_servicer
-from service.frontends.replies import embedding_header, passthrough_serializer, serialized_stream
 from service.observe.metrics import Metrics
 from service.pipeline.state import ServingState
 from tests.support.encoded import results_of

@@ -15,8 +15,8 @@ from mmproc.transport.serialized.pinned_messages import PinnedMessages
 from mmproc.transport.serialized.staging import stage_to_host, start_staging, tensor_to_bytes
 from mmproc.units import MiB
 from mmproc.v1 import encoder_pb2 as pb
-from service.frontends.replies import embedding_header, serialized_payloads, serialized_reply, serialized_stream
-from service.pipeline.encoded import EncodedImage
+from mmproc.wire.results import EncodedImage, embedding_header
+from mmproc.wire.serialized import serialized_payloads, serialized_reply, serialized_stream
 from tests.support.encoded import results_of
 
 
@@ -129,7 +129,7 @@ def test_large_stream_is_protobufs_bytes() -> None:
 def test_unary_reply_bytes_parse_to_the_message_protobuf_would_build(tokens: list[int]) -> None:
     # The servicer returns these bytes to gRPC as they are: a client parses them with the generated code.
     results = results_of(tokens, hidden=4096)
-    want = pb.EncodeImagesResponse(request_id="req-u", transport=pb.TRANSPORT_SERIALIZED)
+    want = pb.EncodeImagesResponse(request_id="req-u", transport=pb.TRANSPORT_SERIALIZED, transport_name="serialized")
     for result in results:
         header = embedding_header(result)
         header.data = tensor_to_bytes(result.embedding)  # set even when empty: `data` sits in a oneof

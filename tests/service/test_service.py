@@ -42,7 +42,7 @@ def test_server_info_describes_model_and_limits(tiny_server) -> None:
     assert info.device == "cpu"
     assert info.preprocess.family == "kimi_vl"
     assert info.limits.max_images_per_request == 32
-    assert pb.TRANSPORT_SERIALIZED in info.transports
+    assert pb.TRANSPORT_SERIALIZED in info.transports and list(info.transport_names) == ["serialized"]
 
 
 def test_health_is_serving(tiny_server) -> None:

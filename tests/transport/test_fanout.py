@@ -20,15 +20,16 @@ from mmproc.client import EncoderClient, SharedEmbeddings
 from mmproc.client.ipc import IpcClient
 from mmproc.client.readers import IpcReader
 from mmproc.errors import InvalidMediaError, StaleSessionError, UnavailableError
+from mmproc.transport.cuda_ipc.destination import PoolSlice
 from mmproc.transport.cuda_ipc.pool import PoolIdentity, SliceDescriptor
-from mmproc.transport.leases.allocator import SliceAllocator
-from mmproc.transport.leases.records import MAX_READERS
+from mmproc.transport.leases.allocator import Slice, SliceAllocator
+from mmproc.transport.leases.records import MAX_READERS, Lease
 from mmproc.transport.leases.table import LeaseTable
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
-from mmproc.wire import descriptor_from_pb
-from service.frontends.replies import ipc_reply
-from service.pipeline.images import EncodedImage
+from mmproc.wire.cuda_ipc import descriptor_from_pb
+from mmproc.wire.results import EncodedImage
+from mmproc.wire.transports import Table
 from tests.support.media_samples import make_image_bytes
 
 IMAGES = [make_image_bytes(448, 448, fmt="PNG", seed=1), make_image_bytes(300, 200, fmt="JPEG", seed=2)]
@@ -41,15 +42,18 @@ POOL = PoolIdentity(
 def ipc_shared(readers: int) -> SharedEmbeddings:
     """What a GPU server's reply to a `readers`-reader request looks like, built without a GPU."""
     acks = tuple(16 * slot + 8 for slot in (3, 5, 9, 11)[:readers])
+    lease = Lease(42, "session", Slice(0, 128, 128), (3, 5, 9, 11)[:readers], 9, 0.0)
     results = [
         EncodedImage(
             index=i, grid_hw=(4, 4), num_tokens=4, embedding=torch.zeros(4, 8, dtype=torch.bfloat16),
-            descriptor=SliceDescriptor(lease_id=42, generation=9, offset=4096 + 64 * i, nbytes=64, ready_offset=48,
-                                       ack_offsets=acks),
+            handle=PoolSlice(SliceDescriptor(lease_id=42, generation=9, offset=4096 + 64 * i, nbytes=64,
+                                             ready_offset=48, ack_offsets=acks), lease, POOL),
         )
         for i in range(2)
     ]  # fmt: skip
-    return SharedEmbeddings.from_reply(ipc_reply("req-1", results, POOL), POOL, readers)
+    reply = Table().reply("req-1", results)
+    assert reply is not None
+    return SharedEmbeddings.from_reply(reply, POOL, readers)
 
 
 # -- wire format --------------------------------------------------------------------------------------------------

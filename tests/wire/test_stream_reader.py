@@ -13,7 +13,7 @@ from mmproc.client.rpc import Assembler
 from mmproc.errors import InternalError
 from mmproc.transport.serialized.staging import tensor_to_bytes
 from mmproc.v1 import encoder_pb2 as pb
-from mmproc.wire import StreamChunk, read_chunk
+from mmproc.wire.chunks import StreamChunk, read_chunk
 
 
 def received(message: pb.EncodeImagesChunk) -> StreamChunk:

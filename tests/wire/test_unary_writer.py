@@ -8,7 +8,7 @@ import torch
 
 from mmproc.transport.serialized.staging import write_messages
 from mmproc.v1 import encoder_pb2 as pb
-from mmproc.wire import interleave, reply_framing
+from mmproc.wire.unary import interleave, reply_framing
 
 
 def test_payloads_are_written_once_not_twice() -> None:

@@ -140,11 +140,6 @@ class HandleCache:
             pool.close()
             self.stats.closes += 1
 
-    def invalidate(self, pool_id: str) -> None:
-        with self._lock:
-            for key in [k for k in self._pools if k[0] == pool_id]:
-                self._close(key)
-
     def close_all(self) -> None:
         with self._lock:
             for key in list(self._pools):

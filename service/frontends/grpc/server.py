@@ -19,23 +19,15 @@ from mmproc.errors import ConfigError, InvalidRequestError, Reason, ResourceExha
 from mmproc.priority import PRIORITY_HEADER, is_batch
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
+from mmproc.wire.results import EncodedImage, headers_reply, payload_bytes
+from mmproc.wire.serialized import passthrough_serializer, serialized_payloads, serialized_reply, serialized_stream
+from mmproc.wire.transports import BY_BYTES
 from service.frontends.auth import BearerToken, TokenInterceptor
 from service.frontends.error_mapping import end_call, map_error, to_grpc_status
 from service.frontends.grpc.loop_hop import run_on
 from service.frontends.grpc.observe import ObserveInterceptor, call_metadata, note_access
 from service.frontends.grpc.session import run_session
 from service.frontends.grpc.video import VideoServicerMixin
-from service.frontends.replies import (
-    headers_reply,
-    in_pool,
-    ipc_reply,
-    passthrough_serializer,
-    payload_bytes,
-    serialized_payloads,
-    serialized_reply,
-    serialized_stream,
-)
-from service.pipeline.encoded import EncodedImage
 from service.pipeline.images import Engine
 from service.pipeline.reply_budget import ReplyHold
 from service.pipeline.state import ServingState
@@ -96,24 +88,22 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
             return await self._at_home(held.off_loop(serialized_payloads, results))
 
     async def _run(
-        self, request: pb.EncodeImagesRequest, context: grpc.aio.ServicerContext, *, ipc: bool = True
+        self, request: pb.EncodeImagesRequest, context: grpc.aio.ServicerContext, *, in_memory: bool = True
     ) -> tuple[str, float, list[EncodedImage]]:
         request_id = request.request_id or uuid.uuid4().hex[:16]
         remaining = context.time_remaining()
         budget = self._default_deadline_s if remaining is None else remaining
-        wants_ipc = ipc and request.transport != pb.TRANSPORT_SERIALIZED and bool(request.consumer.session_id)
-        wants_ipc = wants_ipc and not request.headers_only
         deadline = time.monotonic() + budget
         readers = request.readers if request.HasField("readers") else 1  # unset: one reader
-        session = request.consumer.session_id if wants_ipc else None
         sheddable = is_batch(call_metadata(context, PRIORITY_HEADER))
         if sheddable:  # the access line says so
             note_access(priority="batch")
         engine = self._engine
+        via = BY_BYTES
+        if in_memory and not request.headers_only:  # a transport's memory: only a unary reply can hand it over
+            via = engine.transports.via(request.transport, request.transport_name, request.consumer.session_id)
         if request.keys and not request.images:  # fetch what an earlier request kept (docs/engines.md)
-            kept = await self._at_home(
-                engine.fetch(list(request.keys), request_id, deadline, ipc_session=session, readers=readers)
-            )
+            kept = await self._at_home(engine.fetch(list(request.keys), request_id, deadline, via=via, readers=readers))
             return request_id, deadline, kept
         if not request.headers_only:  # a standing queue refuses new work before any of it (a lookup is no work)
             engine.check_door(sheddable=sheddable)
@@ -123,7 +113,7 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
             )
             return request_id, deadline, kept
         results = await self._at_home(engine.encode(
-            list(request.images), request_id, deadline, ipc_session=session, readers=readers,
+            list(request.images), request_id, deadline, via=via, readers=readers,
             cache=not request.cache_bypass, mm_hashes=list(request.mm_hashes), lookup_only=request.headers_only,
         ))  # fmt: skip
         if results and results[0].cache:  # the embedding cache's answer per image, e.g. "hit,hit,miss"
@@ -137,9 +127,10 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
             request_id, deadline, results = await self._run(request, context)
             if request.headers_only:
                 return headers_reply(request_id, results)
-            if in_pool(results):
-                assert self._engine.pool is not None
-                return ipc_reply(request_id, results, self._engine.pool.identity)
+            in_memory = self._engine.transports.reply(request_id, results)
+            if in_memory is not None:
+                note_access(tokens=sum(r.num_tokens for r in results), transport=in_memory.transport_name)
+                return in_memory
             size = payload_bytes(results)
             if size > self._info.max_message_bytes - 64 * 1024:  # before staging: nothing copied for a refusal
                 raise ReplyTooLargeError(
@@ -160,7 +151,7 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
             # Streams carry bytes only: a lease taken here would never reach a consumer to release it.
             if request.headers_only:  # nothing to stream: a unary reply carries the headers
                 raise InvalidRequestError("headers_only requests go to EncodeImages", reason=Reason.BAD_REQUEST)
-            request_id, deadline, results = await self._run(request, context, ipc=False)
+            request_id, deadline, results = await self._run(request, context, in_memory=False)
             held = await self._hold_reply(results, deadline)
             with self._state.metrics.time_stage("transport"):
                 chunk = self._info.stream_chunk_bytes

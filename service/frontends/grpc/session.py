@@ -13,7 +13,7 @@ from mmproc.transport.cuda_ipc.node import node_identity
 from mmproc.transport.cuda_ipc.pool import IpcPool
 from mmproc.transport.leases.records import LeaseNotOwnedError, UnknownLeaseError
 from mmproc.v1 import encoder_pb2 as pb
-from mmproc.wire import pool_info_pb
+from mmproc.wire.cuda_ipc import pool_info_pb
 
 logger = logging.getLogger(__name__)
 

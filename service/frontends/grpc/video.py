@@ -11,9 +11,9 @@ import grpc
 from mmproc.errors import InvalidRequestError, Reason
 from mmproc.priority import PRIORITY_HEADER, is_batch
 from mmproc.v1 import encoder_pb2 as pb
+from mmproc.wire.results import payload_bytes
 from service.frontends.grpc.observe import call_metadata
-from service.frontends.replies import in_pool, payload_bytes
-from service.frontends.replies_video import all_chunks, ipc_video_reply, serialized_video_reply, video_items
+from service.frontends.replies_video import all_chunks, in_memory_video_reply, serialized_video_reply, video_items
 from service.pipeline.videos import VideoService
 
 
@@ -33,21 +33,22 @@ class VideoServicerMixin:
             request_id = request.request_id or uuid.uuid4().hex[:16]
             remaining = context.time_remaining()
             deadline = time.monotonic() + (self._default_deadline_s if remaining is None else remaining)
-            wants_ipc = request.transport != pb.TRANSPORT_SERIALIZED and bool(request.consumer.session_id)
             engine = self._engine
+            via = engine.transports.via(request.transport, "", request.consumer.session_id)
             engine.check_door(sheddable=is_batch(call_metadata(context, PRIORITY_HEADER)))
             videos = await self._at_home(
                 video_service(engine).encode(
                     video_items(request),
                     request_id,
                     deadline,
-                    ipc_session=request.consumer.session_id if wants_ipc else None,
+                    via=via,
                     readers=request.readers if request.HasField("readers") else 1,
                 )
             )
             chunks = all_chunks(videos)
-            if in_pool(chunks):
-                return ipc_video_reply(request_id, videos, engine.pool.identity)
+            in_memory = in_memory_video_reply(engine.transports, request_id, videos)
+            if in_memory is not None:
+                return in_memory
             size = payload_bytes(chunks)
             if size > self._info.max_message_bytes - 64 * 1024:  # before staging: nothing copied for a refusal
                 raise InvalidRequestError(

@@ -13,12 +13,12 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from mmproc.transport.serialized.staging import DTYPE_NAMES
+from mmproc.wire.results import EncodedImage
+from mmproc.wire.serialized import serialized_payloads
 from service.frontends.error_mapping import map_error
 from service.frontends.http.disconnect import client_closed, unless_disconnected
 from service.frontends.http.reply import held_reply
-from service.frontends.replies import serialized_payloads
 from service.observe.logs import REQUEST_ID_HEADER, log_access, request_context
-from service.pipeline.encoded import EncodedImage
 from service.pipeline.state import ServingState
 
 if TYPE_CHECKING:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from fastapi.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from service.pipeline.encoded import EncodedImage
+from mmproc.wire.results import EncodedImage
 from service.pipeline.reply_budget import ReplyHold
 
 if TYPE_CHECKING:

@@ -15,12 +15,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
+from mmproc.wire.serialized import serialized_payloads
 from service.frontends.error_mapping import map_error
 from service.frontends.grpc.video import video_service
 from service.frontends.http.disconnect import client_closed, unless_disconnected
 from service.frontends.http.fields import TIMEOUT_HEADER, decode_image_field, priority_fields, request_budget_s
 from service.frontends.http.reply import held_reply
-from service.frontends.replies import serialized_payloads
 from service.frontends.replies_video import all_chunks, video_json
 from service.observe.logs import REQUEST_ID_HEADER, client_request_id, log_access, request_context
 from service.pipeline.state import ServingState

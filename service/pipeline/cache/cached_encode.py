@@ -25,14 +25,14 @@ from mmproc.errors import (
     Reason,
     UnknownKeyError,
 )
-from mmproc.transport.cuda_ipc.pool import IpcPool
 from mmproc.transport.leases.records import Lease
+from mmproc.wire.results import EncodedImage
+from mmproc.wire.transports import Via
 from service.pipeline.admission import Admission
 from service.pipeline.cache.keys import MAX_MM_HASH_CHARS, CacheKeys
 from service.pipeline.cache.store import CacheConfig, CacheStore, Entry, InvalidImages
 from service.pipeline.cache.tiers import CacheTiers
 from service.pipeline.delivery import Delivery
-from service.pipeline.encoded import EncodedImage
 
 # What a leader hands its followers: the entry (or the unkept result) made, the image's own error, or None
 # ("encode it yourself": the leader failed for a reason not this image's).
@@ -48,7 +48,7 @@ class _Call:
     store: CacheStore
     request_id: str
     deadline: float | None
-    session: str | None
+    via: Via
     readers: int
     lookup_only: bool
     out: list[EncodedImage | None]
@@ -59,7 +59,7 @@ class EncodeSteps(Protocol):
     """The pipeline's steps after the cache (service/pipeline/images.py: Engine._encode_uncached)."""
 
     def __call__(
-        self, images: list[bytes], request_id: str, deadline: float | None, *, ipc_session: str | None, readers: int
+        self, images: list[bytes], request_id: str, deadline: float | None, *, via: Via, readers: int
     ) -> Awaitable[list[EncodedImage]]: ...
 
 
@@ -71,7 +71,7 @@ class EmbeddingCache:
     ) -> None:
         self.config = config
         self.keys = keys
-        self.tiers = CacheTiers(config, delivery)
+        self.tiers = CacheTiers(config, delivery.hidden, delivery.dtype)
         self.invalid = InvalidImages(config.invalid_ttl_s, config.max_invalid)
         self.bypassed = 0
         self._admission = admission
@@ -86,7 +86,7 @@ class EmbeddingCache:
     def pool_store(self) -> CacheStore | None:
         return self.tiers.pool_store
 
-    def attach_pool(self, pool: IpcPool) -> None:
+    def attach_pool(self, pool: object) -> None:  # an IpcPool
         self.tiers.attach_pool(pool)
 
     def stores(self) -> list[CacheStore]:
@@ -109,7 +109,7 @@ class EmbeddingCache:
         request_id: str,
         deadline: float | None,
         *,
-        ipc_session: str | None,
+        via: Via,
         readers: int,
         mm_hashes: Sequence[str],
         lookup_only: bool,
@@ -119,17 +119,17 @@ class EmbeddingCache:
         present = [data for data in images if data]
         if present:
             self._admission.check_request(present)
-        store = self.tiers.store_for(ipc_session)
+        store = self.tiers.store_for(via)
         if store is None or store.max_bytes <= 0:  # this tier keeps nothing (cache_ipc_mb = 0, say)
             if len(present) != len(images):
                 raise InvalidRequestError(
                     "lookup by mm_hash needs the cache of this transport", reason=Reason.BAD_REQUEST
                 )
-            results = await self._steps(images, request_id, deadline, ipc_session=ipc_session, readers=readers)
+            results = await self._steps(images, request_id, deadline, via=via, readers=readers)
             return [replace(r, mm_hash=h) for r, h in zip(results, hashes)]
         use_pool = store.tier == "pool"
         keys = [self.keys.key(h) for h in hashes]
-        call = _Call(images, keys, store, request_id, deadline, ipc_session, readers, lookup_only, [None] * len(images))
+        call = _Call(images, keys, store, request_id, deadline, via, readers, lookup_only, [None] * len(images))
         try:
             for round_ in range(2):
                 todo = [i for i, r in enumerate(call.out) if r is None]
@@ -137,7 +137,7 @@ class EmbeddingCache:
                     break
                 await self._round(call, todo, round_)
             results = [replace(r, mm_hash=h) for r, h in zip(call.out, hashes)]  # type: ignore[arg-type]
-            if use_pool and any(r.descriptor is None for r in results) and call.leases:
+            if use_pool and any(r.handle is None for r in results) and call.leases:
                 results = await self.tiers.without_leases(results, call.leases)  # the misses fell back to serialized
             return results
         except BaseException:
@@ -160,7 +160,9 @@ class EmbeddingCache:
                     continue
                 entry = store.get(key)
                 if entry is not None:
-                    served = await self.tiers.serve(entry, i, call.session, call.readers, call.deadline, call.leases)
+                    served = await self.tiers.serve(
+                        entry, i, call.via.session, call.readers, call.deadline, call.leases
+                    )
                     if served is not None:
                         store.stats.hits += 1
                         out[i] = replace(served, cache="hit")
@@ -215,11 +217,12 @@ class EmbeddingCache:
         outcomes: dict[str, Outcome] = {}
         try:
             results = await self._steps(
-                [call.images[i] for i in first], call.request_id, call.deadline, ipc_session=call.session,
+                [call.images[i] for i in first], call.request_id, call.deadline, via=call.via,
                 readers=call.readers,
             )  # fmt: skip
-            if results[0].lease is not None:
-                call.leases.append(results[0].lease)
+            lease = getattr(results[0].handle, "lease", None)  # one lease holds the request's slices
+            if lease is not None:
+                call.leases.append(lease)
             out = {}
             for key, result in zip(order, results):
                 outcomes[key] = await self.tiers.keep(store, key, result)
@@ -261,7 +264,7 @@ class EmbeddingCache:
             raise outcome.at_index(i)
         if outcome is None:
             return None
-        served = await self.tiers.serve(outcome, i, call.session, call.readers, call.deadline, call.leases)
+        served = await self.tiers.serve(outcome, i, call.via.session, call.readers, call.deadline, call.leases)
         return None if served is None else replace(served, cache="coalesced")
 
     def _hashes(self, images: list[bytes], mm_hashes: Sequence[str]) -> list[str]:

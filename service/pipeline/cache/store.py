@@ -24,7 +24,7 @@ from mmproc.transport.leases.records import Hold
 from service.pipeline.cache.policy import make_policy
 
 if TYPE_CHECKING:  # service.pipeline.images owns the cache
-    from service.pipeline.encoded import EncodedImage
+    from mmproc.wire.results import EncodedImage
 
 TIERS = ("host", "pool")
 

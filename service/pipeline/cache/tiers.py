@@ -11,23 +11,26 @@ from dataclasses import replace
 import torch
 
 from mmproc.errors import StaleSessionError
+from mmproc.transport.cuda_ipc.destination import PoolSlice
 from mmproc.transport.cuda_ipc.pool import IpcPool
 from mmproc.transport.leases.records import Lease, UnknownSessionError
+from mmproc.wire.results import EncodedImage
+from mmproc.wire.transports import Via
 from service.pipeline.cache.store import CacheConfig, CacheStore, Entry
-from service.pipeline.delivery import Delivery
-from service.pipeline.encoded import EncodedImage
 
 
 class CacheTiers:
-    def __init__(self, config: CacheConfig, delivery: Delivery) -> None:
+    def __init__(self, config: CacheConfig, hidden: int, dtype: torch.dtype) -> None:
         self.config = config
-        self._delivery = delivery
+        self._hidden, self._dtype = hidden, dtype
+        self._pool: IpcPool | None = None
         self.host = CacheStore("host", config.host_bytes, config.policy, on_evict=lambda entry: None)
         self.pool_store: CacheStore | None = None
         self._stream: torch.cuda.Stream | None = None
 
     def attach_pool(self, pool: IpcPool) -> None:
         """Keep IPC results in `pool` itself (at most pool_bytes of it), giving space back under pressure."""
+        self._pool = pool  # IPC requests now take the pool tier, even one that keeps nothing (cache_ipc_mb = 0)
         if self.config.pool_bytes <= 0:
             return
         table = pool.leases
@@ -42,26 +45,27 @@ class CacheTiers:
     def stores(self) -> list[CacheStore]:
         return [self.host] + ([self.pool_store] if self.pool_store is not None else [])
 
-    def store_for(self, ipc_session: str | None) -> CacheStore | None:
-        """The tier a request's results live in: the pool's for an IPC request (a pool attached), else the host's."""
-        return self.pool_store if ipc_session is not None and self._delivery.pool is not None else self.host
+    def store_for(self, via: Via) -> CacheStore | None:
+        """The tier a request's results live in: the pool's for a request via the pool's transport, else the
+        host's."""
+        return self.pool_store if self._pool is not None and via.session is not None else self.host
 
     async def keep(self, store: CacheStore, key: str, result: EncodedImage) -> Entry | None:
         """Put `result` into `store`; returns the entry for followers (kept or not), None if it cannot be one."""
         if store.tier == "pool":
-            pool = self._delivery.pool
+            pool, handle = self._pool, result.handle
             assert pool is not None
-            hold = pool.leases.hold(result.lease) if result.lease is not None else None
+            hold = pool.leases.hold(handle.lease) if isinstance(handle, PoolSlice) else None
             if hold is None:  # replied serialized (pool full): nothing in the pool to keep
                 return None
-            entry = Entry(replace(result, lease=None, key="", cache=""), hold.slice, hold.slice.nbytes, hold)
+            entry = Entry(replace(result, key="", cache=""), hold.slice, hold.slice.nbytes, hold)
         else:
             embedding = result.embedding
             if embedding.device.type != "cpu":  # one D2H off the loop, ordered like the serialized reply's staging
                 embedding = await asyncio.get_running_loop().run_in_executor(None, embedding.to, "cpu")
             elif embedding.untyped_storage().nbytes() != embedding.nbytes:
                 embedding = embedding.clone()  # a view of the batch's buffer: own the rows, so bytes = memory held
-            kept = replace(result, embedding=embedding, descriptor=None, lease=None, key="", cache="")
+            kept = replace(result, embedding=embedding, handle=None, key="", cache="")
             entry = Entry(kept, key, embedding.nbytes)
         store.put(key, entry)
         return entry
@@ -73,7 +77,7 @@ class CacheTiers:
         evicted meanwhile, or no word slot came free in time)."""
         if entry.hold is None:
             return replace(entry.result, index=i)
-        pool = self._delivery.pool
+        pool = self._pool
         assert pool is not None and session is not None
         table = pool.leases
         try:
@@ -81,8 +85,8 @@ class CacheTiers:
             if lease is None and deadline is not None:  # out of word slots: wait (off the loop) like a miss would
                 now = time.monotonic()
                 until = now + (deadline - now) / 2
-                lease = await self._delivery.off_loop(
-                    lambda: table.share(session, entry.hold, deadline=until, readers=readers)
+                lease = await asyncio.get_running_loop().run_in_executor(
+                    None, lambda: table.share(session, entry.hold, deadline=until, readers=readers)
                 )
         except UnknownSessionError:
             raise StaleSessionError(f"IPC session {session} is unknown or closed; open a new one") from None
@@ -91,34 +95,31 @@ class CacheTiers:
         leases.append(lease)
         with torch.cuda.stream(self._stream):  # the data has been in place since its request synchronized
             pool.mark_ready(lease)
-        original = entry.result.descriptor
-        assert original is not None
+        original = entry.result.handle
+        assert isinstance(original, PoolSlice)
         row_bytes = entry.result.embedding.shape[1] * entry.result.embedding.element_size()
-        row = (original.offset - pool.identity.data_offset - entry.hold.slice.offset) // row_bytes
+        row = (original.descriptor.offset - pool.identity.data_offset - entry.hold.slice.offset) // row_bytes
         descriptor = pool.descriptor(lease, row, entry.result.num_tokens, row_bytes)
-        return replace(entry.result, index=i, descriptor=descriptor, lease=lease)
+        return replace(entry.result, index=i, handle=PoolSlice(descriptor, lease, pool.identity))
 
     async def without_leases(self, results: list[EncodedImage], leases: list[Lease]) -> list[EncodedImage]:
         """A reply is all IPC or all serialized: when the misses fell back, copy the hits out of the pool (on the
         device) and give their leases back."""
-        pool = self._delivery.pool
+        pool = self._pool
         assert pool is not None
 
         def copy_out() -> list[EncodedImage]:
-            copied = [
-                replace(r, embedding=r.embedding.clone(), descriptor=None, lease=None) if r.descriptor else r
-                for r in results
-            ]
+            copied = [replace(r, embedding=r.embedding.clone(), handle=None) if r.handle else r for r in results]
             torch.cuda.current_stream(pool.device).synchronize()  # copied before the leases may be reused
             return copied
 
-        copied = await self._delivery.off_loop(copy_out)
+        copied = await asyncio.get_running_loop().run_in_executor(None, copy_out)
         self.abandon(leases)
         return copied
 
     def abandon(self, leases: list[Lease]) -> None:
         """Give back every lease taken for a request (its reply will not carry them)."""
-        pool = self._delivery.pool
+        pool = self._pool
         assert pool is not None
         for lease in leases:
             pool.leases.abandon(lease)
@@ -126,5 +127,5 @@ class CacheTiers:
 
     def absent(self, i: int) -> EncodedImage:
         """A header-only "miss" for an image asked by mm_hash alone with `lookup_only`."""
-        empty = torch.empty((0, self._delivery.hidden), dtype=self._delivery.dtype)
+        empty = torch.empty((0, self._hidden), dtype=self._dtype)
         return EncodedImage(i, (0, 0), 0, empty, cache="miss")

@@ -1,0 +1,112 @@
+"""The transports, as records that every layer asks: the pipeline its producer (started here), the front ends its
+reply codec, server info its name, the client its reader. Adding one: its own modules and one line in TRANSPORTS
+(docs/architecture.md); nothing else says `if transport == ...`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from mmproc.v1 import encoder_pb2 as pb
+from mmproc.wire import cuda_ipc
+from mmproc.wire.results import SERIALIZED, EncodedImage, embedding_header
+
+
+class Destination(Protocol):
+    """Where the runner writes one request's rows, and the handles the reply describes."""
+
+    def output(self) -> Callable[[int], torch.Tensor] | None: ...  # rows -> (rows, hidden) on the device
+    def on_written(self) -> Callable[[], None] | None: ...  # runner thread, after the last forward was enqueued
+    async def written(self) -> None: ...  # the rows are in place
+    def abandon(self) -> None: ...  # the request failed: give back what it held
+    def deliver(self, rows: list[int]) -> Sequence[Any]: ...  # one handle per image of rows[i] rows
+
+
+class Producer(Protocol):
+    """A started transport on the server: destinations for the requests that ask for it."""
+
+    transport: str
+    status: str  # what it serves, in words (the start-up log, GetServerInfo.ipc_status)
+
+    async def destination(self, session: str, rows: int, deadline: float | None, readers: int) -> Destination | None:
+        """None when it has no room in time (the request then falls back to serialized, or is refused)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class StartContext:
+    """What a transport's start-up is handed: the encoder's output, and each transport's own config by name
+    (built once from the settings, service/app/configs.py)."""
+
+    device: torch.device
+    hidden: int
+    dtype: torch.dtype
+    configs: Mapping[str, object]
+
+
+@dataclass(frozen=True)
+class Via:
+    """How a request's results travel: a transport's name, and the consumer session its memory is leased to."""
+
+    transport: str = SERIALIZED
+    session: str | None = None
+
+
+BY_BYTES = Via()  # serialized: the bytes in the reply
+
+
+@dataclass(frozen=True)
+class Transport:
+    name: str
+    wire: int  # its pb.Transport value; TRANSPORT_AUTO for one the enum does not list (its name travels)
+    # Server start-up: the producer, or why not (probed here, never at the first request). None: always there.
+    start: Callable[[StartContext], Producer | str] | None
+    # Reply codec: a result's handle into its reply header. None: the payload travels in the reply.
+    describe: Callable[[pb.Embedding, Any], None] | None
+    # The client's reader factory as "module:function", imported by the client that picks this transport
+    # (mmproc/client/readers.py): the table sits below the client.
+    reader: str
+
+
+SERIALIZED_TRANSPORT = Transport(SERIALIZED, pb.TRANSPORT_SERIALIZED, None, None, "mmproc.client.readers:serialized")
+CUDA_IPC = Transport(
+    cuda_ipc.NAME, pb.TRANSPORT_IPC, cuda_ipc.start_producer, cuda_ipc.describe, "mmproc.client.readers:ipc"
+)
+TRANSPORTS: tuple[Transport, ...] = (CUDA_IPC, SERIALIZED_TRANSPORT)  # `auto` takes the first a client can read
+
+
+class Table:
+    """One server's or client's transports by name (TRANSPORTS, or TRANSPORTS plus a test's own)."""
+
+    def __init__(self, transports: Sequence[Transport] = TRANSPORTS) -> None:
+        self.ordered = tuple(transports)
+        self.by_name = {t.name: t for t in transports}
+        self._by_wire = {t.wire: t for t in transports if t.wire != pb.TRANSPORT_AUTO}
+        assert SERIALIZED in self.by_name, "serialized is every transport's fallback"
+
+    def via(self, transport: int, name: str, session: str) -> Via:
+        """How a request asked its results to travel: by name, else by enum (auto: the first in the table), in the
+        memory of a transport only with a consumer session to lease it to."""
+        chosen = self.by_name.get(name) if name else self._by_wire.get(transport, self.ordered[0])
+        if chosen is None or chosen.name == SERIALIZED or not session:
+            return BY_BYTES
+        return Via(chosen.name, session)
+
+    def reply(self, request_id: str, results: list[EncodedImage]) -> pb.EncodeImagesResponse | None:
+        """The reply of results that lie in a transport's memory, each header describing its handle; None when
+        their bytes travel in the reply (serialized). One transport per request: the first result says."""
+        if not results or results[0].handle is None:
+            return None
+        transport = self.by_name[results[0].transport]
+        assert transport.describe is not None
+        reply = pb.EncodeImagesResponse(request_id=request_id, transport=transport.wire, transport_name=transport.name)
+        for result in results:
+            header = embedding_header(result)
+            transport.describe(header, result.handle)
+            reply.embeddings.append(header)
+        return reply
