@@ -34,8 +34,8 @@ from mmproc.wire.chunks import read_chunk
 from mmproc.wire.serialized import passthrough_serializer, serialized_payloads, serialized_reply, serialized_stream
 from service.app.host_memory import reuse_freed_host_memory, set_torch_threads
 from service.app.settings import CUDA_HOST_MALLOC_REUSE_MB, STREAM_CHUNK_MB, ServerSettings
-from service.pipeline.images import EncodedImage
 from service.pipeline.reply_budget import ReplyBudgetConfig
+from service.pipeline.requests import EncodedImage
 
 
 def _copy_ms(src: torch.Tensor, dst: torch.Tensor, reps: int) -> float:
@@ -157,7 +157,7 @@ def loopback(
     metrics = Metrics()
     sample = answer([b"\x00"])[0].embedding
 
-    class FixedEngine:  # what the servicer uses of service.pipeline.images.Engine
+    class FixedPipeline:  # what the servicer uses of service.pipeline.requests.RequestPipeline
         pool = None
         delivery = Delivery(sample.shape[-1], sample.dtype, metrics, ReplyBudgetConfig(pinned_bytes=pinned_bytes))
 
@@ -169,7 +169,7 @@ def loopback(
 
     state = ServingState(metrics)
     info = pb.ServerInfo(max_message_bytes=64 * MiB, stream_chunk_bytes=chunk_bytes)
-    state.publish(FixedEngine(), info)  # type: ignore[arg-type]
+    state.publish(FixedPipeline(), info)  # type: ignore[arg-type]
     loop = asyncio.new_event_loop()
     thread = threading.Thread(target=loop.run_forever, name="bench-grpc", daemon=True)
     thread.start()

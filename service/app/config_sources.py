@@ -30,7 +30,7 @@ def load_settings(config_file: Path | None = None, **overrides: object) -> Serve
         raise ConfigError(f"invalid settings: {problems}") from None
 
 
-# MMPROC_* variables read elsewhere (the config file's path, the CI switch of the engine test), not settings.
+# MMPROC_* variables read elsewhere (the config file's path, the CI switch of the vLLM test), not settings.
 _OTHER_ENV = frozenset({"MMPROC_CONFIG_FILE", "MMPROC_COMMIT", "MMPROC_REQUIRE_VLLM"})
 
 

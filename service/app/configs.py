@@ -12,7 +12,7 @@ from mmproc.units import MiB
 from service.app.model_settings import image_sizes
 from service.app.settings import ServerSettings
 from service.pipeline.cache.store import CacheConfig
-from service.pipeline.config import EngineConfig
+from service.pipeline.config import PipelineConfig
 from service.pipeline.decode.config import DecodePoolConfig
 from service.pipeline.key_store import KeyStoreConfig
 from service.pipeline.overload import CPU_BATCH_SHARE, OverloadConfig
@@ -130,9 +130,9 @@ def transport_configs(s: ServerSettings) -> dict[str, object]:
     return {"ipc": ipc_pool_config(s)}
 
 
-def engine_config(s: ServerSettings, *, cache_context: str) -> EngineConfig:
-    """Everything the engine takes besides its model; `cache_context` needs the loaded model (service/app/server.py)."""
-    return EngineConfig(
+def pipeline_config(s: ServerSettings, *, cache_context: str) -> PipelineConfig:
+    """Everything the pipeline takes besides its model; `cache_context` needs the loaded model (service/app/server.py)."""
+    return PipelineConfig(
         media=media_limits(s),
         request=request_limits(s),
         inflight=inflight_limits(s),

@@ -1,10 +1,10 @@
 """Where the gRPC front end runs: on an event loop of its own, in a thread of its own (`grpc_loop = "own"`), or on
-the main loop beside the HTTP front end and the engine ("shared").
+the main loop beside the HTTP front end and the pipeline ("shared").
 
 Why a loop of its own: grpc.aio takes new calls in from its core one at a time, each through a turn of the loop it
-runs on. On a loop that HTTP requests and the engine's callbacks keep busy, calls wait there before any handler
+runs on. On a loop that HTTP requests and the pipeline's callbacks keep busy, calls wait there before any handler
 runs; under overload gRPC refusals took twice HTTP's time at p99 (docs/benchmarks/overload.md, session 18). On its
-own loop, handlers read the request and ask the door there, and hop to the main loop only for the engine's work,
+own loop, handlers read the request and ask the door there, and hop to the main loop only for the pipeline's work,
 which is bound to it (`GrpcServicer` takes that loop as `home`).
 """
 

@@ -9,7 +9,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from service.app.limit_settings import LimitSettings
-from service.pipeline.config import EngineConfig
+from service.pipeline.config import PipelineConfig
 
 
 def image_sizes(text: str) -> tuple[tuple[int, int], ...]:
@@ -73,7 +73,7 @@ class ModelSettings(LimitSettings):
         "the float32 bytes, and skip their costliest pass (docs/benchmarks/preprocess.md)",
     )
     gpu_decode: Literal["auto", "on", "off"] = Field(
-        EngineConfig.gpu_decode,
+        PipelineConfig.gpu_decode,
         description="With a CUDA model and gpu_preprocess, decode JPEGs on the GPU (nvImageCodec; auto: when it "
         "loads, on: refuse to start without it); other images and GPU failures take the decode workers",
     )

@@ -144,7 +144,7 @@ class ServerSettings(ModelSettings):
     grpc_loop: Literal["own", "shared"] = Field(
         "own",
         description="The gRPC front end's event loop: one of its own in its own thread (takes calls in while HTTP "
-        "and the engine keep the main loop busy), or the main loop",
+        "and the pipeline keep the main loop busy), or the main loop",
     )
 
     # Concurrency and batching

@@ -9,17 +9,17 @@ from mmproc.errors import ConfigError
 from mmproc.wire.transports import StartContext, Table
 from service.app.configs import transport_configs
 from service.app.settings import ServerSettings
-from service.pipeline.images import Engine
+from service.pipeline.requests import RequestPipeline
 
 logger = logging.getLogger(__name__)
 
 
-def start_transports(settings: ServerSettings, engine: Engine, table: Table) -> str:
+def start_transports(settings: ServerSettings, pipeline: RequestPipeline, table: Table) -> str:
     """Attach a producer of every transport in `table` that starts here; returns the status line. A transport
     asked for by name (`--transport ipc`) that cannot work is a start-up error."""
     if settings.transport == "serialized":
         return "transports: serialized only (--transport serialized)"
-    encoder = engine.encoder
+    encoder = pipeline.encoder
     context = StartContext(encoder.device, encoder.output_dim, encoder.dtype, transport_configs(settings))
     served, refused = [], []
     for transport in table.ordered:
@@ -31,7 +31,7 @@ def start_transports(settings: ServerSettings, engine: Engine, table: Table) -> 
                 raise ConfigError(f"transport: {transport.name} was requested but cannot work here: {started}")
             refused.append(f"{transport.name} unavailable ({started})")
             continue
-        engine.attach(started, fallback=settings.ipc_fallback)
+        pipeline.attach(started, fallback=settings.ipc_fallback)
         served.append(started.status)
     status = "; ".join([*served, *refused, "serialized"])
     # Expected on a CPU model; a CUDA model that cannot share its memory is worth a warning.

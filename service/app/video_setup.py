@@ -9,23 +9,23 @@ from mmproc.errors import ConfigError
 from mmproc.preprocess.video_config import VIDEO_FAMILIES, load_video_rules
 from service.app import configs
 from service.app.settings import ServerSettings
-from service.pipeline.images import Engine
-from service.pipeline.videos import VideoService
+from service.pipeline.requests import RequestPipeline
+from service.pipeline.videos import VideoPipeline
 
 logger = logging.getLogger(__name__)
 
 
-def build_video_service(settings: ServerSettings, engine: Engine) -> VideoService | None:
+def build_video_pipeline(settings: ServerSettings, pipeline: RequestPipeline) -> VideoPipeline | None:
     """The video service of a model whose family takes video (None otherwise), its rules from the checkpoint."""
-    if engine.encoder.config.family not in VIDEO_FAMILIES or engine.encoder.config.pos_emb_time < 1:
+    if pipeline.encoder.config.family not in VIDEO_FAMILIES or pipeline.encoder.config.pos_emb_time < 1:
         return None
     if importlib.util.find_spec("av") is None:
         logger.warning("video input needs PyAV (pip install 'mmproc[video]'): EncodeVideos is off")
         return None
     rules = load_video_rules(settings.model_path)
-    if rules.temporal_patch_size > engine.encoder.config.pos_emb_time:
+    if rules.temporal_patch_size > pipeline.encoder.config.pos_emb_time:
         raise ConfigError(
             f"video chunks of {rules.temporal_patch_size} frames, but the tower's time embedding has "
-            f"{engine.encoder.config.pos_emb_time} rows (pos_emb_time)"
+            f"{pipeline.encoder.config.pos_emb_time} rows (pos_emb_time)"
         )
-    return VideoService(engine, rules, configs.video_limits(settings), configs.video_request_limits(settings))
+    return VideoPipeline(pipeline, rules, configs.video_limits(settings), configs.video_request_limits(settings))

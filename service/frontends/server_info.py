@@ -1,5 +1,5 @@
 """The ServerInfo reply (model, preprocessing, limits, transports, prompt framing, key store, video, cache), built
-once at start-up from the settings and the engine."""
+once at start-up from the settings and the pipeline."""
 
 from __future__ import annotations
 
@@ -12,15 +12,15 @@ import mmproc
 from mmproc.prompt import FRAMINGS, VIDEO_FRAMINGS, framing, placeholder_token_id
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire.dtypes import NAME_TO_PB
-from service.pipeline.images import Engine
-from service.pipeline.videos import VideoService
+from service.pipeline.requests import RequestPipeline
+from service.pipeline.videos import VideoPipeline
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class ServedAs:
-    """What the settings decided about the reply that the engine does not know: handed down by the app."""
+    """What the settings decided about the reply that the pipeline does not know: handed down by the app."""
 
     dtype_name: str
     max_message_bytes: int
@@ -28,10 +28,10 @@ class ServedAs:
     model_path: Path | None
 
 
-def build_server_info(served: ServedAs, engine: Engine) -> pb.ServerInfo:
-    encoder, pre, media, req = engine.encoder, engine.preprocess, engine.media_limits, engine.request_limits
+def build_server_info(served: ServedAs, pipeline: RequestPipeline) -> pb.ServerInfo:
+    encoder, pre, media, req = pipeline.encoder, pipeline.preprocess, pipeline.media_limits, pipeline.request_limits
     cfg = encoder.config
-    names, by_name = engine.delivery.transports, engine.transports.by_name
+    names, by_name = pipeline.delivery.transports, pipeline.transports.by_name
     return pb.ServerInfo(
         version=mmproc.__version__,
         model_name=cfg.name,
@@ -59,21 +59,23 @@ def build_server_info(served: ServedAs, engine: Engine) -> pb.ServerInfo:
         ),
         transports=[by_name[t].wire for t in names if by_name[t].wire != pb.TRANSPORT_AUTO],
         transport_names=names,
-        ipc_status=engine.ipc_status,
+        ipc_status=pipeline.ipc_status,
         max_message_bytes=served.max_message_bytes,
         stream_chunk_bytes=served.stream_chunk_bytes,
         family=pre.family,
         prompt=prompt_info(pre.family, served.model_path),
         key_store=pb.KeyStoreInfo(
-            max_bytes=engine.keys.config.max_bytes, ttl_s=engine.keys.config.ttl_s, max_keys=engine.keys.config.max_keys
+            max_bytes=pipeline.keys.config.max_bytes,
+            ttl_s=pipeline.keys.config.ttl_s,
+            max_keys=pipeline.keys.config.max_keys,
         ),
-        video=video_info(engine.videos),
-        cache=cache_info(engine),
+        video=video_info(pipeline.videos),
+        cache=cache_info(pipeline),
     )
 
 
-def cache_info(engine: Engine) -> pb.CacheInfo:
-    cache = engine.cache
+def cache_info(pipeline: RequestPipeline) -> pb.CacheInfo:
+    cache = pipeline.cache
     if cache is None:
         return pb.CacheInfo()
     config = cache.config
@@ -104,12 +106,12 @@ def prompt_info(family: str, model_path: Path | None) -> pb.PromptFraming:
     return info
 
 
-def video_info(videos: VideoService | None) -> pb.VideoInfo:
+def video_info(videos: VideoPipeline | None) -> pb.VideoInfo:
     """ServerInfo.video: what a client may send and how its prompt frames the chunks."""
     if videos is None:
         return pb.VideoInfo(supported=False)
     rules, limits, request = videos.rules, videos.limits, videos.request_limits
-    framing = VIDEO_FRAMINGS[videos.engine.encoder.config.family]
+    framing = VIDEO_FRAMINGS[videos.pipeline.encoder.config.family]
     return pb.VideoInfo(
         supported=True,
         fps=rules.fps,

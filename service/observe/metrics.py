@@ -217,12 +217,12 @@ class Metrics:
             "(its own handle-cache counters are in EncoderClient.ipc_stats).",
             registry=r,
         )
-        self._cache_collector: _CacheCollector | None = None  # registered with the first engine's cache
+        self._cache_collector: _CacheCollector | None = None  # registered with the first pipeline's cache
         self._cpu = CpuByRole()  # mmproc_cpu_seconds_total{role}, read from /proc at scrape time
         r.register(self._cpu)
         r.register(_LogDropsCollector())
 
-    # -- helpers for the engine and the front ends ---------------------------------------------------
+    # -- helpers for the pipeline and the front ends ---------------------------------------------------
 
     def stage(self, name: str) -> Histogram:
         return self.stage_seconds.labels(name)
@@ -249,12 +249,12 @@ class Metrics:
         self.stage_seconds.labels("forward").observe(stats.forward_s)
 
     def track(self, *, queue_images: Callable[[], float], inflight_requests: Callable[[], float]) -> None:
-        """Gauges read at scrape time from the engine that owns the numbers."""
+        """Gauges read at scrape time from the pipeline that owns the numbers."""
         self.queue_images.set_function(queue_images)
         self.inflight_requests.set_function(inflight_requests)
 
     def track_decode(self, pool: Callable[[], DecodeCounts]) -> None:
-        """Decode counters read at scrape time from `pool()`, the engine's current decode pool."""
+        """Decode counters read at scrape time from `pool()`, the pipeline's current decode pool."""
         self._decode.pool = pool
 
     def track_pinned_replies(self, pinned: PinnedMessages | None) -> None:
@@ -304,7 +304,7 @@ class Metrics:
         self.ipc_leases.set_function(lambda: stats().leases_active)
 
     def track_cache(self, snapshot: Callable[[], CacheSnapshot]) -> None:
-        """Embedding cache families, read from the cache at scrape time (it keeps its own counts); a later engine
+        """Embedding cache families, read from the cache at scrape time (it keeps its own counts); a later pipeline
         on the same Metrics replaces the earlier one's source."""
         collector = self._cache_collector
         if collector is None:
@@ -322,7 +322,7 @@ class _CacheCollector:
         self.snapshot = snapshot
 
     def describe(self) -> list:
-        return []  # collected lazily: nothing to read before the engine exists
+        return []  # collected lazily: nothing to read before the pipeline exists
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
         tiers, invalid, bypassed = self.snapshot()

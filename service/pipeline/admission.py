@@ -8,7 +8,7 @@ is covered by taking the smaller grid of the two orientations. Nothing unknown s
 admission counts every patch the headers did not announce against both budgets (the request's, exactly, and the
 in-flight one, `Admission.decoded`) before any patch reaches the runner.
 
-`Admission` is the pipeline's door (service/pipeline/images.py): ready/draining, the request limits, the in-flight
+`Admission` is the pipeline's door (service/pipeline/requests.py): ready/draining, the request limits, the in-flight
 counters, the runner-queue reservation and the overload guard's early refusal, for images and videos alike.
 """
 

@@ -20,7 +20,7 @@ def count_dropped(metrics: Metrics, stage: str, images: int) -> None:
     metrics.dropped_images.labels(stage).inc(images)
 
 
-class RunStep:
+class ForwardStep:
     def __init__(self, runner: Runner, metrics: Metrics) -> None:
         self.runner = runner
         self._metrics = metrics

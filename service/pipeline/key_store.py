@@ -1,6 +1,6 @@
 """Results kept under a caller's key for a short, bounded time, so that an engine can fetch them by key later.
 
-A front end sends the images with keys (the engine's `multi_modal_uuids`, docs/engines.md); the engine's EC
+A front end sends the images with keys (the pipeline's `multi_modal_uuids`, docs/engines.md); the pipeline's EC
 connector then asks for those keys. Bounded three ways: total bytes, number of keys, and a TTL; when a new
 result does not fit, the oldest entries are dropped first. Entries live on the encoder's device. Used from the
 event loop only (no locking).
@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from mmproc.errors import InvalidRequestError, Reason, UnknownKeyError
 
-if TYPE_CHECKING:  # service.pipeline.images owns a KeyStore
+if TYPE_CHECKING:  # service.pipeline.requests owns a KeyStore
     from mmproc.wire.results import EncodedImage
 
 

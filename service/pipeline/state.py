@@ -1,4 +1,4 @@
-"""What the gRPC and HTTP front ends serve: the Service's metrics from the start, and the engine with its
+"""What the gRPC and HTTP front ends serve: the Service's metrics from the start, and the pipeline with its
 ServerInfo once the model is loaded and warmed up.
 
 The front ends come up (and answer health, /readyz, /metrics) before the model loads; until `publish`,
@@ -10,33 +10,33 @@ from __future__ import annotations
 from mmproc.errors import UnavailableError
 from mmproc.v1 import encoder_pb2 as pb
 from service.observe.metrics import Metrics
-from service.pipeline.images import Engine
+from service.pipeline.requests import RequestPipeline
 
 
 class ServingState:
     def __init__(self, metrics: Metrics) -> None:
         self.metrics = metrics
-        self._engine: Engine | None = None
+        self._pipeline: RequestPipeline | None = None
         self._info: pb.ServerInfo | None = None
         self.draining = False  # set first thing on SIGTERM, also while the model is still loading
 
-    def publish(self, engine: Engine, info: pb.ServerInfo) -> None:
-        self._engine, self._info = engine, info
+    def publish(self, pipeline: RequestPipeline, info: pb.ServerInfo) -> None:
+        self._pipeline, self._info = pipeline, info
 
     @property
     def loaded(self) -> bool:
-        return self._engine is not None
+        return self._pipeline is not None
 
     @property
-    def current(self) -> Engine | None:
-        """The engine if loaded, else None (for the lifecycle code; front ends use `engine()`)."""
-        return self._engine
+    def current(self) -> RequestPipeline | None:
+        """The pipeline if loaded, else None (for the lifecycle code; front ends use `pipeline()`)."""
+        return self._pipeline
 
-    def engine(self) -> Engine:
-        """The warmed-up engine; UnavailableError while the model is still loading."""
-        if self._engine is None:
+    def pipeline(self) -> RequestPipeline:
+        """The warmed-up pipeline; UnavailableError while the model is still loading."""
+        if self._pipeline is None:
             raise UnavailableError("server is starting: the model is not loaded yet")
-        return self._engine
+        return self._pipeline
 
     def info(self) -> pb.ServerInfo:
         if self._info is None:
@@ -46,7 +46,7 @@ class ServingState:
     @property
     def status(self) -> str:
         """starting | ready | draining — what /readyz reports."""
-        engine = self._engine
-        if self.draining or (engine is not None and engine.draining):
+        pipeline = self._pipeline
+        if self.draining or (pipeline is not None and pipeline.draining):
             return "draining"
-        return "ready" if engine is not None and engine.ready else "starting"
+        return "ready" if pipeline is not None and pipeline.ready else "starting"

@@ -22,8 +22,8 @@ from mmproc.wire.transports import BY_BYTES, Via
 from service.pipeline.admission import check_readers
 from service.pipeline.decode.pool import VideoJob
 from service.pipeline.delivery import delivered
-from service.pipeline.images import Engine
 from service.pipeline.request_limits import VideoRequestLimits
+from service.pipeline.requests import RequestPipeline
 
 
 @dataclass(frozen=True)
@@ -53,9 +53,11 @@ class EncodedVideo:
         return sum(chunk.num_tokens for chunk in self.chunks)
 
 
-class VideoService:
-    def __init__(self, engine: Engine, rules: VideoRules, limits: VideoLimits, request_limits: VideoRequestLimits):
-        self.engine = engine
+class VideoPipeline:
+    def __init__(
+        self, pipeline: RequestPipeline, rules: VideoRules, limits: VideoLimits, request_limits: VideoRequestLimits
+    ):
+        self.pipeline = pipeline
         self.rules = rules
         self.limits = limits
         self.request_limits = request_limits
@@ -99,8 +101,8 @@ class VideoService:
         readers: int = 1,
     ) -> list[EncodedVideo]:
         """Encode every video of one request, or raise a typed mmproc error (InvalidMediaError naming the video).
-        The image pipeline's steps (service/pipeline/images.py), with the video's own checks around decoding."""
-        engine, admission = self.engine, self.engine.admission
+        The image pipeline's steps (service/pipeline/requests.py), with the video's own checks around decoding."""
+        pipeline, admission = self.pipeline, self.pipeline.admission
         admission.check_open()
         check_readers(readers)
         self.check_request(items)
@@ -109,13 +111,13 @@ class VideoService:
             jobs = [
                 VideoJob(item.data, self.limits, self.rules, VideoSampling(item.fps, item.num_frames)) for item in items
             ]
-            videos = await engine.decode.videos(jobs, deadline)
+            videos = await pipeline.decode.videos(jobs, deadline)
             chunks = self._check_decoded(videos)
             admission.decoded(admitted, chunks)
             rows = sum(chunk.num_tokens for chunk in chunks)
-            destination = await engine.delivery.destination(via, rows, deadline, readers)
+            destination = await pipeline.delivery.destination(via, rows, deadline, readers)
             admission.handed_over(admitted)  # the run step submits next, with no await in between
-            embeddings = await engine.run(chunks, deadline, request_id, destination)
+            embeddings = await pipeline.run(chunks, deadline, request_id, destination)
             return self._results(videos, delivered(destination, chunks, embeddings))
 
     def _check_decoded(self, videos: list[PreprocessedVideo]) -> list[PreprocessedImage]:
@@ -127,7 +129,7 @@ class VideoService:
             )
         chunks = [chunk for video in videos for chunk in video.chunks]
         patches = sum(chunk.num_patches for chunk in chunks)
-        limit = self.engine.request_limits.max_patches
+        limit = self.pipeline.request_limits.max_patches
         if patches > limit:
             raise InvalidRequestError(
                 f"request needs {patches} patches ({frames} frames), limit {limit}", reason=Reason.TOO_MANY_PATCHES

@@ -30,9 +30,9 @@ HTTP_SAMPLE = CASES[::9]
 
 def library_outcome(server, case: Case) -> tuple[str, int]:
     """(reason or "ok", tokens) from the library itself, with the server's limits and preprocessing."""
-    engine = server.service.engine
+    pipeline = server.service.pipeline
     try:
-        prepared = prepare_image(case.data, engine.media_limits, engine.preprocess)
+        prepared = prepare_image(case.data, pipeline.media_limits, pipeline.preprocess)
     except InvalidMediaError as exc:
         return exc.reason, 0
     return OK, prepared.image.num_tokens
@@ -95,7 +95,7 @@ def test_http_answers_like_grpc(tiny_server, outcomes, case: Case) -> None:
 
 
 def test_server_is_idle_and_serving_after_the_corpus(tiny_server, outcomes) -> None:
-    engine = tiny_server.service.engine
-    assert engine.inflight == 0 and engine.queued_images == 0
-    assert engine.decode_pool.crashes == 0  # nothing in the corpus should crash a decoder
+    pipeline = tiny_server.service.pipeline
+    assert pipeline.inflight == 0 and pipeline.queued_images == 0
+    assert pipeline.decode_pool.crashes == 0  # nothing in the corpus should crash a decoder
     assert httpx.get(f"{tiny_server.http_url}/readyz").status_code == 200

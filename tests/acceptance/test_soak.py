@@ -75,12 +75,12 @@ def soak_server() -> Iterator[ServiceThread]:
 
 
 def references(server: ServiceThread) -> dict[bytes, torch.Tensor]:
-    engine = server.service.engine
+    pipeline = server.service.pipeline
     out = {}
     for data in VALID:
-        pre = preprocess_image(decode_image(data, engine.media_limits).image, engine.preprocess)
+        pre = preprocess_image(decode_image(data, pipeline.media_limits).image, pipeline.preprocess)
         with torch.inference_mode():
-            out[data] = engine.encoder(pack_images([pre])).clone()
+            out[data] = pipeline.encoder(pack_images([pre])).clone()
     return out
 
 
@@ -197,7 +197,7 @@ def soak(server: ServiceThread, seconds: float) -> dict[str, object]:
             loader.kill()
     settle(server)
     final = resident_bytes()
-    pool = server.service.engine.decode_pool
+    pool = server.service.pipeline.decode_pool
     requests = sum(outcomes.values())
     summary = {
         "capacity_rps": round(capacity, 1), "offered_rps": round(2 * capacity, 1), "seconds": seconds,

@@ -14,7 +14,7 @@ import pytest
 from mmproc.client import AsyncEncoderClient, EncoderClient
 from mmproc.client.retry import RetryPolicy, Rotation, call_with_retry
 from mmproc.errors import DeadlineExceededError, InvalidMediaError, ResourceExhaustedError, UnavailableError
-from service.app.server import build_engine
+from service.app.server import build_pipeline
 from tests.support.media_samples import make_image_bytes
 from tests.support.server import ServiceThread, test_settings
 
@@ -104,7 +104,7 @@ def two_servers():
 
 
 def served(server) -> int:
-    return server.service.engine.batches_run
+    return server.service.pipeline.batches_run
 
 
 @pytest.mark.parametrize("form", ["list", "ipv4"])
@@ -143,9 +143,9 @@ def test_a_starting_server_is_retried_until_it_serves() -> None:
 
     def gated(settings, metrics):
         assert release.wait(30)
-        return build_engine(settings, metrics)
+        return build_pipeline(settings, metrics)
 
-    server = ServiceThread(test_settings(), engine_factory=gated, wait_ready=False).start()
+    server = ServiceThread(test_settings(), pipeline_factory=gated, wait_ready=False).start()
     try:
         threading.Timer(0.3, release.set).start()
         policy = RetryPolicy(max_attempts=100, initial_backoff_s=0.02, max_backoff_s=0.1)

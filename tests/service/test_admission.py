@@ -91,17 +91,17 @@ def test_the_doors_pending_bytes_are_what_the_decode_holds(normalize: bool) -> N
     import asyncio
 
     from mmproc.models import load_encoder
-    from service.pipeline.config import EngineConfig
+    from service.pipeline.config import PipelineConfig
     from service.pipeline.decode.config import DecodePoolConfig
-    from service.pipeline.images import Engine
+    from service.pipeline.requests import RequestPipeline
 
-    config = EngineConfig(decode=DecodePoolConfig(isolation="thread", workers=1, normalize=normalize))
-    engine = Engine(load_encoder(None, preset="tiny"), CONFIGS[0], config)
+    config = PipelineConfig(decode=DecodePoolConfig(isolation="thread", workers=1, normalize=normalize))
+    pipeline = RequestPipeline(load_encoder(None, preset="tiny"), CONFIGS[0], config)
     try:
         data = make_image_bytes(448, 448, "PNG", seed=1)
-        (prepared,) = asyncio.run(engine.decode.pool.prepare_all([data]))
+        (prepared,) = asyncio.run(pipeline.decode.pool.prepare_all([data]))
         held = prepared.image.patches.nbytes
-        assert engine.overload.config.bytes_per_patch * header_patches(data, CONFIGS[0]) == held
+        assert pipeline.overload.config.bytes_per_patch * header_patches(data, CONFIGS[0]) == held
         assert held == prepared.image.num_patches * 3 * 14 * 14 * (4 if normalize else 1)
     finally:
-        engine.close()
+        pipeline.close()

@@ -15,8 +15,8 @@ from mmproc.client import EncoderClient
 from mmproc.errors import InvalidMediaError, UnknownKeyError
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
-from service.app.server import build_engine
-from service.pipeline.images import Engine
+from service.app.server import build_pipeline
+from service.pipeline.requests import RequestPipeline
 from tests.support.media_samples import make_image_bytes
 from tests.support.server import ServiceThread, test_settings
 
@@ -24,54 +24,54 @@ BAD = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64  # a PNG signature and nothing decodab
 
 
 @pytest.fixture(scope="module")
-def engine() -> Engine:
-    engine = build_engine(test_settings(decode_isolation="thread", preprocess_workers=2))
-    engine.start()
-    yield engine
-    engine.close()
+def pipeline() -> RequestPipeline:
+    pipeline = build_pipeline(test_settings(decode_isolation="thread", preprocess_workers=2))
+    pipeline.start()
+    yield pipeline
+    pipeline.close()
 
 
-def encoded_images(engine: Engine) -> float:
-    return engine.metrics.registry.get_sample_value("mmproc_images_encoded_total")
+def encoded_images(pipeline: RequestPipeline) -> float:
+    return pipeline.metrics.registry.get_sample_value("mmproc_images_encoded_total")
 
 
 def run(coro):
     return asyncio.run(coro)
 
 
-def test_32_concurrent_identical_requests_encode_once(engine: Engine) -> None:
+def test_32_concurrent_identical_requests_encode_once(pipeline: RequestPipeline) -> None:
     image = make_image_bytes(150, 110, fmt="PNG", seed=32)
-    before, stats = encoded_images(engine), engine.cache.host.stats
+    before, stats = encoded_images(pipeline), pipeline.cache.host.stats
     misses, coalesced = stats.misses, stats.coalesced
 
     async def burst():
-        return await asyncio.gather(*(engine.encode([image], f"r{i}") for i in range(32)))
+        return await asyncio.gather(*(pipeline.encode([image], f"r{i}") for i in range(32)))
 
     replies = run(burst())
-    assert encoded_images(engine) - before == 1
+    assert encoded_images(pipeline) - before == 1
     assert sorted(r[0].cache for r in replies) == ["coalesced"] * 31 + ["miss"]
     assert (stats.misses - misses, stats.coalesced - coalesced) == (1, 31)
     assert all(torch.equal(r[0].embedding, replies[0][0].embedding) for r in replies)
-    again = run(engine.encode([image], "later"))
+    again = run(pipeline.encode([image], "later"))
     assert again[0].cache == "hit" and torch.equal(again[0].embedding, replies[0][0].embedding)
-    assert encoded_images(engine) - before == 1
+    assert encoded_images(pipeline) - before == 1
 
 
-def test_duplicates_within_one_request_are_encoded_once(engine: Engine) -> None:
+def test_duplicates_within_one_request_are_encoded_once(pipeline: RequestPipeline) -> None:
     a, b = make_image_bytes(70, 90, fmt="JPEG", seed=41), make_image_bytes(90, 70, fmt="PNG", seed=42)
-    before = encoded_images(engine)
-    results = run(engine.encode([a, b, a], "dup"))
+    before = encoded_images(pipeline)
+    results = run(pipeline.encode([a, b, a], "dup"))
     assert [r.cache for r in results] == ["miss", "miss", "coalesced"] and [r.index for r in results] == [0, 1, 2]
-    assert encoded_images(engine) - before == 2
+    assert encoded_images(pipeline) - before == 2
     assert torch.equal(results[0].embedding, results[2].embedding)
 
 
-def test_an_invalid_image_is_refused_from_memory_with_its_error(engine: Engine) -> None:
+def test_an_invalid_image_is_refused_from_memory_with_its_error(pipeline: RequestPipeline) -> None:
     bad = BAD + b"unique-1"
-    replayed = engine.cache.invalid.replayed
+    replayed = pipeline.cache.invalid.replayed
 
     async def together():
-        return await asyncio.gather(*(engine.encode([b"" + make_ok(i), bad][i % 2 :], f"bad{i}") for i in range(6)),
+        return await asyncio.gather(*(pipeline.encode([b"" + make_ok(i), bad][i % 2 :], f"bad{i}") for i in range(6)),
                                     return_exceptions=True)  # fmt: skip
 
     outcomes = run(together())
@@ -79,51 +79,51 @@ def test_an_invalid_image_is_refused_from_memory_with_its_error(engine: Engine) 
         assert isinstance(outcome, InvalidMediaError), outcome
         assert outcome.index == (1 if i % 2 == 0 else 0)  # each request's own position of the bad image
     with pytest.raises(InvalidMediaError) as again:
-        run(engine.encode([make_ok(99), bad], "retry"))
-    assert again.value.index == 1 and engine.cache.invalid.replayed > replayed
+        run(pipeline.encode([make_ok(99), bad], "retry"))
+    assert again.value.index == 1 and pipeline.cache.invalid.replayed > replayed
     kinds = {type(o) for o in outcomes} | {type(again.value)}
     assert kinds == {InvalidMediaError}
     with pytest.raises(InvalidMediaError):  # the bypass decodes it again, and it is still invalid
-        run(engine.encode([bad], "bypass", cache=False))
+        run(pipeline.encode([bad], "bypass", cache=False))
 
 
 def make_ok(seed: int) -> bytes:
     return make_image_bytes(40 + seed, 40, fmt="PNG", seed=seed)
 
 
-def test_a_follower_whose_leader_failed_for_another_image_encodes_itself(engine: Engine) -> None:
+def test_a_follower_whose_leader_failed_for_another_image_encodes_itself(pipeline: RequestPipeline) -> None:
     shared = make_image_bytes(120, 60, fmt="PNG", seed=77)
 
     async def both():
         return await asyncio.gather(
-            engine.encode([BAD + b"unique-2", shared], "leader"), engine.encode([shared], "follower"),
+            pipeline.encode([BAD + b"unique-2", shared], "leader"), pipeline.encode([shared], "follower"),
             return_exceptions=True,
         )  # fmt: skip
 
     leader, follower = run(both())
     assert isinstance(leader, InvalidMediaError) and leader.index == 0
     assert not isinstance(follower, BaseException) and follower[0].cache == "miss"
-    assert run(engine.encode([shared], "after"))[0].cache == "hit"
+    assert run(pipeline.encode([shared], "after"))[0].cache == "hit"
 
 
-def test_asking_by_mm_hash_without_the_bytes(engine: Engine) -> None:
+def test_asking_by_mm_hash_without_the_bytes(pipeline: RequestPipeline) -> None:
     image = make_image_bytes(64, 96, fmt="PNG", seed=5)
-    first = run(engine.encode([image], "first"))[0]
-    found = run(engine.encode([b""], "by-hash", mm_hashes=[first.mm_hash]))[0]
+    first = run(pipeline.encode([image], "first"))[0]
+    found = run(pipeline.encode([b""], "by-hash", mm_hashes=[first.mm_hash]))[0]
     assert found.cache == "hit" and torch.equal(found.embedding, first.embedding)
-    unknown = engine.cache.keys.mm_hash(b"never sent")
+    unknown = pipeline.cache.keys.mm_hash(b"never sent")
     with pytest.raises(UnknownKeyError) as missing:
-        run(engine.encode([image, b""], "unknown", mm_hashes=["", unknown]))
+        run(pipeline.encode([image, b""], "unknown", mm_hashes=["", unknown]))
     assert missing.value.index == 1
-    probe = run(engine.encode([b"", b""], "probe", mm_hashes=[first.mm_hash, unknown], lookup_only=True))
+    probe = run(pipeline.encode([b"", b""], "probe", mm_hashes=[first.mm_hash, unknown], lookup_only=True))
     assert [p.cache for p in probe] == ["hit", "miss"] and probe[1].num_tokens == 0
     fresh = make_image_bytes(96, 64, fmt="PNG", seed=6)  # never sent: its bytes and its bare hash in one request
-    both = run(engine.encode([b"", fresh], "bare-first", mm_hashes=[engine.cache.keys.mm_hash(fresh), ""]))
+    both = run(pipeline.encode([b"", fresh], "bare-first", mm_hashes=[pipeline.cache.keys.mm_hash(fresh), ""]))
     assert [r.cache for r in both] == ["coalesced", "miss"] and torch.equal(both[0].embedding, both[1].embedding)
     with pytest.raises(InvalidMediaError, match="does not match"):
-        run(engine.encode([image], "lying", mm_hashes=[unknown]))
+        run(pipeline.encode([image], "lying", mm_hashes=[unknown]))
     with pytest.raises(InvalidMediaError, match="needs the cache"):
-        run(engine.encode([b""], "no-cache", mm_hashes=[first.mm_hash], cache=False))
+        run(pipeline.encode([b""], "no-cache", mm_hashes=[first.mm_hash], cache=False))
 
 
 def test_over_grpc_a_hit_is_bit_identical_and_logged(caplog: pytest.LogCaptureFixture) -> None:

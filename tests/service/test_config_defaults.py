@@ -106,18 +106,18 @@ def test_settings_and_their_defaults_load_no_torch() -> None:
 def test_overload_settings_reach_the_engine() -> None:
     """--max-queue-delay-ms, --max-pending-mb and --max-reply-mb bound the engine the server builds (the first two
     used to stop at the settings: the engine ran on OverloadConfig's defaults whatever was given)."""
-    from service.app.server import build_engine
+    from service.app.server import build_pipeline
     from tests.support.server import test_settings
 
     settings = test_settings(max_queue_delay_ms=250.0, max_pending_mb=64, max_reply_mb=3, decode_isolation="thread")
-    engine = build_engine(settings)
+    pipeline = build_pipeline(settings)
     try:
-        assert engine.overload.config.max_queue_delay_s == 0.25
-        assert engine.overload.config.batch_share == CPU_BATCH_SHARE  # a CPU encoder's shorter batches
-        assert engine.overload.config.max_pending_bytes == 64 << 20
-        assert engine.delivery.replies.max_bytes == 3 << 20
+        assert pipeline.overload.config.max_queue_delay_s == 0.25
+        assert pipeline.overload.config.batch_share == CPU_BATCH_SHARE  # a CPU encoder's shorter batches
+        assert pipeline.overload.config.max_pending_bytes == 64 << 20
+        assert pipeline.delivery.replies.max_bytes == 3 << 20
     finally:
-        engine.close()
+        pipeline.close()
 
 
 def test_freed_heap_is_kept_for_replies_only_where_a_gpu_stages_them() -> None:

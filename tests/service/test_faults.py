@@ -26,7 +26,7 @@ from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from tests.support.common import wait_until
 from tests.support.decode_faults import CRASH
 from tests.support.media_samples import encode_image, make_image_bytes, random_image
-from tests.support.server import ServiceThread, misbehaving_engine, serving, settle, test_settings, wait_inflight
+from tests.support.server import ServiceThread, misbehaving_pipeline, serving, settle, test_settings, wait_inflight
 
 SMALL = make_image_bytes(64, 48, fmt="PNG", seed=1)
 # ~5.5k patches each (the forward is the slow part), but small uploads: smooth JPEGs of ~100 KB
@@ -37,7 +37,7 @@ HEAVY = [encode_image(random_image(64, 64, seed=i).resize((1024, 1024)), "JPEG")
 def server() -> Iterator[ServiceThread]:
     # cache_mb=0: every request runs the pipeline (these tests load and break it; repeats would be cache hits)
     settings = test_settings(max_inflight_requests=3, max_queued_images=8, decode_timeout_s=5, cache_mb=0)
-    with serving(settings, engine_factory=misbehaving_engine) as server:
+    with serving(settings, pipeline_factory=misbehaving_pipeline) as server:
         yield server
 
 
@@ -50,7 +50,7 @@ def request(images: list[bytes], request_id: str = "") -> pb.EncodeImagesRequest
 
 
 def test_a_decoder_crash_is_that_requests_400_and_the_next_request_is_fine(server: ServiceThread) -> None:
-    pool = server.service.engine.decode_pool
+    pool = server.service.pipeline.decode_pool
     crashes, pids = pool.crashes, set(pool.worker_pids())
     with EncoderClient(server.grpc_target) as client:
         with pytest.raises(InvalidMediaError) as info:
@@ -69,12 +69,12 @@ def test_a_decoder_crash_is_that_requests_400_and_the_next_request_is_fine(serve
 
 
 def test_cancelled_call_frees_its_work(server: ServiceThread) -> None:
-    engine = server.service.engine
+    pipeline = server.service.pipeline
     with channel(server) as chan:
         stub = pb_grpc.EncoderStub(chan)
         call = stub.EncodeImages.future(request(HEAVY, "cancel-me"), timeout=60)
         wait_inflight(server, interval=0.002)
-        assert engine.inflight == 1, "the request never arrived"
+        assert pipeline.inflight == 1, "the request never arrived"
         time.sleep(0.1)  # let it reach decoding or the runner queue
         call.cancel()
         with pytest.raises(grpc.FutureCancelledError):
@@ -188,7 +188,7 @@ def test_patches_in_flight_are_bounded_and_returned() -> None:
     # first is done, the budget is whole again.
     settings = test_settings(max_inflight_patches=16_000, max_patches_per_request=16_000, cache_mb=0)
     server = ServiceThread(settings).start()
-    engine = server.service.engine
+    pipeline = server.service.pipeline
     try:
         with EncoderClient(server.grpc_target) as client, concurrent.futures.ThreadPoolExecutor(1) as pool:
             first = pool.submit(client.encode_images, HEAVY[:2])
@@ -198,7 +198,7 @@ def test_patches_in_flight_are_bounded_and_returned() -> None:
             assert refused.value.cause == "inflight_patches"  # the limit that refused it, as the metric's label
             assert len(client.encode_images([SMALL])) == 1
             assert len(first.result(60)) == 2
-            assert engine.idle
+            assert pipeline.idle
             assert len(client.encode_images(HEAVY[2:])) == 2
     finally:
         server.stop()

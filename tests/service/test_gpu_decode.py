@@ -19,7 +19,7 @@ from mmproc.client import EncoderClient
 from mmproc.errors import ConfigError, InvalidMediaError
 from mmproc.media import MediaLimits, decode_image
 from mmproc.preprocess import PreprocessConfig
-from service.app.server import build_engine
+from service.app.server import build_pipeline
 from service.pipeline.decode.gpu import GpuRequest, decode_split, run_batch
 from service.pipeline.decode.worker import Prepared, prepare_image
 from tests.media.test_gpu_jpeg import _garbled
@@ -32,7 +32,7 @@ cuda = pytest.mark.cuda
 
 def test_gpu_decode_on_without_a_cuda_model_refuses_to_start() -> None:
     with pytest.raises(ConfigError, match="gpu_decode=on, but the encoder is not on CUDA"):
-        build_engine(test_settings(gpu_decode="on"))
+        build_pipeline(test_settings(gpu_decode="on"))
 
 
 def test_a_cpu_model_decodes_every_image_on_the_cpu(tiny_server) -> None:
@@ -40,7 +40,7 @@ def test_a_cpu_model_decodes_every_image_on_the_cpu(tiny_server) -> None:
     before = paths.labels("cpu")._value.get()
     with EncoderClient(tiny_server.grpc_target) as client:
         client.encode_images([make_image_bytes(64, 64, "JPEG", seed=s) for s in range(3)])
-    assert tiny_server.service.engine.decode.gpu is None
+    assert tiny_server.service.pipeline.decode.gpu is None
     assert paths.labels("cpu")._value.get() == before + 3 and paths.labels("gpu")._value.get() == 0
 
 
@@ -86,7 +86,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 def test_gpu_decoded_pixels_are_within_a_few_levels_of_libjpeg(gpu_and_cpu) -> None:
     """nvJPEG with interpolated chroma upsampling against Pillow (libjpeg-turbo): the H200 gave at most 3 levels, in
     rare pixels at strong chroma edges, mean 0.04 (docs/benchmarks/preprocess.md); torchvision's nvJPEG is 120 off."""
-    decoder = gpu_and_cpu[0].service.engine.decode.gpu.decoder
+    decoder = gpu_and_cpu[0].service.pipeline.decode.gpu.decoder
     stream = torch.cuda.Stream()
     stats = {}
     for name, data in GPU_KINDS.items():

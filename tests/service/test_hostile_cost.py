@@ -82,7 +82,7 @@ def test_each_hostile_class_is_refused_with_its_reason_within_a_second(
 
 
 def test_a_decode_over_budget_retires_its_workers_and_spares_other_requests(server: ServiceThread) -> None:
-    pool = server.service.engine.decode_pool
+    pool = server.service.pipeline.decode_pool
     retired, crashes = pool.retired, pool.crashes
     with EncoderClient(server.grpc_target) as client, concurrent.futures.ThreadPoolExecutor(4) as threads:
         goods = [threads.submit(client.encode_images, [GOOD, GOOD]) for _ in range(3)]
@@ -161,7 +161,7 @@ def test_peek_evasion_is_sized_or_counted_once_decoded(monkeypatch: pytest.Monke
         max_patches_per_request=5000, max_inflight_patches=5000, decode_budget_per_mp_s=1.0, cache_mb=0
     )
     server = ServiceThread(settings).start()
-    engine = server.service.engine
+    pipeline = server.service.pipeline
     try:
         with EncoderClient(server.grpc_target) as client, concurrent.futures.ThreadPoolExecutor(1) as threads:
             client.encode_images([GOOD])
@@ -182,7 +182,7 @@ def test_peek_evasion_is_sized_or_counted_once_decoded(monkeypatch: pytest.Monke
             with pytest.raises(ResourceExhaustedError, match="found by decoding"):
                 client.encode_images([PEEK_EVASION])
             assert len(held.result(60)) == 1
-            assert engine.idle
+            assert pipeline.idle
             assert len(client.encode_images([PEEK_EVASION])) == 1  # alone it fits
     finally:
         server.stop()

@@ -139,9 +139,9 @@ def test_video_request_checks_raise_invalid_request() -> None:
     from mmproc.media.video_limits import VideoLimits
     from mmproc.preprocess.video_config import VideoRules
     from service.pipeline.request_limits import VideoRequestLimits
-    from service.pipeline.videos import VideoItem, VideoService
+    from service.pipeline.videos import VideoItem, VideoPipeline
 
-    service = VideoService(None, VideoRules(), VideoLimits(), VideoRequestLimits(max_videos=2))  # checks only
+    service = VideoPipeline(None, VideoRules(), VideoLimits(), VideoRequestLimits(max_videos=2))  # checks only
     bad = {
         "bad_request": [[], [VideoItem(b"x", fps=2.0, num_frames=3)], [VideoItem(b"x", fps=31.0)]],
         "too_many_images": [[VideoItem(b"x")] * 3],

@@ -13,8 +13,8 @@ from mmproc.client import AsyncEncoderClient, EncoderClient
 from mmproc.errors import InvalidMediaError, UnknownKeyError
 from mmproc.preprocess import target_grid
 from mmproc.prompt import FRAMINGS, framing
-from service.pipeline.images import EncodedImage
 from service.pipeline.key_store import KeyStore, KeyStoreConfig
+from service.pipeline.requests import EncodedImage
 from tests.support.media_samples import make_image_bytes
 
 
@@ -32,7 +32,7 @@ def test_reply_carries_grid_tokens_and_original_size(tiny_server) -> None:
     with EncoderClient(tiny_server.grpc_target) as client:
         results = client.encode(images)
         plain = client.encode_images(images)
-    pre = tiny_server.service.engine.preprocess
+    pre = tiny_server.service.pipeline.preprocess
     assert [r.image_size for r in results] == [(300, 200), (50, 120)]  # after EXIF orientation
     for result, (w, h), tensor in zip(results, [(300, 200), (50, 120)], plain):
         gh, gw = target_grid(w, h, pre)

@@ -37,7 +37,7 @@ from service.pipeline.wait_clock import WaitClock
 from tests.support.common import wait_until
 from tests.support.decode_faults import SLOW
 from tests.support.media_samples import encode_image, random_image
-from tests.support.server import ServiceThread, misbehaving_engine, serving, test_settings
+from tests.support.server import ServiceThread, misbehaving_pipeline, serving, test_settings
 
 HEAVY = encode_image(random_image(64, 64, seed=3).resize((1024, 1024)), "JPEG")  # ~5.5k patches
 DOOR = OverloadConfig(max_queue_delay_s=1.0, interval_s=0.1, max_pending_bytes=1 << 30, bytes_per_patch=10)
@@ -270,10 +270,13 @@ def test_a_queue_in_front_of_the_decoders_is_refused_like_one_in_front_of_the_en
     # deadline) once the decoders' waiting room has stood above it, and the service recovers when it drains.
     settings = test_settings(preprocess_workers=1, max_queue_delay_ms=300, cache_mb=0)
     slow = SLOW + encode_image(random_image(64, 64, seed=5), "PNG")
-    with serving(settings, engine_factory=misbehaving_engine) as server, EncoderClient(server.grpc_target) as client:
+    with (
+        serving(settings, pipeline_factory=misbehaving_pipeline) as server,
+        EncoderClient(server.grpc_target) as client,
+    ):
         with concurrent.futures.ThreadPoolExecutor(12) as pool:
             queued = stand_a_queue(pool, client, [slow] * 12)
-            assert server.service.engine.queued_images == 0  # nothing waits for the encoder itself
+            assert server.service.pipeline.queued_images == 0  # nothing waits for the encoder itself
             with pytest.raises(ResourceExhaustedError, match="for the decoders and the encoder") as refused:
                 client.encode_images([slow])
             # the Python client hands on the server's hints: why, and when to come back
@@ -295,7 +298,7 @@ def test_a_queue_in_front_of_the_decoders_is_refused_like_one_in_front_of_the_en
             outcomes = Counter(type(f.exception(30)).__name__ for f in queued)
         assert outcomes["NoneType"] >= 3, outcomes  # what was admitted before the room filled up is served
         assert set(outcomes) <= {"NoneType", "ResourceExhaustedError"}, outcomes
-        wait_until(lambda: server.service.engine.idle, 10)
+        wait_until(lambda: server.service.pipeline.idle, 10)
         assert len(client.encode_images([slow])) == 1
 
 
@@ -306,7 +309,7 @@ def test_batch_requests_are_refused_while_interactive_ones_still_come_in(caplog)
     settings = test_settings(preprocess_workers=1, max_queue_delay_ms=2000, cache_mb=0)
     slow = SLOW + encode_image(random_image(64, 64, seed=6), "PNG")
     with (
-        serving(settings, engine_factory=misbehaving_engine) as server,
+        serving(settings, pipeline_factory=misbehaving_pipeline) as server,
         EncoderClient(server.grpc_target) as client,
         EncoderClient(server.grpc_target, priority="batch") as batch_client,
     ):
@@ -359,7 +362,10 @@ def test_while_the_queue_stands_even_a_cached_image_is_refused_before_any_work()
     settings = test_settings(preprocess_workers=1, max_queue_delay_ms=300)
     cached = encode_image(random_image(48, 48, seed=9), "PNG")
     slow = [SLOW + encode_image(random_image(64, 64, seed=20 + i), "PNG") for i in range(12)]  # distinct: no hits
-    with serving(settings, engine_factory=misbehaving_engine) as server, EncoderClient(server.grpc_target) as client:
+    with (
+        serving(settings, pipeline_factory=misbehaving_pipeline) as server,
+        EncoderClient(server.grpc_target) as client,
+    ):
         assert client.encode([cached])[0].cache == "miss"
         with concurrent.futures.ThreadPoolExecutor(12) as pool:
             queued = stand_a_queue(pool, client, slow)
@@ -368,7 +374,7 @@ def test_while_the_queue_stands_even_a_cached_image_is_refused_before_any_work()
             assert refused.value.cause == "queue_delay"
             for future in queued:
                 future.exception(30)
-        wait_until(lambda: server.service.engine.idle, 10)
+        wait_until(lambda: server.service.pipeline.idle, 10)
         assert client.encode([cached])[0].cache == "hit"  # served from the cache once the queue drained
 
 
@@ -558,7 +564,7 @@ def test_overload_is_refused_early_and_the_service_recovers(server: ServiceThrea
             tasks = await bench.open_loop(load, images, rate=rate, seconds=2.5, seed=1)
             outcomes = list(await asyncio.gather(*tasks))
             for _ in range(50):  # calls whose clients gave up may still be ending on the server (a loaded machine)
-                if server.service.engine.inflight == 0:
+                if server.service.pipeline.inflight == 0:
                     break
                 await asyncio.sleep(0.1)
             after = await bench.closed_loop(load, base, 2 * 10**6, 1.0, 2)
@@ -588,10 +594,10 @@ def test_overload_is_refused_early_and_the_service_recovers(server: ServiceThrea
     late = delta['mmproc_dropped_images_total{stage="late"}'] + delta['mmproc_dropped_images_total{stage="delivery"}']
     assert encoded <= server_codes["OK"] + late + 4, (encoded, server_codes, late)
     assert all(o.code == "OK" for o in after), Counter(o.code for o in after)  # served again once drained (<= 5 s)
-    assert values["mmproc_pending_bytes"] == 0 and server.service.engine.inflight == 0
-    forward = server.service.engine.overload.forward  # the model behind the refusals, as scraped
+    assert values["mmproc_pending_bytes"] == 0 and server.service.pipeline.inflight == 0
+    forward = server.service.pipeline.overload.forward  # the model behind the refusals, as scraped
     assert values['mmproc_forward_cost_seconds{part="per_image"}'] == forward.per_image_s > 0
-    assert server.service.engine.overload.ahead_s() == 0  # every admitted request gave its share back
+    assert server.service.pipeline.overload.ahead_s() == 0  # every admitted request gave its share back
     assert not errors.records, [r.getMessage() for r in errors.records]
 
 

@@ -18,7 +18,7 @@ from mmproc.client import EncoderClient
 from mmproc.client.retry import NO_RETRY
 from mmproc.errors import ConfigError, UnavailableError
 from service.app.cli import main
-from service.app.server import build_engine, serve
+from service.app.server import build_pipeline, serve
 from tests.support.common import wait_until
 from tests.support.media_samples import make_image_bytes
 from tests.support.server import ServiceThread, test_settings
@@ -40,16 +40,16 @@ def slow_forward_factory(delay_s: float):
     """Engines whose every forward takes `delay_s` longer (after warm-up)."""
 
     def factory(settings, metrics):
-        engine = build_engine(settings, metrics)
-        encoder, forward = engine.encoder, engine.encoder.forward
+        pipeline = build_pipeline(settings, metrics)
+        encoder, forward = pipeline.encoder, pipeline.encoder.forward
 
         def slow(*args, **kwargs):
-            if engine.ready:
+            if pipeline.ready:
                 time.sleep(delay_s)
             return forward(*args, **kwargs)
 
         encoder.forward = slow  # nn.Module.__call__ finds the instance attribute first
-        return engine
+        return pipeline
 
     return factory
 
@@ -59,9 +59,9 @@ def test_not_serving_until_the_model_is_loaded_then_serving(capsys) -> None:
 
     def gated_factory(settings, metrics):
         assert release.wait(30)
-        return build_engine(settings, metrics)
+        return build_pipeline(settings, metrics)
 
-    server = ServiceThread(test_settings(), engine_factory=gated_factory, wait_ready=False).start()
+    server = ServiceThread(test_settings(), pipeline_factory=gated_factory, wait_ready=False).start()
     try:
         assert health(server.grpc_target) == NOT_SERVING
         ready = httpx.get(f"{server.http_url}/readyz")
@@ -85,7 +85,7 @@ def test_not_serving_until_the_model_is_loaded_then_serving(capsys) -> None:
 
 
 def test_drain_reports_not_serving_first_and_finishes_in_flight_work() -> None:
-    server = ServiceThread(test_settings(grace_period_s=30), engine_factory=slow_forward_factory(1.5)).start()
+    server = ServiceThread(test_settings(grace_period_s=30), pipeline_factory=slow_forward_factory(1.5)).start()
     outcome: dict[str, object] = {}
 
     def in_flight() -> None:
@@ -94,7 +94,7 @@ def test_drain_reports_not_serving_first_and_finishes_in_flight_work() -> None:
 
     worker = threading.Thread(target=in_flight)
     worker.start()
-    until(lambda: server.service.engine.inflight == 1)
+    until(lambda: server.service.pipeline.inflight == 1)
     server.begin_stop()
     until(lambda: health(server.grpc_target) == NOT_SERVING, timeout=5)
     ready = httpx.get(f"{server.http_url}/readyz")
@@ -108,10 +108,10 @@ def test_drain_reports_not_serving_first_and_finishes_in_flight_work() -> None:
 
 def test_stop_is_bounded_by_the_grace_period() -> None:
     grace = 0.5
-    server = ServiceThread(test_settings(grace_period_s=grace), engine_factory=slow_forward_factory(5.0)).start()
+    server = ServiceThread(test_settings(grace_period_s=grace), pipeline_factory=slow_forward_factory(5.0)).start()
     worker = threading.Thread(target=lambda: _swallow(server.grpc_target), daemon=True)
     worker.start()
-    until(lambda: server.service.engine.inflight == 1)
+    until(lambda: server.service.pipeline.inflight == 1)
     started = time.monotonic()
     server.stop(timeout=10)
     assert time.monotonic() - started < grace + 2.5  # the 5 s forward is not waited for

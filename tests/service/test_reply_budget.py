@@ -196,7 +196,7 @@ def server() -> Iterator[ServiceThread]:
 
 
 def budget_of(server: ServiceThread) -> ReplyBudget:
-    return server.service.engine.delivery.replies
+    return server.service.pipeline.delivery.replies
 
 
 def take(server: ServiceThread, nbytes: int) -> ReplyHold:

@@ -57,9 +57,9 @@ def test_several_images_per_request_match_the_library(tiny_server) -> None:
     with EncoderClient(tiny_server.grpc_target) as client:
         embeddings = client.encode_images(IMAGES)
     expected = reference_embeddings(tiny_server, IMAGES)
-    preprocess = tiny_server.service.engine.preprocess
+    preprocess = tiny_server.service.pipeline.preprocess
     for data, got, want in zip(IMAGES, embeddings, expected):
-        size = decode_image(data, tiny_server.service.engine.media_limits).image.size
+        size = decode_image(data, tiny_server.service.pipeline.media_limits).image.size
         gh, gw = target_grid(*size, preprocess)
         assert got.shape == (gh // 2 * (gw // 2), 256)
         assert got.dtype == torch.float32

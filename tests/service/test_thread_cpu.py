@@ -25,7 +25,7 @@ def cpu_seconds(server) -> dict[str, float]:
 
 def test_every_role_is_exported_and_the_busy_ones_grow_under_load(tiny_server) -> None:
     before = cpu_seconds(tiny_server)
-    assert tiny_server.service.engine.decode_pool.worker_pids()  # the tests' server decodes in worker processes
+    assert tiny_server.service.pipeline.decode_pool.worker_pids()  # the tests' server decodes in worker processes
     images = [make_image_bytes(160, 128, fmt="JPEG", seed=i) for i in range(4)]
     busy = ("event_loop", "grpc_loop", "runner", "decode_workers")  # gRPC on a loop of its own: the default
     # CPU time moves in clock ticks: send load until each busy role has moved, within a bound (no timing asserted).

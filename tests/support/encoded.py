@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from service.pipeline.images import EncodedImage
+from service.pipeline.requests import EncodedImage
 
 
 def results_of(token_counts: list[int], hidden: int) -> list[EncodedImage]:

@@ -43,4 +43,4 @@ def next_event(proc: subprocess.Popen, timeout: float = 120) -> dict:
 
 
 def pool_stats(srv: ServiceThread):
-    return srv.service.engine.pool.stats()
+    return srv.service.pipeline.pool.stats()

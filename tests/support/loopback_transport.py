@@ -28,6 +28,7 @@ class Shelf:
     def __init__(self, max_rows: int) -> None:
         self.max_rows = max_rows
         self.lent: dict[int, torch.Tensor] = {}
+        self.lends = 0  # every lend so far: a test sees which requests took this transport
         self._keys = itertools.count(1)
         self._lock = threading.Lock()
 
@@ -37,6 +38,7 @@ class Shelf:
                 return None
             key = next(self._keys)
             self.lent[key] = rows
+            self.lends += 1
             return key
 
     def give_back(self, key: int) -> None:

@@ -18,7 +18,7 @@ from mmproc.media import decode_image
 from mmproc.preprocess import preprocess_image
 from service.app.config_sources import load_settings
 from service.app.configs import decode_config
-from service.app.server import EngineFactory, Service, build_engine
+from service.app.server import PipelineFactory, Service, build_pipeline
 from service.app.settings import ServerSettings
 from service.pipeline.decode.pool import DecodePool
 from tests.support.common import wait_until
@@ -29,10 +29,10 @@ class ServiceThread:
     """Runs `Service` on its own event loop in a background thread, like `mmproc serve` does."""
 
     def __init__(
-        self, settings: ServerSettings, *, engine_factory: EngineFactory = build_engine, wait_ready: bool = True
+        self, settings: ServerSettings, *, pipeline_factory: PipelineFactory = build_pipeline, wait_ready: bool = True
     ) -> None:
         self.settings = settings
-        self._engine_factory = engine_factory
+        self._pipeline_factory = pipeline_factory
         self._wait_ready = wait_ready  # False: start() returns once both ports listen (NOT_SERVING)
         self.service: Service | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -43,7 +43,7 @@ class ServiceThread:
     def _main(self) -> None:
         async def run() -> None:
             self._loop = asyncio.get_running_loop()
-            self.service = Service(self.settings, engine_factory=self._engine_factory)
+            self.service = Service(self.settings, pipeline_factory=self._pipeline_factory)
             await self.service.start()
             if self._wait_ready:
                 await self.service.wait_ready()
@@ -107,10 +107,10 @@ test_settings.__test__ = False  # a helper, not a test
 
 @contextlib.contextmanager
 def serving(
-    settings: ServerSettings | None = None, *, engine_factory: EngineFactory = build_engine
+    settings: ServerSettings | None = None, *, pipeline_factory: PipelineFactory = build_pipeline
 ) -> Iterator[ServiceThread]:
     """A started `ServiceThread` (default: `test_settings()`), stopped on exit."""
-    server = ServiceThread(settings or test_settings(), engine_factory=engine_factory).start()
+    server = ServiceThread(settings or test_settings(), pipeline_factory=pipeline_factory).start()
     try:
         yield server
     finally:
@@ -125,34 +125,34 @@ def tiny_server() -> Iterator[ServiceThread]:
 
 def settle(server: ServiceThread, timeout: float = 10.0) -> None:
     """Wait until no request is in flight and the runner queue is empty; fail if that never happens."""
-    engine = server.service.engine
-    if not wait_until(lambda: engine.inflight == 0 and engine.queued_images == 0, timeout, interval=0.01):
-        raise AssertionError(f"not idle: inflight={engine.inflight}, queued={engine.queued_images}")
+    pipeline = server.service.pipeline
+    if not wait_until(lambda: pipeline.inflight == 0 and pipeline.queued_images == 0, timeout, interval=0.01):
+        raise AssertionError(f"not idle: inflight={pipeline.inflight}, queued={pipeline.queued_images}")
 
 
 def wait_inflight(server: ServiceThread, timeout: float = 10.0, interval: float = 0.001) -> None:
     """Wait (at most `timeout` s) until the engine has admitted a request; the caller asserts what it needs."""
-    engine = server.service.engine
-    wait_until(lambda: engine.inflight != 0, timeout, interval)
+    pipeline = server.service.pipeline
+    wait_until(lambda: pipeline.inflight != 0, timeout, interval)
 
 
-def misbehaving_engine(settings, metrics):
+def misbehaving_pipeline(settings, metrics):
     """The normal engine, its decode workers running `misbehaving_task` (tests/support/decode_faults.py: crashes,
     hangs, slow decodes on their magic bytes)."""
-    engine = build_engine(settings, metrics)
-    engine.decode.pool.close()
-    engine.decode.pool = DecodePool(
-        engine.media_limits, engine.preprocess, decode_config(settings), task=misbehaving_task
+    pipeline = build_pipeline(settings, metrics)
+    pipeline.decode.pool.close()
+    pipeline.decode.pool = DecodePool(
+        pipeline.media_limits, pipeline.preprocess, decode_config(settings), task=misbehaving_task
     )
-    return engine
+    return pipeline
 
 
 def reference_embeddings(server: ServiceThread, images: list[bytes]) -> list[torch.Tensor]:
     """The images through the library directly, one per forward (no server, no batching): what replies must equal."""
-    engine = server.service.engine
+    pipeline = server.service.pipeline
     out = []
     for data in images:
-        pre = preprocess_image(decode_image(data, engine.media_limits).image, engine.preprocess)
+        pre = preprocess_image(decode_image(data, pipeline.media_limits).image, pipeline.preprocess)
         with torch.inference_mode():
-            out.append(engine.encoder(pack_images([pre])).clone())
+            out.append(pipeline.encoder(pack_images([pre])).clone())
     return out

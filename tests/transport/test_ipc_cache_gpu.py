@@ -34,7 +34,7 @@ def test_a_reply_mixing_cached_slices_and_a_fresh_lease_reads_bit_identical() ->
         assert event["first"] == ["CACHE_MISS", "CACHE_MISS"], event
         assert event["second"] == ["CACHE_HIT", "CACHE_MISS", "CACHE_HIT"], event
         assert event["leases"] == 3 and event["equal"] is True and event["fallbacks"] == 0, event
-        cache = srv.service.engine.cache.pool_store
+        cache = srv.service.pipeline.cache.pool_store
         assert wait_until(lambda: pool_stats(srv).leases_active == 0 and pool_stats(srv).leases_awaiting_ack == 0)
         assert pool_stats(srv).bytes_in_use == cache.nbytes > 0  # what stays is exactly what the cache holds
     finally:
@@ -52,7 +52,7 @@ def test_a_consumer_killed_while_holding_a_cached_slice() -> None:
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         assert wait_until(lambda: pool_stats(srv).sessions == 0 and pool_stats(srv).leases_active == 0)
-        cache = srv.service.engine.cache.pool_store
+        cache = srv.service.pipeline.cache.pool_store
         assert pool_stats(srv).bytes_in_use == cache.nbytes > 0  # the session's lease went, the entry stayed
         again = run("mixed", srv.grpc_target)  # A is a hit: the slice was kept intact for the next reader
         assert again["equal"] is True and again["first"][0] == "CACHE_HIT", again
@@ -67,7 +67,7 @@ def test_under_pool_pressure_the_cache_gives_space_back_instead_of_falling_back(
     try:
         event = run("churn", srv.grpc_target, "30", "1024")
         assert event["equal"] is True and event["fallbacks"] == 0, event
-        cache = srv.service.engine.cache.pool_store
+        cache = srv.service.pipeline.cache.pool_store
         assert cache.nbytes <= cache.max_bytes and cache.stats.evictions > 0
         assert wait_until(lambda: pool_stats(srv).bytes_in_use == cache.nbytes)
     finally:

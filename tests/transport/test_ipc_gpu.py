@@ -28,7 +28,7 @@ def server() -> Iterator[ServiceThread]:
 
 
 def test_server_reports_ipc_active(server: ServiceThread) -> None:
-    assert server.service.engine.pool is not None, server.service.engine.ipc_status
+    assert server.service.pipeline.pool is not None, server.service.pipeline.ipc_status
     assert "IPC active" in server.service.info.ipc_status
 
 
@@ -96,7 +96,7 @@ def test_server_restart_makes_the_consumer_reopen(server: ServiceThread) -> None
         event = next_event(proc, timeout=300)
         assert proc.wait(60) == 0
         assert event["done"] == 400
-        assert event["pools"] == [started["pool"], restarted.service.engine.pool.identity.pool_id], event
+        assert event["pools"] == [started["pool"], restarted.service.pipeline.pool.identity.pool_id], event
         assert event["opens"] == 2 and event["fallbacks"] == 0, event  # one per pool epoch, no silent fallback
     finally:
         restarted.stop()

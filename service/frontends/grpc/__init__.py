@@ -1,2 +1,2 @@
 """The gRPC front end: the Encoder servicer (+ video, session, the observing interceptor) and the hop between
-its loop and the engine's."""
+its loop and the pipeline's."""

@@ -1,5 +1,5 @@
 """Work run on another thread's event loop and awaited here: how the gRPC front end, on a loop of its own
-(service/app/grpc_loop.py), uses the engine and the reply budget, which are bound to the main loop.
+(service/app/grpc_loop.py), uses the pipeline and the reply budget, which are bound to the main loop.
 
 `asyncio.run_coroutine_threadsafe` is not enough for a server: when the caller is cancelled (a client's deadline,
 a cancelled call) just as the work finishes, the work's outcome is dropped unseen. An exception then reaches the

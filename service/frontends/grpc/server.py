@@ -28,8 +28,8 @@ from service.frontends.grpc.loop_hop import run_on
 from service.frontends.grpc.observe import ObserveInterceptor, call_metadata, note_access
 from service.frontends.grpc.session import run_session
 from service.frontends.grpc.video import VideoServicerMixin
-from service.pipeline.images import Engine
 from service.pipeline.reply_budget import ReplyHold
+from service.pipeline.requests import RequestPipeline
 from service.pipeline.state import ServingState
 
 logger = logging.getLogger(__name__)
@@ -48,14 +48,14 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
     ) -> None:
         self._state = state
         self._default_deadline_s = default_deadline_s
-        self._home = home  # the engine's loop, when this servicer runs on another (service/app/grpc_loop.py)
+        self._home = home  # the pipeline's loop, when this servicer runs on another (service/app/grpc_loop.py)
 
     async def _at_home(self, coro: Coroutine[Any, Any, T], dispose: Callable[[T], object] | None = None) -> T:
-        """`coro` on the engine's loop: the engine, the reply budget and their futures are bound to it."""
+        """`coro` on the pipeline's loop: the pipeline, the reply budget and their futures are bound to it."""
         return await run_on(self._home, coro, dispose)
 
     def _release_when_done(self, held: ReplyHold) -> None:
-        """The hold goes back on the engine's loop, whichever loop ends the call, once gRPC's task for the call is
+        """The hold goes back on the pipeline's loop, whichever loop ends the call, once gRPC's task for the call is
         done. Not `context.add_done_callback`: gRPC keeps that callback bound to the context on the call's state,
         a reference cycle that leaves every answered call to the cyclic garbage collector."""
         home = self._home
@@ -65,8 +65,8 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
         task.add_done_callback(lambda _: release())
 
     @property
-    def _engine(self) -> Engine:  # UnavailableError while the model loads
-        return self._state.engine()
+    def _pipeline(self) -> RequestPipeline:  # UnavailableError while the model loads
+        return self._state.pipeline()
 
     @property
     def _info(self) -> pb.ServerInfo:
@@ -76,7 +76,7 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
         """The reply's bytes from the reply budget, before staging. Given back when the call is done (sent, failed or
         cancelled): once gRPC's task for the call has finished, neither our frames nor its own (the message, its
         serialized copy) hold the bytes any more. The hold references none of the reply."""
-        holding = self._engine.delivery.reply_bytes(payload_bytes(results), deadline, len(results))
+        holding = self._pipeline.delivery.reply_bytes(payload_bytes(results), deadline, len(results))
         held = await self._at_home(holding, dispose=ReplyHold.release)  # a hold nobody took is given back
         self._release_when_done(held)
         return held
@@ -98,21 +98,23 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
         sheddable = is_batch(call_metadata(context, PRIORITY_HEADER))
         if sheddable:  # the access line says so
             note_access(priority="batch")
-        engine = self._engine
+        pipeline = self._pipeline
         via = BY_BYTES
         if in_memory and not request.headers_only:  # a transport's memory: only a unary reply can hand it over
-            via = engine.transports.via(request.transport, request.transport_name, request.consumer.session_id)
+            via = pipeline.transports.via(request.transport, request.transport_name, request.consumer.session_id)
         if request.keys and not request.images:  # fetch what an earlier request kept (docs/engines.md)
-            kept = await self._at_home(engine.fetch(list(request.keys), request_id, deadline, via=via, readers=readers))
-            return request_id, deadline, kept
-        if not request.headers_only:  # a standing queue refuses new work before any of it (a lookup is no work)
-            engine.check_door(sheddable=sheddable)
-        if request.keys:  # encode and keep (no lease: kept results are plain tensors)
             kept = await self._at_home(
-                engine.encode_keyed(list(request.images), list(request.keys), request_id, deadline)
+                pipeline.fetch(list(request.keys), request_id, deadline, via=via, readers=readers)
             )
             return request_id, deadline, kept
-        results = await self._at_home(engine.encode(
+        if not request.headers_only:  # a standing queue refuses new work before any of it (a lookup is no work)
+            pipeline.check_door(sheddable=sheddable)
+        if request.keys:  # encode and keep (no lease: kept results are plain tensors)
+            kept = await self._at_home(
+                pipeline.encode_keyed(list(request.images), list(request.keys), request_id, deadline)
+            )
+            return request_id, deadline, kept
+        results = await self._at_home(pipeline.encode(
             list(request.images), request_id, deadline, via=via, readers=readers,
             cache=not request.cache_bypass, mm_hashes=list(request.mm_hashes), lookup_only=request.headers_only,
         ))  # fmt: skip
@@ -127,7 +129,7 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
             request_id, deadline, results = await self._run(request, context)
             if request.headers_only:
                 return headers_reply(request_id, results)
-            in_memory = self._engine.transports.reply(request_id, results)
+            in_memory = self._pipeline.transports.reply(request_id, results)
             if in_memory is not None:
                 note_access(tokens=sum(r.num_tokens for r in results), transport=in_memory.transport_name)
                 return in_memory
@@ -140,7 +142,7 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
             held = await self._hold_reply(results, deadline)
             note_access(tokens=sum(r.num_tokens for r in results), transport="serialized")
             with self._state.metrics.time_stage("transport"):
-                pinned = self._engine.delivery.pinned
+                pinned = self._pipeline.delivery.pinned
                 return await self._at_home(held.off_loop(serialized_reply, request_id, results, pinned))  # bytes
         except Exception as exc:  # every failure leaves through the one mapping
             self._fail(context, request, exc)
@@ -155,7 +157,7 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
             held = await self._hold_reply(results, deadline)
             with self._state.metrics.time_stage("transport"):
                 chunk = self._info.stream_chunk_bytes
-                pinned = self._engine.delivery.pinned
+                pinned = self._pipeline.delivery.pinned
                 messages = await self._at_home(held.off_loop(serialized_stream, request_id, results, chunk, pinned))
         except Exception as exc:
             self._fail(context, request, exc)
@@ -174,7 +176,7 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
 
     async def Session(self, requests, context: grpc.aio.ServicerContext):
         try:
-            pool = self._engine.pool
+            pool = self._pipeline.pool
         except Exception as exc:  # the model is still loading: UNAVAILABLE, not UNKNOWN
             self._fail(context, None, exc)
             return
@@ -248,7 +250,7 @@ async def create_server(
     and spread onto replicas added since they connected. auth_token: see service/frontends/auth.py.
     max_concurrent_rpcs: past it gRPC answers RESOURCE_EXHAUSTED before reading the request, which bounds the
     memory that concurrent (up to max-message-sized) requests can hold; None: unbounded.
-    home: the engine's loop when this runs on another (service/app/grpc_loop.py); None: the same loop.
+    home: the pipeline's loop when this runs on another (service/app/grpc_loop.py); None: the same loop.
     """
     options: list[tuple[str, int]] = [
         ("grpc.max_receive_message_length", max_message_bytes),

@@ -14,14 +14,14 @@ from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire.results import payload_bytes
 from service.frontends.grpc.observe import call_metadata
 from service.frontends.replies_video import all_chunks, in_memory_video_reply, serialized_video_reply, video_items
-from service.pipeline.videos import VideoService
+from service.pipeline.videos import VideoPipeline
 
 
-def video_service(engine) -> VideoService:
-    """The engine's video service; INVALID_ARGUMENT for a model that takes no video."""
-    videos = getattr(engine, "videos", None)
+def video_pipeline(pipeline) -> VideoPipeline:
+    """The pipeline's video path; INVALID_ARGUMENT for a model that takes no video."""
+    videos = getattr(pipeline, "videos", None)
     if videos is None:
-        raise InvalidRequestError(f"model {engine.encoder.config.name} takes no video", reason=Reason.BAD_REQUEST)
+        raise InvalidRequestError(f"model {pipeline.encoder.config.name} takes no video", reason=Reason.BAD_REQUEST)
     return videos
 
 
@@ -33,11 +33,11 @@ class VideoServicerMixin:
             request_id = request.request_id or uuid.uuid4().hex[:16]
             remaining = context.time_remaining()
             deadline = time.monotonic() + (self._default_deadline_s if remaining is None else remaining)
-            engine = self._engine
-            via = engine.transports.via(request.transport, "", request.consumer.session_id)
-            engine.check_door(sheddable=is_batch(call_metadata(context, PRIORITY_HEADER)))
+            pipeline = self._pipeline
+            via = pipeline.transports.via(request.transport, "", request.consumer.session_id)
+            pipeline.check_door(sheddable=is_batch(call_metadata(context, PRIORITY_HEADER)))
             videos = await self._at_home(
-                video_service(engine).encode(
+                video_pipeline(pipeline).encode(
                     video_items(request),
                     request_id,
                     deadline,
@@ -46,7 +46,7 @@ class VideoServicerMixin:
                 )
             )
             chunks = all_chunks(videos)
-            in_memory = in_memory_video_reply(engine.transports, request_id, videos)
+            in_memory = in_memory_video_reply(pipeline.transports, request_id, videos)
             if in_memory is not None:
                 return in_memory
             size = payload_bytes(chunks)

@@ -88,16 +88,16 @@ def add_encode_route(app: FastAPI, state: ServingState, metrics: Metrics, *, def
     ) -> tuple[str, Response, dict[str, str]]:
         try:
             deadline = time.monotonic() + request_budget_s(timeout, default_deadline_s)
-            engine = state.engine()
-            engine.check_image_count(len(body.images))  # before decoding any base64
+            pipeline = state.pipeline()
+            pipeline.check_image_count(len(body.images))  # before decoding any base64
             images = [decode_image_field(value, i) for i, value in enumerate(body.images)]
             if body.keys is not None:
-                results = await engine.encode_keyed(images, body.keys, request_id, deadline)
+                results = await pipeline.encode_keyed(images, body.keys, request_id, deadline)
             else:
-                results = await engine.encode(images, request_id, deadline, cache=not body.cache_bypass)
+                results = await pipeline.encode(images, request_id, deadline, cache=not body.cache_bypass)
             with_data = body.return_embeddings  # rendered off the loop: a 1024² K2.5 reply is ~20 MB to copy and hash
             response = await held_reply(
-                engine, deadline, results, with_data, lambda: encode_reply(request_id, results, with_data)
+                pipeline, deadline, results, with_data, lambda: encode_reply(request_id, results, with_data)
             )
         except Exception as exc:
             mapped = map_error(exc, metrics=metrics)

@@ -102,7 +102,7 @@ def add_refusals(app: FastAPI, state: ServingState, metrics: Metrics, max_body_b
         if request.method != "POST" or request.url.path not in ENCODE_ROUTES:
             return None
         try:
-            state.engine().check_door(sheddable=is_batch(request.headers.get(PRIORITY_HEADER)))
+            state.pipeline().check_door(sheddable=is_batch(request.headers.get(PRIORITY_HEADER)))
         except MmprocError as exc:
             return BodyDropped(refusal(request, exc, metrics, route=request.url.path))
         return None

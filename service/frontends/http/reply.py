@@ -13,7 +13,7 @@ from mmproc.wire.results import EncodedImage
 from service.pipeline.reply_budget import ReplyHold
 
 if TYPE_CHECKING:
-    from service.pipeline.images import Engine
+    from service.pipeline.requests import RequestPipeline
 
 FIELDS_BYTES = 1024  # an item's JSON fields besides its data: shape, grid, sha256, key, ... (an upper estimate)
 
@@ -47,13 +47,17 @@ class HeldReply(Response):
 
 
 async def held_reply(
-    engine: Engine, deadline: float, results: list[EncodedImage], with_data: bool, render: Callable[[], JSONResponse]
+    pipeline: RequestPipeline,
+    deadline: float,
+    results: list[EncodedImage],
+    with_data: bool,
+    render: Callable[[], JSONResponse],
 ) -> HeldReply:
     """`render()` off the loop (timed as the transport stage) within the reply budget, waited for until `deadline`;
     then held at the rendered body's size until it is sent."""
-    held = await engine.delivery.reply_bytes(json_reply_bytes(results, with_data), deadline, len(results))
+    held = await pipeline.delivery.reply_bytes(json_reply_bytes(results, with_data), deadline, len(results))
     try:
-        with engine.metrics.time_stage("transport"):
+        with pipeline.metrics.time_stage("transport"):
             body = (await held.off_loop(render)).body
         held.resize(len(body))
         return HeldReply(body, held)

@@ -56,7 +56,7 @@ class _Call:
 
 
 class EncodeSteps(Protocol):
-    """The pipeline's steps after the cache (service/pipeline/images.py: Engine._encode_uncached)."""
+    """The pipeline's steps after the cache (service/pipeline/requests.py: RequestPipeline._encode_uncached)."""
 
     def __call__(
         self, images: list[bytes], request_id: str, deadline: float | None, *, via: Via, readers: int

@@ -23,7 +23,7 @@ from mmproc.errors import InvalidMediaError
 from mmproc.transport.leases.records import Hold
 from service.pipeline.cache.policy import make_policy
 
-if TYPE_CHECKING:  # service.pipeline.images owns the cache
+if TYPE_CHECKING:  # service.pipeline.requests owns the cache
     from mmproc.wire.results import EncodedImage
 
 TIERS = ("host", "pool")

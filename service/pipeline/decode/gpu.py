@@ -5,7 +5,7 @@ decoding, same reason), the JPEGs that qualify decoded in one nvImageCodec batch
 uint8 patches on the device; what does not qualify, and any image the GPU could not decode, goes to the decode
 pool, which decodes it or refuses it as before. One thread owns the decoder and its CUDA stream (a high-priority
 one), so the event loop never waits on the GPU and the decoder is never used by two threads at once; requests
-that queue while it works are decoded together in its next batch (service/pipeline/decode/batches.py).
+that queue while it works are decoded together in its next batch (service/pipeline/decode/batcher.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from mmproc.media.limits import MediaLimits
 from mmproc.media.nvjpeg import NvJpegDecoder
 from mmproc.preprocess import PreprocessConfig
 from mmproc.preprocess.device import preprocess_same_size
-from service.pipeline.decode.batches import BatchThread
+from service.pipeline.decode.batcher import Batcher
 from service.pipeline.decode.worker import Prepared
 from service.pipeline.wait_clock import WaitClock
 
@@ -70,7 +70,7 @@ class GpuDecoder:
         # request of the batch (and those queued behind it) for what is a few milliseconds of device work.
         self._stream = torch.cuda.Stream(device, priority=-1)
         self._done = torch.cuda.Event(blocking=True)  # a host wait that sleeps instead of spinning a core
-        self._batches = BatchThread(self._run_batch, MAX_BATCH_IMAGES, "mmproc-gpu-decode")
+        self._batches = Batcher(self._run_batch, MAX_BATCH_IMAGES, "mmproc-gpu-decode")
         thread_roles.register_tids("gpu_decode", thread_roles.task_ids() - before)  # nvImageCodec's and the batches'
 
     @property

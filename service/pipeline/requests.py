@@ -1,4 +1,4 @@
-"""The request pipeline, free of gRPC/HTTP. `Engine.encode` reads top to bottom: admit -> (cache) -> decode ->
+"""The request pipeline, free of gRPC/HTTP. `RequestPipeline.encode` reads top to bottom: admit -> (cache) -> decode ->
 run -> deliver, each step an object with its own state:
 
 - admission (service/pipeline/admission.py): limits, in-flight counters, queue reservation, overload guard;
@@ -33,31 +33,31 @@ from service.observe.metrics import Metrics
 from service.pipeline.admission import Admission, check_readers
 from service.pipeline.cache.cached_encode import EmbeddingCache
 from service.pipeline.cache.keys import CacheKeys, model_context
-from service.pipeline.config import EngineConfig
+from service.pipeline.config import PipelineConfig
 from service.pipeline.decode.config import DecodePoolConfig
 from service.pipeline.decode.gpu import GpuDecoder
 from service.pipeline.decode.pool import DecodePool
 from service.pipeline.decode.step import DecodeStep
 from service.pipeline.delivery import Delivery, delivered
-from service.pipeline.forward_step import RunStep, count_dropped
+from service.pipeline.forward_step import ForwardStep, count_dropped
 from service.pipeline.key_store import KeyStore, check_keys
 from service.pipeline.overload import OverloadGuard
 
-__all__ = ["EncodedImage", "Engine"]
+__all__ = ["EncodedImage", "RequestPipeline"]
 
 logger = logging.getLogger(__name__)
 
 
-class Engine:
+class RequestPipeline:
     def __init__(
         self,
         encoder: VisionEncoder,
         preprocess: PreprocessConfig,
-        config: EngineConfig | None = None,
+        config: PipelineConfig | None = None,
         metrics: Metrics | None = None,
         transports: Table | None = None,
     ) -> None:
-        config = config or EngineConfig()
+        config = config or PipelineConfig()
         self.transports = transports or Table()  # what front ends ask for a request's route and reply
         self.encoder = encoder
         self.preprocess = preprocess
@@ -91,13 +91,15 @@ class Engine:
         )  # fmt: skip
         gpu = self._gpu_decoder(config.gpu_decode, config.media, decode)
         self.decode = DecodeStep(DecodePool(config.media, preprocess, decode), self.admission, metrics, gpu)
-        self.run = RunStep(runner, metrics)
+        self.run = ForwardStep(runner, metrics)
         self.delivery = Delivery(encoder.output_dim, encoder.dtype, metrics, config.replies)
         self.keys = KeyStore(config.key_store)
         self.cache = self._build_cache(config)
         self.ipc_status = "transports: serialized only (none started)"
         self.batches_run = 0
-        self.videos = None  # service.pipeline.videos.VideoService for a model that takes video (process/app.py)
+        self.videos = (
+            None  # service.pipeline.videos.VideoPipeline for a model that takes video (service/app/video_setup.py)
+        )
         metrics.track(queue_images=lambda: runner.queued_images, inflight_requests=lambda: self.admission.inflight)
         metrics.track_decode(lambda: self.decode.pool)
         if self.cache is not None:
@@ -124,7 +126,7 @@ class Engine:
         return waits + self.run.runner.oldest_wait_s()
 
     def _gpu_decoder(self, mode: str, limits: MediaLimits, decode: DecodePoolConfig) -> GpuDecoder | None:
-        """A GPU JPEG decoder when `mode` allows and this engine can use one (a CUDA encoder that takes uint8
+        """A GPU JPEG decoder when `mode` allows and this pipeline can use one (a CUDA encoder that takes uint8
         pixels); "on" without one is a ConfigError, "auto" says why in one line."""
         if mode == "off":
             return None
@@ -141,7 +143,7 @@ class Engine:
                    "JPEGs are decoded on the CPU (GPU decode unavailable: %s)", why)  # fmt: skip
         return None
 
-    def _build_cache(self, config: EngineConfig) -> EmbeddingCache | None:
+    def _build_cache(self, config: PipelineConfig) -> EmbeddingCache | None:
         if not config.cache.enabled:
             return None
         context = config.cache_context
@@ -311,7 +313,7 @@ class Engine:
         self, images: list[bytes], request_id: str, deadline: float | None, *, via: Via, readers: int
     ) -> list[EncodedImage]:
         """The steps themselves, without the cache: admit -> decode -> destination -> run -> deliver. `encode`
-        checked readers and that the engine is open; `admit` checks the latter again."""
+        checked readers and that the pipeline is open; `admit` checks the latter again."""
         admission = self.admission
         patches = admission.check_request(images)
         with admission.admit(patches, len(images), deadline, reserve=len(images)) as admitted:

@@ -1,4 +1,4 @@
-"""`BatchThread` (service/pipeline/decode/batches.py): what queues while the thread works runs in its next batch, up to
+"""`Batcher` (service/pipeline/decode/batcher.py): what queues while the thread works runs in its next batch, up to
 the bound; an error reaches every caller of its batch; a cancelled caller's job is not run; the queue's wait is
 measured."""
 
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from service.pipeline.decode.batches import BatchThread
+from service.pipeline.decode.batcher import Batcher
 
 
 def test_jobs_queued_while_the_thread_works_share_its_next_batch_up_to_the_bound() -> None:
@@ -22,7 +22,7 @@ def test_jobs_queued_while_the_thread_works_share_its_next_batch_up_to_the_bound
             release.wait(5)  # busy: the others queue meanwhile
         return [job.upper() for job in jobs]
 
-    worker = BatchThread(run, max_size=4, name="test-batches")
+    worker = Batcher(run, max_size=4, name="test-batches")
 
     async def main() -> list[str]:
         first = asyncio.ensure_future(worker.submit("first"))
@@ -52,7 +52,7 @@ def test_an_error_reaches_every_caller_of_its_batch_and_a_cancelled_job_is_skipp
             return ["held"]
         raise RuntimeError("device lost")
 
-    worker = BatchThread(run, max_size=8, name="test-batches")
+    worker = Batcher(run, max_size=8, name="test-batches")
 
     async def main() -> None:
         hold = asyncio.ensure_future(worker.submit("hold"))

@@ -1,4 +1,4 @@
-"""`BatchThread`: one thread that runs queued jobs in batches — whatever waits when it is free, up to a bound, in
+"""`Batcher`: one thread that runs queued jobs in batches — whatever waits when it is free, up to a bound, in
 one call. For a device resource that batches well and must not be used by two threads at once (the GPU JPEG
 decoder, service/pipeline/decode/gpu.py): under load, requests share one device round trip instead of queueing
 one by one behind it."""
@@ -28,7 +28,7 @@ class _Queued(Generic[J]):
     token: int = 0  # its place in the wait clock
 
 
-class BatchThread(Generic[J, R]):
+class Batcher(Generic[J, R]):
     """`run(jobs) -> results` (same order) on one thread, in batches of at most `max_size` (a job bigger than that
     runs alone). `waits` is the queue's sojourn time. An exception from `run` goes to every job of its batch."""
 
