@@ -32,8 +32,8 @@ python3 -c "import xxhash" 2>/dev/null || { echo "xxhash is missing: put its cp3
 
 tests_rc=0
 if [ -z "${SKIP_TESTS:-}" ]; then  # SKIP_TESTS=1: the bench alone (the tests ran on this commit already)
-  python3 -m pytest -q -rs -p no:cacheprovider tests/transport/test_leases_shared.py tests/service/test_embedding_cache.py \
-    tests/service/test_cache_service.py tests/client/test_ipc_leases.py tests/transport/test_ipc_cache_gpu.py tests/transport/test_ipc_gpu.py \
+  python3 -m pytest -q -rs -p no:cacheprovider tests/transport/test_leases_shared.py tests/service/pipeline/test_embedding_cache.py \
+    tests/service/pipeline/test_cache_service.py tests/client/test_ipc_leases.py tests/transport/test_ipc_cache_gpu.py tests/transport/test_ipc_gpu.py \
     tests/transport/test_fanout.py 2>&1 | tee -a "$LOG"
   tests_rc=${PIPESTATUS[0]}
 fi

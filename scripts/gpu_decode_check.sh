@@ -23,7 +23,7 @@ export PYTHONUNBUFFERED=1
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=".:/tmp/site"
 echo "# gpu_decode_check $(date -u +%Y-%m-%dT%H:%M:%SZ) commit=${MMPROC_COMMIT:-unknown}" | tee "$OUT/decode_tests.log"
-timeout 240 python3 -m pytest -q -rs -s -p no:cacheprovider tests/service/test_gpu_decode.py tests/preprocess/test_device.py \
+timeout 240 python3 -m pytest -q -rs -s -p no:cacheprovider tests/service/pipeline/test_gpu_decode.py tests/preprocess/test_device.py \
   tests/runner/test_batching.py 2>&1 | tee -a "$OUT/decode_tests.log" | tail -6
 
 servers=()

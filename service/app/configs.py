@@ -1,6 +1,6 @@
 """Settings -> the frozen configs the core takes. Every core config the server uses is built here, once, at the
 edge; the defaults live in the dataclasses themselves and the settings take theirs from them (service/app/settings.py,
-tests/service/test_config_defaults.py)."""
+tests/service/app/test_config_defaults.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Page-locked reply messages (mmproc/transport/serialized/pinned_messages.py): reused only once nobody else holds them, bounded
 in bytes, and the pool steps aside (the reply is copied) when it has no room. Page-locking itself needs CUDA: here a
-recorder stands in for cudaHostRegister; tests/service/test_serialized_staging.py runs the real one on a GPU."""
+recorder stands in for cudaHostRegister; tests/wire/test_serialized_staging.py runs the real one on a GPU."""
 
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ from service.pipeline.forward_step import count_dropped
 
 
 class DecodeStep:
-    """`pool` is public: a test may put a pool of misbehaving workers in its place (tests/service/test_faults.py)."""
+    """`pool` is public: a test may put a pool of misbehaving workers in its place (tests/service/pipeline/test_faults.py)."""
 
     def __init__(self, pool: DecodePool, admission: Admission, metrics: Metrics, gpu: GpuDecoder | None = None) -> None:
         self.pool = pool

@@ -12,7 +12,7 @@ from mmproc import thread_roles
 from mmproc.client import EncoderClient
 from service.observe import thread_cpu
 from service.observe.thread_cpu import ROLES, CpuByRole
-from tests.service.test_metrics import scrape, value
+from tests.service.observe.test_metrics import scrape, value
 from tests.support.media_samples import make_image_bytes
 
 pytestmark = pytest.mark.skipif(not thread_roles.task_ids(), reason="Linux /proc only")

@@ -330,7 +330,7 @@ def test_a_server_whose_stderr_nobody_reads_keeps_answering() -> None:
 
     from mmproc.v1 import encoder_pb2 as pb
     from mmproc.v1 import encoder_pb2_grpc as pb_grpc
-    from tests.service.test_lifecycle import wait_serving
+    from tests.service.app.test_lifecycle import wait_serving
     from tests.support.common import free_port
 
     port = free_port()
