@@ -3,8 +3,6 @@ identity (the Session reply; a shared batch names it too): what a consumer needs
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from mmproc.transport.cuda_ipc import runtime
 from mmproc.transport.cuda_ipc.config import PoolConfig
 from mmproc.transport.cuda_ipc.destination import NAME, IpcProducer, PoolSlice
@@ -12,10 +10,8 @@ from mmproc.transport.cuda_ipc.destination import NAME, IpcProducer, PoolSlice
 __all__ = ["NAME", "describe", "descriptor_from_pb", "identity_from_pb", "pool_info_pb", "start_producer"]
 from mmproc.transport.cuda_ipc.pool import IpcPool, PoolIdentity, SliceDescriptor
 from mmproc.transport.cuda_ipc.probe import probe_pool
+from mmproc.transport.producer import StartContext
 from mmproc.v1 import encoder_pb2 as pb
-
-if TYPE_CHECKING:
-    from mmproc.wire.transports import StartContext
 
 
 def pool_info_pb(identity: PoolIdentity) -> pb.PoolInfo:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 
 from mmproc.errors import ConfigError
-from mmproc.wire.transports import StartContext, Table
+from mmproc.transport.producer import StartContext
+from mmproc.wire.transports import Table
 from service.app.configs import transport_configs
 from service.app.settings import ServerSettings
 from service.pipeline.requests import RequestPipeline

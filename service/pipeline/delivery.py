@@ -12,11 +12,12 @@ from collections.abc import Sequence
 import torch
 
 from mmproc.errors import DeadlineExceededError, ResourceExhaustedError
+from mmproc.transport.producer import Destination, Producer
 from mmproc.transport.serialized.destination import SerializedDestination
 from mmproc.transport.serialized.pinned_messages import PinnedMessages
 from mmproc.types import PreprocessedImage
 from mmproc.wire.results import SERIALIZED, EncodedImage
-from mmproc.wire.transports import Destination, Producer, Via
+from mmproc.wire.transports import Via
 from service.observe.metrics import Metrics
 from service.pipeline.reply_budget import ReplyBudget, ReplyBudgetConfig, ReplyHold
 

@@ -10,8 +10,8 @@ import torch
 
 from mmproc.errors import DeadlineExceededError
 from mmproc.runner import Runner
+from mmproc.transport.producer import Destination
 from mmproc.types import PreprocessedImage
-from mmproc.wire.transports import Destination
 from service.observe.metrics import Metrics
 
 

@@ -26,9 +26,10 @@ from mmproc.media.limits import MediaLimits
 from mmproc.models import VisionEncoder
 from mmproc.preprocess import PreprocessConfig, preprocess_image
 from mmproc.runner import BatchStats, Runner
+from mmproc.transport.producer import Producer
 from mmproc.types import PreprocessedImage
 from mmproc.wire.results import EncodedImage
-from mmproc.wire.transports import BY_BYTES, Producer, Table, Via
+from mmproc.wire.transports import BY_BYTES, Table, Via
 from service.observe.metrics import Metrics
 from service.pipeline.admission import Admission, check_readers
 from service.pipeline.cache.cached_encode import EmbeddingCache

@@ -15,8 +15,9 @@ import torch
 
 from mmproc.client.readers import ReaderContext, Received
 from mmproc.client.rpc import embedding_from_bytes
+from mmproc.transport.producer import StartContext
 from mmproc.v1 import encoder_pb2 as pb
-from mmproc.wire.transports import StartContext, Transport
+from mmproc.wire.transports import Transport
 
 NAME = "loopback"
 _HANDLE = struct.Struct("<QQQ")  # shelf key, first row, rows
