@@ -1,9 +1,11 @@
 """An OpenAI chat request made ready for a `vllm serve` that loads images through mmproc (no vLLM imported here).
 
 Each `image_url` part (a data: URI, or an http(s) URL the proxy downloads, bounded) is kept in mmproc under its
-content key, and the part gets `"uuid": key`, which vLLM's chat parser turns into the item's `multi_modal_uuids`
+content key plus a per-request suffix, and the part gets `"uuid": key`, which vLLM's chat parser turns into the item's `multi_modal_uuids`
 entry; a downloaded image is sent on as a data: URI of the same bytes, so vLLM sizes its placeholders from exactly
-what mmproc encoded. Failures are `ProxyError`s with an OpenAI-style status and message.
+what mmproc encoded. The suffix: vLLM keeps zero rows under a key whose load failed, and the connector then refuses
+that key, so a retried request must not reuse it (mmproc's embedding cache still encodes a repeated image once).
+Failures are `ProxyError`s with an OpenAI-style status and message.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import base64
 import binascii
 import copy
+import secrets
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -82,7 +85,8 @@ async def prepare(body: dict[str, Any], keeper: Keeper, http: httpx.AsyncClient,
     if len(parts) > config.max_images:
         raise ProxyError(400, f"{len(parts)} images, over the proxy's {config.max_images}", "too_many_images")
     images = [await _image_bytes(i, part, http, config) for i, part in enumerate(parts)]
-    keys = [content_key(data) for data in images]
+    suffix = secrets.token_hex(4)
+    keys = [f"{content_key(data)}-{suffix}" for data in images]
     unique = dict(zip(keys, images))  # one image twice in a request: kept once (keys of one call must differ)
     fallback = False
     if unique:
