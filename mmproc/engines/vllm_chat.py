@@ -37,6 +37,7 @@ class ProxyConfig:
     keep_timeout_s: float = 60.0
     upstream_timeout_s: float = 600.0
     max_images: int = 64
+    max_body_bytes: int = 256 << 20
     max_image_bytes: int = 32 << 20
     fetch_urls: bool = True
     url_timeout_s: float = 10.0
@@ -50,7 +51,9 @@ class ProxyError(Exception):
         self.status, self.message, self.code = status, message, code
 
     def body(self) -> dict[str, Any]:
-        kind = "BadRequestError" if self.status < 500 else "ServiceUnavailableError"
+        kind = (
+            "BadRequestError" if self.status < 500 else "ServiceUnavailableError" if self.status == 503 else "APIError"
+        )
         return {"error": {"message": self.message, "type": kind, "param": None, "code": self.code}}
 
 

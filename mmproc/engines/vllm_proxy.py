@@ -63,7 +63,9 @@ def create_app(config: ProxyConfig, *, keeper: Keeper | None = None, http: httpx
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
         try:
-            body = await request.json()
+            body = json.loads(await _read_body(request, config.max_body_bytes))
+        except ProxyError as exc:
+            return error(exc)
         except ValueError:
             return error(ProxyError(400, "the body is not JSON", "bad_request"))
         if not isinstance(body, dict):
@@ -102,6 +104,10 @@ def create_app(config: ProxyConfig, *, keeper: Keeper | None = None, http: httpx
                         requests.labels("stream_" + failure.code).inc()
                         line = "data: " + json.dumps(failure.body())
                 yield line + "\n"
+        except httpx.HTTPError as exc:  # the 200 is sent: the break can only be told as an event
+            requests.labels("stream_broken").inc()
+            failure = ProxyError(502, f"vLLM's stream broke: {type(exc).__name__}", "upstream")
+            yield "data: " + json.dumps(failure.body()) + "\n\n"
         finally:
             await reply.aclose()
 
@@ -124,6 +130,20 @@ def create_app(config: ProxyConfig, *, keeper: Keeper | None = None, http: httpx
         return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
 
     return app
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    """The body, refused past `limit` bytes (a declared length is refused before reading)."""
+    too_large = ProxyError(413, f"the request is over the proxy's {limit} bytes", "request_too_large")
+    if int(request.headers.get("content-length") or 0) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 def main(argv: list[str] | None = None) -> None:

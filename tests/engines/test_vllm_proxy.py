@@ -35,6 +35,8 @@ class Upstream:
     def __call__(self, request: httpx.Request) -> httpx.Response:
         if request.url.host == "images.example":
             return httpx.Response(200, content=IMAGE) if request.url.path == "/a.png" else httpx.Response(404)
+        if request.method == "GET":
+            return httpx.Response(200, json={"data": [{"id": "k25"}]} if request.url.path == "/v1/models" else {})
         self.sent.append(json.loads(request.content))
         if self.status != 200:
             return httpx.Response(self.status, json={"error": {"message": "Internal server error", "code": 500}})
@@ -62,6 +64,8 @@ def test_images_are_kept_and_forwarded_with_their_keys(tiny_server) -> None:
         by_url = client.post("/v1/chat/completions", json=chat("http://images.example/a.png"))
         assert by_url.status_code == 200
         metrics = client.get("/metrics").text
+        assert client.get("/v1/models").json() == {"data": [{"id": "k25"}]}
+        assert client.get("/health").status_code == 200
     keys = [sent["messages"][0]["content"][0]["uuid"] for sent in upstream.sent]
     assert all(key.startswith(content_key(IMAGE) + "-") for key in keys) and keys[0] != keys[1]  # fresh per request
     for sent in upstream.sent:
@@ -82,6 +86,14 @@ def test_an_image_mmproc_refuses_is_a_400_with_its_reason_before_vllm_sees_it(ti
     error = reply.json()["error"]
     assert error["code"] == "invalid_image" and error["message"].startswith("mmproc refused image 0: ")
     assert missing.status_code == 400 and "answered HTTP 404" in missing.json()["error"]["message"]
+    with proxy(tiny_server.grpc_target, upstream, max_image_bytes=100) as client:
+        for url in (URI, "http://images.example/a.png"):
+            reply = client.post("/v1/chat/completions", json=chat(url))
+            assert reply.status_code == 400 and "image 0: over 100 bytes" in reply.json()["error"]["message"]
+    with proxy(tiny_server.grpc_target, upstream, fetch_urls=False) as client:
+        reply = client.post("/v1/chat/completions", json=chat("http://images.example/a.png"))
+        assert reply.status_code == 400 and "data: URIs only" in reply.json()["error"]["message"]
+    assert upstream.sent == []
 
 
 def test_vllm_failures_come_back_with_mmproc_s_reason(tiny_server) -> None:
@@ -128,3 +140,9 @@ def test_an_unreachable_mmproc_is_a_503_at_once_or_a_counted_fallback() -> None:
 def test_malformed_requests_are_400s(tiny_server, body) -> None:
     with proxy(tiny_server.grpc_target, Upstream()) as client:
         assert client.post("/v1/chat/completions", json=body).status_code == 400
+
+
+def test_a_body_over_the_limit_is_a_413_unread(tiny_server) -> None:
+    with proxy(tiny_server.grpc_target, Upstream(), max_body_bytes=1000) as client:
+        reply = client.post("/v1/chat/completions", json=chat(URI))
+    assert reply.status_code == 413 and reply.json()["error"]["code"] == "request_too_large"
