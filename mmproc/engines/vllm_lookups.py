@@ -152,8 +152,8 @@ class Lookups:
         return entry[0].result().failure is None
 
     def fail(self, request_id: str, failure: Failure, reason: str) -> None:
-        if request_id in self._failed:
-            return
+        if self._verdicts.get(request_id) is Verdict.FAILED:
+            return  # counted and handed to the scheduler once
         logger.error("request %s fails: %s", request_id, reason)
         self.counts[failure.value] += 1
         self._failed[request_id] = reason

@@ -16,7 +16,7 @@ import torch
 
 from mmproc.client import EncoderClient
 from mmproc.engines.vllm_fetch import fetch_rows
-from mmproc.engines.vllm_lookups import ConnectorConfig, Lookups, Verdict
+from mmproc.engines.vllm_lookups import ConnectorConfig, Failure, Lookups, Verdict
 from mmproc.errors import InvalidMediaError, UnavailableError, UnknownKeyError
 from tests.support.media_samples import make_image_bytes
 
@@ -131,6 +131,8 @@ def test_a_key_whose_fetch_failed_fails_its_requests_and_is_not_used_again(pool)
     assert settle(lookups, "r2", [("b", 3)]) is Verdict.READY
     lookups.fetch_failed("a", "NOT_FOUND")
     assert set(lookups.take_failed()) == {"r1"}
+    lookups.fail("r1", Failure.FETCH, "again")  # a request fails once: counted once, handed over once
+    assert lookups.take_failed() == {} and lookups.counts["fetch"] == 1
     assert lookups.check("r3", [("a", 12)]) is Verdict.FAILED  # vLLM may hold zero rows under "a"
     assert "an earlier fetch of this key failed" in lookups.take_failed()["r3"]
 
