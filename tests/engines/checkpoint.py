@@ -20,6 +20,8 @@ TEXT_HIDDEN = 256
 IN_PATCH_LIMIT = 1024  # patches per image before a resize: 256 tokens at most
 SPECIAL_TOKENS = ["[UNK]", "<|im_end|>", "<|media_begin|>", "<|media_content|>", "<|media_pad|>", "<|media_end|>"]
 WORDS = 250
+# `vllm serve`'s chat completions: each message's text (vLLM writes the image placeholders into it) and a reply turn
+CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }} w5 {% endfor %}{% if add_generation_prompt %}w9 {% endif %}"
 VOCAB = SPECIAL_TOKENS + ["image"] + [f"w{i}" for i in range(WORDS)]
 TEXT = {
     "model_type": "kimi_k2",
@@ -142,6 +144,7 @@ def write_k25_engine_checkpoint(path: Path | str, seed: int = 0) -> Path:
             "media_placeholder_token_id": pad,
             "image_token_id": pad,
             "projection_hidden_size": v["hidden_size"],
+            "use_unified_vision_chunk": True,  # vLLM's chat parser turns image_url parts into vision_chunk items
             "tie_word_embeddings": False,
             "torch_dtype": "float32",
         },
@@ -166,6 +169,7 @@ def write_k25_engine_checkpoint(path: Path | str, seed: int = 0) -> Path:
         "unk_token": "[UNK]",
         "eos_token": "<|im_end|>",
         "model_max_length": 4096,
+        "chat_template": CHAT_TEMPLATE,
     }
     (path / "tokenizer_config.json").write_text(json.dumps(tokenizer_config))
     tensors = {**make_vision_tensors("kimi_k25", text_hidden=TEXT_HIDDEN, seed=seed), **_text_tensors(seed)}
