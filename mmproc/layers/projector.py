@@ -53,8 +53,11 @@ class Projector(nn.Module):
         self.linear_1 = nn.Linear(self.merged_dim, self.merged_dim)
         self.linear_2 = nn.Linear(self.merged_dim, text_hidden_size)
 
-    def forward(self, x: Tensor, merge_index: Tensor, out: Tensor | list[Tensor] | None = None) -> Tensor | None:
+    def forward(
+        self, x: Tensor, merge_index: Tensor, out: Tensor | list[Tensor] | None = None, taps: tuple[Tensor, ...] = ()
+    ) -> Tensor | None:
         """x (L, D) tower output, merge_index (T*kk,) int64 on x's device -> (T, text_hidden), into `out` if given.
+        `taps` (DeepStack levels) must be empty: this projector has none.
 
         `out` may be a list of (n_i, text_hidden) tensors with sum n_i == T: consecutive row ranges written
         into separate destinations (e.g. one IPC pool slice per request in the batch); returns None then.
@@ -79,7 +82,9 @@ class PostNormProjector(nn.Module):
         self.linear_2 = nn.Linear(self.merged_dim, text_hidden_size, bias=False)
         self.post_norm = nn.RMSNorm(text_hidden_size, eps=eps)
 
-    def forward(self, x: Tensor, merge_index: Tensor, out: Tensor | list[Tensor] | None = None) -> Tensor | None:
+    def forward(
+        self, x: Tensor, merge_index: Tensor, out: Tensor | list[Tensor] | None = None, taps: tuple[Tensor, ...] = ()
+    ) -> Tensor | None:
         """As `Projector.forward`: x (L, D), merge_index (T*kk,) -> (T, text_hidden), into `out` if given."""
         h = F.gelu(self.linear_1(x.index_select(0, merge_index).view(-1, self.merged_dim)))  # (T, kk*D)
         y = self.post_norm(self.linear_2(h))  # (T, text_hidden)
