@@ -96,6 +96,31 @@ class PostNormProjector(nn.Module):
         return out.copy_(y)
 
 
+class PatchMergerMLP(nn.Module):
+    """norm, 2x2 shuffle, linear_fc1 (kk*D -> kk*D), exact GELU, linear_fc2 (kk*D -> out); biases everywhere.
+    postshuffle_norm False: LayerNorm(D) per sub-token (Qwen3-VL `merger`); True: LayerNorm(kk*D) over the
+    shuffled row (its DeepStack mergers). Checkpoint names: `norm`, `linear_fc1`, `linear_fc2`."""
+
+    def __init__(
+        self, hidden_size: int, kernel: tuple[int, int], out_size: int, eps: float, *, postshuffle_norm: bool
+    ) -> None:
+        super().__init__()
+        self.kk = kernel[0] * kernel[1]
+        self.merged_dim = hidden_size * self.kk
+        self.postshuffle_norm = postshuffle_norm
+        self.norm = nn.LayerNorm(self.merged_dim if postshuffle_norm else hidden_size, eps=eps)
+        self.linear_fc1 = nn.Linear(self.merged_dim, self.merged_dim)
+        self.linear_fc2 = nn.Linear(self.merged_dim, out_size)
+
+    def forward(self, x: Tensor, merge_index: Tensor, out: Tensor | list[Tensor] | None = None) -> Tensor | None:
+        """x (L, D), merge_index (T*kk,) int64 on x's device -> (T, out), into `out` if given."""
+        if self.postshuffle_norm:
+            h = self.norm(x.index_select(0, merge_index).view(-1, self.merged_dim))
+        else:  # per-token norm: before the gather, as Projector does
+            h = self.norm(x).index_select(0, merge_index).view(-1, self.merged_dim)
+        return _linear_into(F.gelu(self.linear_fc1(h)), self.linear_fc2, out)  # (T, kk*D) -> (T, out)
+
+
 def _split_copy(y: Tensor, out: list[Tensor]) -> None:
     start = 0
     for chunk in out:
