@@ -1,9 +1,9 @@
 """`VisionEncoder`: a family's tower + its head (patch merger(s), projector) as one module over a `PackedBatch`.
 
 The registry names the family (`config.family`) and the family builds both modules (mmproc/models/family.py).
-State-dict names: `tower.*` and `projector.*`; each family's `CheckpointLayout` maps its checkpoints onto them. Per forward, two non_blocking H2D copies on a side stream
-(the pixels, and one int64 buffer of every index built on the CPU) overlap the previous forward; nothing is
-read back.
+State-dict names: `tower.*` and `projector.*`; each family's `CheckpointLayout` maps its checkpoints onto them.
+Per forward, two non_blocking H2D copies on a side stream (the pixels, and one int64 buffer of every index built on
+the CPU) overlap the previous forward; nothing is read back.
 """
 
 from __future__ import annotations
@@ -150,8 +150,8 @@ class VisionEncoder(nn.Module):
         return self.projector(features.hidden, inputs.merge_index, out, features.taps)
 
     def _inputs_to_device(self, batch: PackedBatch, device: torch.device) -> tuple[Tensor, ...]:
-        """Pixels, RoPE rows (the tower's), merge gather (T*kk,) int64 and cu_seqlens (N+1,) int32 on `device`: the pixels
-        in one copy, the indices (built on the CPU) in ONE more.
+        """Pixels, RoPE rows (the tower's), merge gather (T*kk,) int64 and cu_seqlens (N+1,) int32 on `device`: the
+        pixels in one copy, the indices (built on the CPU) in ONE more.
 
         On CUDA both copies run on a side stream, which the compute stream then waits for (an event): under load
         the copy engine uploads this batch while the GPU still computes the previous one."""
