@@ -115,7 +115,8 @@ class GraphCache:
             return None
         if batch.max_seqlen > self.max_image_patches:
             return None
-        key = (batch.grid_hws, batch.pixel_values.dtype, encoder.tower.options)
+        # pixel shape too: a Qwen video slice (3, 2, P, P) and an image (3, P, P) may share grids
+        key = (batch.grid_hws, batch.pixel_values.dtype, tuple(batch.pixel_values.shape[1:]), encoder.tower.options)
         captured = self.graphs.get(key)
         if captured is not None:
             self.graphs.move_to_end(key)

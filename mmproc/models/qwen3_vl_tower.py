@@ -14,6 +14,8 @@ transformers 5.23 `Qwen3VLVisionModel` / `Qwen3_5MoeVisionModel`, reproduced wit
   `deepstack_layers` and norm after the shuffle (LayerNorm(4D)).
 Patch order: the reference's processor emits patches in 2x2-window order; here they stay row-major per image and
 the merge gather forms the same windows (attention is per image, so the order within an image is free).
+A video of grid (t, h, w) attends per temporal slice, with the (h, w) positions of an image in each: packed as t
+images of two-frame patches (mmproc/preprocess/qwen3_vl_video.py), it runs this tower unchanged.
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ def rotate_half_to_interleaved(head_dim: int) -> Tensor:
 
 
 class PatchEmbed(nn.Module):
-    """`proj`: Conv3d(3, D, (T, P, P)) as in the checkpoint; applied to one-frame patches (L, 3, P, P)."""
+    """`proj`: Conv3d(3, D, (T, P, P)) as in the checkpoint; applied to one-frame patches (L, 3, P, P) (images) or
+    T-frame patches (L, 3, T, P, P) (a video's temporal slices)."""
 
     def __init__(self, config: VisionConfig) -> None:
         super().__init__()
@@ -58,10 +61,10 @@ class PatchEmbed(nn.Module):
         self.proj = nn.Conv3d(3, config.hidden_size, kernel_size=(t, p, p), stride=(t, p, p), bias=True)
 
     def forward(self, pixels: Tensor) -> Tensor:
-        # pixels (L, 3, P, P) model dtype -> (L, D). A still image repeats its frame T times: the sum of the
-        # kernel's T slices is the same conv, done as one matmul.
-        weight = self.proj.weight.sum(dim=2).reshape(self.proj.out_channels, -1)  # (D, 3*P*P)
-        return F.linear(pixels.reshape(pixels.shape[0], -1), weight, self.proj.bias)
+        # pixels (L, 3, P, P) or (L, 3, T, P, P) model dtype -> (L, D), one matmul. A still image repeats its frame
+        # T times: the sum of the kernel's T slices is the same conv over one frame.
+        weight = self.proj.weight if pixels.dim() == 5 else self.proj.weight.sum(dim=2)
+        return F.linear(pixels.reshape(pixels.shape[0], -1), weight.reshape(self.proj.out_channels, -1), self.proj.bias)
 
 
 class Attention(nn.Module):

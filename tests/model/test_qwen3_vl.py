@@ -16,6 +16,7 @@ from mmproc.layers.rope import apply_rope, build_rope_table, gather_rope_axes, r
 from mmproc.models import PRESETS, load_encoder, parse_config
 from mmproc.models.loader import encoder_from_checkpoint_tensors
 from mmproc.models.qwen3_vl_tower import rotate_half_to_interleaved
+from mmproc.types import PreprocessedImage
 from tests.support.common import rel_err
 from tests.support.preprocessed import make_images
 from tests.support.qwen_checkpoint import (
@@ -200,3 +201,16 @@ def _write(path, tensors) -> None:
     for stale in path.glob("model*.safetensors*"):
         stale.unlink()
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(path / "model.safetensors"))
+
+
+@torch.inference_mode()
+def test_a_video_runs_as_its_temporal_slices(encoder, tensors):
+    # Two distinct frames per patch (the full Conv3d kernel), one attention segment per slice, as transformers'
+    # Qwen3-VL does for a video of grid (2, 6, 8).
+    gen = torch.Generator().manual_seed(8)
+    slices = [PreprocessedImage(torch.rand(48, 3, 2, 16, 16, generator=gen) * 2 - 1, (6, 8), 12) for _ in range(2)]
+    got = encoder(pack_images(slices))
+    want = torch.cat([reference_image(tensors, TINY_QWEN, s.patches, 6, 8) for s in slices])
+    assert got.shape == (24, 192) and rel_err(got, want) < 2e-6
+    # a batch of a video's slices and of images is not mixed (one patch shape per batch); images as before
+    assert encoder(pack_images(make_images([(6, 8)], seed=9, patch=16))).shape == (12, 192)

@@ -136,14 +136,15 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 def reference_image(
     t: dict[str, torch.Tensor], v: dict[str, Any], patches: torch.Tensor, h: int, w: int
 ) -> torch.Tensor:
-    """One image: patches (h*w, 3, P, P) row-major -> (h/2 * w/2, (1 + levels) * out) float32, as the source does
-    it: patches reordered into 2x2 windows, the frame twice through Conv3d, align-corners position table, rotate-half
-    RoPE, full attention, mergers on consecutive groups of 4 rows."""
+    """One image (or video slice): patches (h*w, 3[, 2], P, P) row-major -> (h/2 * w/2, (1 + levels) * out) float32,
+    as the source does it: patches reordered into 2x2 windows, an image's frame twice through Conv3d, align-corners
+    position table, rotate-half RoPE, full attention, mergers on consecutive groups of 4 rows."""
     d, heads, m = v["hidden_size"], v["num_heads"], v["spatial_merge_size"]
     dh, side = d // heads, math.isqrt(v["num_position_embeddings"])
     window = torch.arange(h * w).view(h // m, m, w // m, m).permute(0, 2, 1, 3).reshape(-1)  # row-major index
     rows, cols = window // w, window % w
-    x = patches[window][:, :, None].expand(-1, -1, 2, -1, -1)  # (L, 3, 2, P, P): a still image, its frame twice
+    x = patches[window]  # (L, 3, 2, P, P) a video slice's patches, or (L, 3, P, P): a still image, its frame twice
+    x = x if x.dim() == 5 else x[:, :, None].expand(-1, -1, 2, -1, -1)
     x = F.conv3d(x, t["model.visual.patch_embed.proj.weight"], t["model.visual.patch_embed.proj.bias"]).flatten(1)
     table = t["model.visual.pos_embed.weight"].view(side, side, d).permute(2, 0, 1)[None]
     pos = F.interpolate(table, size=(h, w), mode="bilinear", align_corners=True)[0].permute(1, 2, 0)  # (h, w, D)
