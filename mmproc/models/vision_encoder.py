@@ -63,10 +63,11 @@ class VisionEncoder(nn.Module):
         return self.config.output_widths
 
     def forward(self, batch: PackedBatch, out: Tensor | list[Tensor] | None = None) -> Tensor | None:
-        """Embeddings (batch.num_tokens, text_hidden) in the model dtype on the model device.
+        """Embeddings (batch.num_tokens, output_dim) in the model dtype on the model device (with DeepStack levels,
+        each row holds every level side by side: `output_widths`).
 
-        `out`, when given, must have exactly that shape, dtype and device; the projector writes into it.
-        A list of contiguous (n_i, text_hidden) tensors with sum n_i == num_tokens splits the rows over
+        `out`, when given, must have exactly that shape, dtype and device; the head writes into it.
+        A list of contiguous (n_i, output_dim) tensors with sum n_i == num_tokens splits the rows over
         several destinations (consecutive ranges, in order); the forward then returns None.
         """
         device, dtype = self.device, self.dtype
