@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping
+from collections.abc import MutableMapping
 from typing import Any
 
 import torch
@@ -79,7 +79,7 @@ class Attention(nn.Module):
         self.register_load_state_dict_pre_hook(_permute_qk_rows)
 
 
-def _permute_qk_rows(module: nn.Module, state: Mapping[str, Any], prefix: str, *args: object) -> None:
+def _permute_qk_rows(module: nn.Module, state: MutableMapping[str, Any], prefix: str, *args: object) -> None:
     """Checkpoint (rotate-half) -> internal (interleaved) order of q's and k's channels in each head."""
     assert isinstance(module, Attention)
     perm = rotate_half_to_interleaved(module.head_dim)
@@ -90,7 +90,7 @@ def _permute_qk_rows(module: nn.Module, state: Mapping[str, Any], prefix: str, *
             continue
         view = tensor.view(3, module.num_heads, module.head_dim, *tensor.shape[1:])  # (3, H, dh[, D])
         qk = view[:2].index_select(2, perm.to(tensor.device))
-        state[key] = torch.cat((qk, view[2:])).view(tensor.shape)  # type: ignore[index]
+        state[key] = torch.cat((qk, view[2:])).view(tensor.shape)
 
 
 class MLP(nn.Module):
