@@ -18,10 +18,10 @@ import torch
 
 from mmproc.client import error_from_rpc
 from mmproc.errors import InvalidMediaError
-from mmproc.transport import bytes_to_tensor
+from mmproc.transport.serialized.staging import bytes_to_tensor
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
-from service.pipeline.decode_worker import prepare_image
+from service.pipeline.decode.worker import prepare_image
 from tests.support.corpus import OK, build_corpus
 from tests.support.qwen_checkpoint import PREPROCESSOR, TINY_QWEN, write_qwen_checkpoint
 from tests.support.server import serving, test_settings
@@ -57,8 +57,8 @@ def _grpc(stub, case) -> tuple[str, int]:
 
 
 def test_the_corpus_through_the_qwen_rule(qwen_server) -> None:
-    engine = qwen_server.service.engine
-    assert engine.preprocess.family == "qwen3_vl" and engine.preprocess.max_pixels == 1 << 20
+    pipeline = qwen_server.service.pipeline
+    assert pipeline.preprocess.family == "qwen3_vl" and pipeline.preprocess.max_pixels == 1 << 20
     options = [("grpc.max_receive_message_length", 64 << 20), ("grpc.max_send_message_length", 64 << 20)]
     start = time.monotonic()
     with grpc.insecure_channel(qwen_server.grpc_target, options=options) as channel:
@@ -69,7 +69,7 @@ def test_the_corpus_through_the_qwen_rule(qwen_server) -> None:
     mismatched = {}
     for case, got in zip(CASES, answers, strict=True):
         try:
-            prepared = prepare_image(case.data, engine.media_limits, engine.preprocess)
+            prepared = prepare_image(case.data, pipeline.media_limits, pipeline.preprocess)
             want = (OK, prepared.image.num_tokens)
         except InvalidMediaError as exc:
             want = (exc.reason, 0)
@@ -78,4 +78,4 @@ def test_the_corpus_through_the_qwen_rule(qwen_server) -> None:
     assert not mismatched
     # the valid part: 105 cases allow an embedding, 21 of them a refusal too (truncated, bit flips), which they get
     assert sum(got[0] == OK for got in answers) >= 80
-    assert engine.inflight == 0 and engine.decode_pool.crashes == 0
+    assert pipeline.inflight == 0 and pipeline.decode_pool.crashes == 0
