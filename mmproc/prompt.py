@@ -38,6 +38,8 @@ FRAMINGS: dict[str, PromptFraming] = {
     "kimi_k3": PromptFraming(
         "<|media_begin|>image {width}x{height}<|media_content|>", "<|media_pad|>", "<|media_end|>"
     ),
+    # Qwen3-VL / Qwen3.5 / Qwen3.6 (vLLM's Qwen3VL `get_placeholder_str`, transformers' Qwen3VLProcessor).
+    "qwen3_vl": PromptFraming("<|vision_start|>", "<|image_pad|>", "<|vision_end|>"),
 }
 
 

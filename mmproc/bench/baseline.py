@@ -17,12 +17,17 @@ from torch import Tensor
 from mmproc.layers.projector import PostNormProjector
 from mmproc.layers.rope import build_rope_table
 from mmproc.models import VisionEncoder
-from mmproc.models.tower import TransformerBlock
+from mmproc.models.tower import MoonViT, TransformerBlock
 from mmproc.types import PackedBatch
 
 
 class EagerBaseline:
     """Callable like a `VisionEncoder` on a `PackedBatch`: (num_tokens, text_hidden) in the model dtype."""
+
+    @staticmethod
+    def supports(model: VisionEncoder) -> bool:
+        """A port of MoonViT: other towers (Qwen3-VL) run without a baseline."""
+        return isinstance(model.tower, MoonViT)
 
     def __init__(self, model: VisionEncoder) -> None:
         self.model = model

@@ -20,6 +20,7 @@ import numpy as np
 from PIL import Image
 
 from mmproc.preprocess import PreprocessConfig, preprocess_image
+from mmproc.preprocess.config import FAMILIES
 
 
 def photo_jpeg(width: int, height: int, seed: int = 0) -> bytes:
@@ -68,7 +69,7 @@ def _size(text: str) -> tuple[int, int]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="mmproc bench cpu_preprocess", description=__doc__.split("\n")[0])
     parser.add_argument("--sizes", type=_size, nargs="+", default=[(512, 512), (1024, 1024), (1920, 1080)])
-    parser.add_argument("--family", default="kimi_k25", choices=["kimi_vl", "kimi_k25", "kimi_k3"])
+    parser.add_argument("--family", default="kimi_k25", choices=FAMILIES)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--json", default=None, help="write the rows here")
     args = parser.parse_args(argv)

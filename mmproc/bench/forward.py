@@ -1,4 +1,4 @@
-"""`mmproc bench encoder`: packed MoonViT + projector throughput on CUDA vs the eager per-image baseline.
+"""`mmproc bench encoder`: packed tower + merger(s) throughput on CUDA vs the eager per-image baseline (MoonViT).
 
 A full-size preset with random weights, random patches packed in the service's dtype; one whole forward timed
 (H2D included), median of `--reps` with CUDA events; FLOPs counted exactly, MFU only against a measured peak.
@@ -88,9 +88,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def workload_grids(name: str, seed: int) -> list[tuple[int, int]]:
-    """Patch grids of a workload under Kimi K2.5 preprocessing: 'SIDExCOUNT' (square) or 'mixedN' (seeded)."""
-    rules = PreprocessConfig.kimi_k25()
+def workload_grids(name: str, seed: int, rules: PreprocessConfig | None = None) -> list[tuple[int, int]]:
+    """Patch grids of a workload under the preset family's preprocessing (default Kimi K2.5's): 'SIDExCOUNT'
+    (square) or 'mixedN' (seeded)."""
+    rules = rules or PreprocessConfig.kimi_k25()
     if name.startswith("mixed"):
         rng = random.Random(seed)
         sizes = [(rng.randint(*MIXED_SIDES), rng.randint(*MIXED_SIDES)) for _ in range(int(name[5:]))]
@@ -101,8 +102,11 @@ def workload_grids(name: str, seed: int) -> list[tuple[int, int]]:
 
 def encoder_flops(config: VisionConfig, grids: Sequence[tuple[int, int]]) -> dict[str, int]:
     """Exact FLOPs of one forward over images with these grids: 2*M*N*K per matmul, 4*L^2*A attention (A the
-    attention width: hidden for MoonViT, qkv_hidden_size for K3; the real head dim, never a padded one)."""
+    attention width: hidden for MoonViT, qkv_hidden_size for K3; the real head dim, never a padded one). One merger
+    per output level (Qwen3-VL's DeepStack levels each have one); the patch embedding as computed, over one frame
+    (Qwen's temporal patch of 2 is folded into the weight)."""
     d, inter, text, a = config.hidden_size, config.intermediate_size, config.text_hidden_size, config.qkv_width
+    levels = len(config.output_widths)
     kk = config.merge_kernel_size[0] * config.merge_kernel_size[1]
     patch_in = 3 * config.patch_size**2
     per_patch_layer = 2 * d * (3 * a + a + 2 * inter)  # wqkv, wo, fc0, fc1
@@ -110,7 +114,7 @@ def encoder_flops(config: VisionConfig, grids: Sequence[tuple[int, int]]) -> dic
     for h, w in grids:
         seq, tokens = h * w, h * w // kk
         matmul += 2 * seq * patch_in * d + config.num_layers * seq * per_patch_layer
-        matmul += 2 * tokens * (kk * d) * (kk * d + text)  # projector linear_1, linear_2
+        matmul += levels * 2 * tokens * (kk * d) * (kk * d + text)  # each merger's linear_1, linear_2
         attention += config.num_layers * 4 * seq * seq * a  # QK^T and PV
     return {"matmul": matmul, "attention": attention, "total": matmul + attention}
 
@@ -251,7 +255,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     model = random_encoder(config, dtype, args.seed, device)
     _sync(device)
     build_s = time.perf_counter() - t0
-    baseline = None if args.no_baseline else EagerBaseline(model)
+    baseline = None if args.no_baseline or not EagerBaseline.supports(model) else EagerBaseline(model)
+    rules = PreprocessConfig.default_for(config.family)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.machine()})"
     timing = "CUDA-event-timed" if device.type == "cuda" else "wall-clock-timed"
     try:
@@ -272,7 +277,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress = Progress(len(args.workloads), "encoder", unit="workload", enabled=False if args.quiet else None)
     with torch.inference_mode(), progress:
         for name in args.workloads:
-            grids = workload_grids(name, args.seed)
+            grids = workload_grids(name, args.seed, rules)
             batch = random_batch(
                 grids, config.patch_size, config.merge_kernel_size, args.seed, pixel_dtype, device.type == "cuda"
             )
@@ -312,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         with torch.inference_mode():
             for name in args.latency or ["448x1", "1024x1", "256x4"]:
-                grids = workload_grids(name, args.seed)
+                grids = workload_grids(name, args.seed, rules)
                 batch = random_batch(grids, config.patch_size, config.merge_kernel_size, args.seed, pixel_dtype, True)
                 latency.append(latency_row(model, name, batch, args.latency_reps, device))
         print_latency(latency)

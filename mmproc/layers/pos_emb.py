@@ -1,7 +1,9 @@
-"""Learnable 2D absolute position embedding of MoonViT (Kimi-VL `Learnable2DInterpPosEmb`, K2.5/K3 `divided_fixed`).
+"""Learnable 2D absolute position embedding (Kimi-VL `Learnable2DInterpPosEmb`, K2.5/K3 `divided_fixed`, Qwen3-VL
+`pos_embed`).
 
 The (H0, W0, D) table is resized to each image's patch grid (bicubic for Kimi-VL and K2.5, bilinear for K3;
-align_corners=False, no antialias) and added to the patch embeddings. Unlike the reference, resized tables are
+align_corners=False, no antialias; Qwen3-VL: bilinear with align_corners=True, its table stored flat as
+(H0 * W0, D)) and added to the patch embeddings. Unlike the reference, resized tables are
 cached per (h, w, device, dtype) in a bounded LRU that never evicts the current batch's sizes for one another.
 """
 
@@ -54,7 +56,24 @@ def bilinear_weights(n_in: int, n_out: int, device: torch.device) -> Tensor:
     return out.scatter_add_(1, hi[:, None], frac[:, None])
 
 
-RESIZE_WEIGHTS = {"bicubic": bicubic_weights, "bilinear": bilinear_weights}
+def bilinear_corners_weights(n_in: int, n_out: int, device: torch.device) -> Tensor:
+    """(n_out, n_in) float64 matrix of a 1-D linear resize with align_corners=True: source x = i * (n_in - 1) /
+    max(n_out - 1, 1) (the ends map onto the ends), taps floor(x) and floor(x) + 1 clamped to the border
+    (transformers' `get_vision_interpolation_indices_and_weights(mode="bilinear", align_corners=True)`)."""
+    src = torch.arange(n_out, device=device, dtype=torch.float64) * ((n_in - 1) / max(n_out - 1, 1))
+    lo = src.floor().long().clamp_(max=n_in - 1)
+    frac = src - lo.to(torch.float64)
+    hi = (lo + 1).clamp_(max=n_in - 1)
+    out = torch.zeros(n_out, n_in, device=device, dtype=torch.float64)
+    out.scatter_add_(1, lo[:, None], (1.0 - frac)[:, None])
+    return out.scatter_add_(1, hi[:, None], frac[:, None])
+
+
+RESIZE_WEIGHTS = {
+    "bicubic": bicubic_weights,
+    "bilinear": bilinear_weights,
+    "bilinear_corners": bilinear_corners_weights,
+}
 
 
 def interpolate_pos_emb(table: Tensor, h: int, w: int, mode: str = "bicubic") -> Tensor:
@@ -76,7 +95,8 @@ def interpolate_pos_emb(table: Tensor, h: int, w: int, mode: str = "bicubic") ->
 
 
 class Learnable2DInterpPosEmb(nn.Module):
-    """`weight` (H0, W0, D) — checkpoint name `patch_embed.pos_emb.weight`; `mode` how it is resized."""
+    """`weight` (H0, W0, D) — checkpoint name `patch_embed.pos_emb.weight`; `mode` how it is resized. flat: the
+    weight is stored (H0 * W0, D) as in the checkpoint (Qwen3-VL's `nn.Embedding`), viewed as (H0, W0, D)."""
 
     def __init__(
         self,
@@ -85,13 +105,15 @@ class Learnable2DInterpPosEmb(nn.Module):
         dim: int,
         *,
         mode: str = "bicubic",
+        flat: bool = False,
         max_cache_entries: int = 256,
         max_cache_bytes: int = 256 << 20,
     ) -> None:
         super().__init__()
         if mode not in RESIZE_WEIGHTS:
             raise ValueError(f"position embedding resize mode must be one of {sorted(RESIZE_WEIGHTS)}, got {mode!r}")
-        self.weight = nn.Parameter(torch.empty(height, width, dim))
+        self.grid = (height, width)
+        self.weight = nn.Parameter(torch.empty(height * width, dim) if flat else torch.empty(height, width, dim))
         self.mode = mode
         self.max_cache_entries = max_cache_entries
         self.max_cache_bytes = max_cache_bytes
@@ -133,7 +155,7 @@ class Learnable2DInterpPosEmb(nn.Module):
             return hit
         # Cached tensors must not hold an autograd graph nor be inference tensors (usable in any mode).
         with torch.inference_mode(False), torch.no_grad():
-            value = interpolate_pos_emb(self.weight, h, w, self.mode)
+            value = interpolate_pos_emb(self.weight.view(*self.grid, -1), h, w, self.mode)
         size = value.numel() * value.element_size()
         if size <= self.max_cache_bytes:
             self._cache[key] = value
@@ -165,8 +187,8 @@ class Learnable2DInterpPosEmb(nn.Module):
         tables: dict[tuple[int, int], Tensor] = {}
         for hw in grid_hws:
             if hw not in tables:
-                if hw == (self.weight.shape[0], self.weight.shape[1]):
-                    tables[hw] = self.weight.flatten(0, 1)  # the reference uses the table as is
+                if hw == self.grid:
+                    tables[hw] = self.weight.view(self.grid[0] * self.grid[1], -1)  # the reference uses the table as is
                 else:
                     tables[hw] = self._lookup(hw[0], hw[1], in_use)
         return [tables[hw] for hw in grid_hws]

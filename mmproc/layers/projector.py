@@ -53,8 +53,11 @@ class Projector(nn.Module):
         self.linear_1 = nn.Linear(self.merged_dim, self.merged_dim)
         self.linear_2 = nn.Linear(self.merged_dim, text_hidden_size)
 
-    def forward(self, x: Tensor, merge_index: Tensor, out: Tensor | list[Tensor] | None = None) -> Tensor | None:
+    def forward(
+        self, x: Tensor, merge_index: Tensor, out: Tensor | list[Tensor] | None = None, taps: tuple[Tensor, ...] = ()
+    ) -> Tensor | None:
         """x (L, D) tower output, merge_index (T*kk,) int64 on x's device -> (T, text_hidden), into `out` if given.
+        `taps` (DeepStack levels) must be empty: this projector has none.
 
         `out` may be a list of (n_i, text_hidden) tensors with sum n_i == T: consecutive row ranges written
         into separate destinations (e.g. one IPC pool slice per request in the batch); returns None then.
@@ -79,7 +82,9 @@ class PostNormProjector(nn.Module):
         self.linear_2 = nn.Linear(self.merged_dim, text_hidden_size, bias=False)
         self.post_norm = nn.RMSNorm(text_hidden_size, eps=eps)
 
-    def forward(self, x: Tensor, merge_index: Tensor, out: Tensor | list[Tensor] | None = None) -> Tensor | None:
+    def forward(
+        self, x: Tensor, merge_index: Tensor, out: Tensor | list[Tensor] | None = None, taps: tuple[Tensor, ...] = ()
+    ) -> Tensor | None:
         """As `Projector.forward`: x (L, D), merge_index (T*kk,) -> (T, text_hidden), into `out` if given."""
         h = F.gelu(self.linear_1(x.index_select(0, merge_index).view(-1, self.merged_dim)))  # (T, kk*D)
         y = self.post_norm(self.linear_2(h))  # (T, text_hidden)
@@ -89,6 +94,31 @@ class PostNormProjector(nn.Module):
             _split_copy(y, out)
             return None
         return out.copy_(y)
+
+
+class PatchMergerMLP(nn.Module):
+    """norm, 2x2 shuffle, linear_fc1 (kk*D -> kk*D), exact GELU, linear_fc2 (kk*D -> out); biases everywhere.
+    postshuffle_norm False: LayerNorm(D) per sub-token (Qwen3-VL `merger`); True: LayerNorm(kk*D) over the
+    shuffled row (its DeepStack mergers). Checkpoint names: `norm`, `linear_fc1`, `linear_fc2`."""
+
+    def __init__(
+        self, hidden_size: int, kernel: tuple[int, int], out_size: int, eps: float, *, postshuffle_norm: bool
+    ) -> None:
+        super().__init__()
+        self.kk = kernel[0] * kernel[1]
+        self.merged_dim = hidden_size * self.kk
+        self.postshuffle_norm = postshuffle_norm
+        self.norm = nn.LayerNorm(self.merged_dim if postshuffle_norm else hidden_size, eps=eps)
+        self.linear_fc1 = nn.Linear(self.merged_dim, self.merged_dim)
+        self.linear_fc2 = nn.Linear(self.merged_dim, out_size)
+
+    def forward(self, x: Tensor, merge_index: Tensor, out: Tensor | list[Tensor] | None = None) -> Tensor | None:
+        """x (L, D), merge_index (T*kk,) int64 on x's device -> (T, out), into `out` if given."""
+        if self.postshuffle_norm:
+            h = self.norm(x.index_select(0, merge_index).view(-1, self.merged_dim))
+        else:  # per-token norm: before the gather, as Projector does
+            h = self.norm(x).index_select(0, merge_index).view(-1, self.merged_dim)
+        return _linear_into(F.gelu(self.linear_fc1(h)), self.linear_fc2, out)  # (T, kk*D) -> (T, out)
 
 
 def _split_copy(y: Tensor, out: list[Tensor]) -> None:

@@ -91,3 +91,42 @@ def apply_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, 
     """
     cis = torch.complex(cos, sin).unsqueeze(1)  # (L, 1, dh/2) complex64: shared by all heads
     return _rotate(q, cis), _rotate(k, cis)
+
+
+# -- one table per axis (towers whose grids get long: Qwen3-VL reaches ~3,600 patches on a side) -----------------
+
+
+def build_rope_axis_table(head_dim: int, size: int, theta: float = 10000.0) -> tuple[Tensor, Tensor]:
+    """cos, sin (size, head_dim // 4) float32 on the CPU: position p at frequency f_k, the same angles (and bits) as
+    `build_rope_table` holds at row or column p."""
+    if head_dim % 4:
+        raise ValueError(f"head_dim {head_dim} must be divisible by 4 for 2D RoPE")
+    freqs = 1.0 / (theta ** (torch.arange(0, head_dim, 4, dtype=torch.float32)[: head_dim // 4] / head_dim))
+    angles = torch.outer(torch.arange(size, dtype=torch.float32), freqs)
+    return angles.cos(), angles.sin()
+
+
+def rope_axis_index(grid_hws: Sequence[tuple[int, int]]) -> Tensor:
+    """(2 * sum h*w,) int64 on the CPU: (column, row) of every patch, patches row-major per image, images in order."""
+    if not grid_hws:
+        return torch.zeros(0, dtype=torch.int64)
+    return torch.cat([_image_axis_index(h, w) for h, w in grid_hws])
+
+
+@functools.lru_cache(maxsize=256)
+def _image_axis_index(h: int, w: int) -> Tensor:
+    rows = torch.arange(h, dtype=torch.int64).repeat_interleave(w)
+    cols = torch.arange(w, dtype=torch.int64).repeat(h)
+    return torch.stack((cols, rows), dim=1).view(-1)
+
+
+def gather_rope_axes(cos_axis: Tensor, sin_axis: Tensor, index: Tensor) -> tuple[Tensor, Tensor]:
+    """cos, sin (L, dh/2) float32 in the interleaved layout above (pair 2k: column, 2k + 1: row) from the per-axis
+    tables (N, dh/4) and `rope_axis_index` (2L,) int64 on the tables' device."""
+    quarter = cos_axis.shape[-1]
+
+    def gather(table: Tensor) -> Tensor:
+        # (2L, dh/4) -> (L, 2, dh/4) -> (L, dh/4, 2): column and row angle of frequency k side by side
+        return table.index_select(0, index).view(-1, 2, quarter).transpose(1, 2).reshape(-1, 2 * quarter)
+
+    return gather(cos_axis), gather(sin_axis)

@@ -1,7 +1,7 @@
-"""`VisionConfig`: one frozen dataclass describing a vision tower + patch merger + projector of any family.
-
-Families (mmproc/models/moonvit.py, moonvit3d.py) parse their checkpoints' `config.json` into it and name their
-presets with it; the tower, the projector and the loader read only these fields, never a family name.
+"""`VisionConfig`: one frozen dataclass describing a vision tower + patch merger(s) of any family, in the terms of
+the blocks in mmproc/layers/ (norm, biases, activation, position table and its resize, RoPE, merge kernel, output
+widths). Which tower module is built from it is the family's business (mmproc/models/registry.py): each family
+module parses its checkpoints' `config.json` into it and names its presets with it.
 """
 
 from __future__ import annotations
@@ -12,23 +12,26 @@ from typing import Any
 from mmproc.errors import ConfigError
 
 NORMS = ("layernorm", "rmsnorm")
-POS_EMB_MODES = ("bicubic", "bilinear")
+POS_EMB_MODES = ("bicubic", "bilinear", "bilinear_corners")  # mmproc/layers/pos_emb.py
 PROJECTORS = ("pre_norm_mlp", "mlp_post_norm")  # mmproc/layers/projector.py
 ACTIVATIONS = ("gelu_tanh", "gelu")
 
 
 @dataclass(frozen=True, kw_only=True)
 class VisionConfig:
-    """A MoonViT-style tower (patch embed + pos emb, pre-norm blocks with 2D RoPE, final norm), the k x k patch
-    merger and the projector to the LLM width.
+    """A pre-norm ViT with 2D RoPE (patch embed + learned position table, blocks), the k x k patch merger and the
+    projector to the LLM width, plus optional DeepStack levels.
 
-    family: the model family that parsed it ("kimi_vl", "kimi_k25", "kimi_k3"); checkpoint names and the
-        preprocessing rule follow from it (mmproc/models/registry.py).
+    family: the registry name of the family that parsed it; its tower module, checkpoint names and preprocessing
+        rule follow from it (mmproc/models/registry.py).
     qkv_hidden_size: attention width (3 x it out of wqkv); head_dim = qkv_hidden_size / num_heads. None = hidden.
     norm / norm_eps: the blocks' and final norm; eps None = LayerNorm's 1e-5, or RMSNorm's dtype eps.
     attn_bias / mlp_bias / patch_embed_bias: whether those linears carry a bias (K3: none).
     projector: "pre_norm_mlp" (LayerNorm per sub-token, Linear, GELU, Linear; Kimi-VL, K2.5) or
         "mlp_post_norm" (bias-free Linear, GELU, Linear, then RMSNorm at the LLM width; K3 PatchMergerMLPV2).
+    temporal_patch_size: frames one patch spans (Qwen3-VL: 2, a still image is its frame twice); 1 otherwise.
+    deepstack_layers: blocks whose output also goes through a merger of its own (Qwen3-VL DeepStack); the
+        output is the main merger's rows with each level's concatenated on the last dim (vLLM's layout).
     """
 
     family: str
@@ -54,6 +57,8 @@ class VisionConfig:
     rope_theta: float = 10000.0
     rope_max_grid: int = 512
     pos_emb_time: int = 0  # frames per video chunk the time embedding covers; 0: the tower takes no video
+    temporal_patch_size: int = 1
+    deepstack_layers: tuple[int, ...] = ()
     name: str = "custom"
 
     def __post_init__(self) -> None:
@@ -67,6 +72,7 @@ class VisionConfig:
             "pos_emb_width",
             "text_hidden_size",
             "rope_max_grid",
+            "temporal_patch_size",
         ):
             check_positive_int(field, getattr(self, field))
         if self.qkv_hidden_size is not None:
@@ -89,6 +95,12 @@ class VisionConfig:
         for field in ("attn_bias", "mlp_bias", "patch_embed_bias"):
             if not isinstance(getattr(self, field), bool):
                 raise ConfigError(f"{field} must be true or false, got {getattr(self, field)!r}")
+        layers = self.deepstack_layers
+        if not isinstance(layers, list | tuple) or any(isinstance(i, bool) or not isinstance(i, int) for i in layers):
+            raise ConfigError(f"deepstack_layers must be block indexes, got {layers!r}")
+        if any(not 0 <= i < self.num_layers for i in layers) or len(set(layers)) != len(layers):
+            raise ConfigError(f"deepstack_layers {list(layers)} must be distinct blocks of 0..{self.num_layers - 1}")
+        object.__setattr__(self, "deepstack_layers", tuple(layers))
         if self.qkv_width % self.num_heads:
             raise ConfigError(f"attention width {self.qkv_width} is not divisible by num_heads {self.num_heads}")
         if self.head_dim % 4:
@@ -102,6 +114,15 @@ class VisionConfig:
     @property
     def head_dim(self) -> int:
         return self.qkv_width // self.num_heads
+
+    @property
+    def output_widths(self) -> tuple[int, ...]:
+        """Width of each level side by side in one output row: the main merger's, then each DeepStack level's."""
+        return (self.text_hidden_size,) * (1 + len(self.deepstack_layers))
+
+    @property
+    def output_dim(self) -> int:
+        return sum(self.output_widths)
 
     @property
     def merged_dim(self) -> int:

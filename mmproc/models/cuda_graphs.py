@@ -15,19 +15,42 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
+from mmproc.models.config import VisionConfig
+from mmproc.models.device_inputs import DeviceInputs
+from mmproc.models.tower_base import RopeTower
 from mmproc.types import PackedBatch
-
-if TYPE_CHECKING:  # the encoder imports this module
-    from mmproc.models.vision_encoder import VisionEncoder
 
 logger = logging.getLogger(__name__)
 
 _SIGHTINGS_PER_GRAPH = 8  # keys remembered (with their hit counts) per graph slot
+
+
+class VisionEncoder(Protocol):
+    """What capturing and replaying needs of the encoder: its two forward steps (`prepare` on the host, `run` on
+    the device) and a few facts. mmproc/models/vision_encoder.py implements it (and imports this module)."""
+
+    config: VisionConfig
+    tower: RopeTower
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def dtype(self) -> torch.dtype: ...
+
+    @property
+    def output_dim(self) -> int: ...
+
+    def prepare(self, batch: PackedBatch) -> DeviceInputs: ...
+
+    def run(self, inputs: DeviceInputs, out: Tensor | list[Tensor] | None = None) -> Tensor | None: ...
+
+    def device_pixels(self, pixels: Tensor, batch: PackedBatch) -> Tensor: ...
 
 
 class CapturedForward:
@@ -37,7 +60,7 @@ class CapturedForward:
         device = encoder.device
         self.inputs = encoder.prepare(batch)  # ours alone: the graph reads these addresses on every replay
         # The position tables the capture reads live in an LRU cache; holding them keeps them alive past eviction.
-        self.pos_tables = encoder.tower.patch_embed.pos_emb.tables(batch.grid_hws)
+        self.pos_tables = encoder.tower.pos_tables(batch.grid_hws)
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
         with torch.cuda.stream(side):  # warm-up outside the capture (kernel choice, Triton compiles, caches)
@@ -92,7 +115,8 @@ class GraphCache:
             return None
         if batch.max_seqlen > self.max_image_patches:
             return None
-        key = (batch.grid_hws, batch.pixel_values.dtype, encoder.tower.options)
+        # pixel shape too: a Qwen video slice (3, 2, P, P) and an image (3, P, P) may share grids
+        key = (batch.grid_hws, batch.pixel_values.dtype, tuple(batch.pixel_values.shape[1:]), encoder.tower.options)
         captured = self.graphs.get(key)
         if captured is not None:
             self.graphs.move_to_end(key)

@@ -1,6 +1,6 @@
-"""What a model family tells the rest of mmproc: how to recognise its `config.json`, how to parse it, which
-checkpoint tensor names it uses, and its presets. One `ModelFamily` per module (moonvit.py, moonvit3d.py);
-mmproc/models/registry.py lists them.
+"""What a model family tells the rest of mmproc: how to recognise its `config.json`, how to parse it, which tower
+and head (merger(s), projector) to build, which checkpoint tensor names it uses, and its presets. One
+`ModelFamily` per module (moonvit.py, moonvit3d.py, qwen3_vl.py); mmproc/models/registry.py lists them.
 """
 
 from __future__ import annotations
@@ -9,8 +9,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from torch import nn
+
 from mmproc.errors import ConfigError
+from mmproc.layers.kernels import KernelOptions
 from mmproc.models.config import VisionConfig
+from mmproc.models.tower_base import RopeTower
 
 
 @dataclass(frozen=True)
@@ -34,17 +38,23 @@ class CheckpointLayout:
 
 
 ConfigParser = Callable[[Mapping[str, Any], str], VisionConfig]
+TowerFactory = Callable[[VisionConfig, "KernelOptions | None"], RopeTower]  # state-dict prefix `tower.`
+# head(config): forward(hidden (L, D), merge_index (T*kk,), out, taps) -> (T, config.output_dim); prefix `projector.`
+HeadFactory = Callable[[VisionConfig], nn.Module]
 
 
 @dataclass(frozen=True)
 class ModelFamily:
     """name: the family id ("kimi_k3"), also `VisionConfig.family`. model_types: `config.json` model_type values
     (top level, or of vision_config) that name this family. parse(config, name): VisionConfig or ConfigError.
-    layouts: tensor naming schemes, tried in order. presets: name -> config (random weights)."""
+    tower / head: build the modules `VisionEncoder` composes. layouts: tensor naming schemes, tried in order.
+    presets: name -> config (random weights)."""
 
     name: str
     model_types: tuple[str, ...]
     parse: ConfigParser
+    tower: TowerFactory
+    head: HeadFactory
     layouts: tuple[CheckpointLayout, ...]
     presets: Mapping[str, VisionConfig]
 

@@ -29,6 +29,10 @@ from mmproc.models.vision_encoder import VisionEncoder
 logger = logging.getLogger(__name__)
 
 _FLOAT_DTYPES = {"F64", "F32", "F16", "BF16"}
+# What an FP8 checkpoint stores beside a quantized weight. The FP8 releases (e.g. Qwen3.6-35B-A3B-FP8) leave the
+# vision tower in bf16 (`quantization_config.modules_to_not_convert`); a quantized tower is refused, named.
+_QUANT_SUFFIXES = (".weight_scale_inv", ".weight_scale", ".input_scale")
+_UNQUANTIZED = "mmproc loads the vision tower unquantized, as the FP8 releases keep it (modules_to_not_convert)"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -163,6 +167,8 @@ def read_vision_tensors(path: Path, config: VisionConfig) -> Iterable[tuple[str,
     layout = _pick_layout(BY_NAME[config.family].layouts, shapes, weight_map, path)
     wanted = {layout.to_checkpoint_key(name): name for name in shapes}
     for key, file in weight_map.items():
+        if key.startswith(layout.vision_prefixes) and key.endswith(_QUANT_SUFFIXES):
+            raise ConfigError(f"vision tensor {key} in {file} is an FP8 scale: {_UNQUANTIZED}")
         if key.startswith(layout.vision_prefixes) and key not in wanted:
             raise ConfigError(f"unexpected vision tensor {key} in {file} (not part of a {config.family} encoder)")
     by_file: dict[Path, list[str]] = defaultdict(list)
@@ -180,6 +186,8 @@ def read_vision_tensors(path: Path, config: VisionConfig) -> Iterable[tuple[str,
                 shape, want = tuple(info.get_shape()), tuple(shapes[wanted[key]])
                 if shape != want:
                     raise ConfigError(f"tensor {key} in {file} has shape {shape}, expected {want}")
+                if info.get_dtype().startswith("F8"):
+                    raise ConfigError(f"tensor {key} in {file} is {info.get_dtype()} (FP8): {_UNQUANTIZED}")
                 if info.get_dtype() not in _FLOAT_DTYPES:
                     raise ConfigError(f"tensor {key} in {file} has unsupported dtype {info.get_dtype()}")
             for key in keys:

@@ -15,6 +15,7 @@ from typing import Any
 from mmproc.errors import ConfigError
 from mmproc.models.config import VisionConfig, as_kernel
 from mmproc.models.family import CheckpointLayout, ModelFamily, build, first_key, get_int, require
+from mmproc.models.tower import MoonViT, moonvit_head
 
 KIMI_VL_LAYOUT = CheckpointLayout(
     "kimi_vl",
@@ -136,6 +137,8 @@ KIMI_VL = ModelFamily(
     name="kimi_vl",
     model_types=("kimi_vl", "moonvit"),
     parse=parse_kimi_vl,
+    tower=MoonViT,
+    head=moonvit_head,
     layouts=(KIMI_VL_LAYOUT,),
     presets=MappingProxyType(
         {
@@ -158,6 +161,8 @@ KIMI_K25 = ModelFamily(
     name="kimi_k25",
     model_types=("kimi_k25", "kimi_k25_vision"),
     parse=parse_kimi_k25,
+    tower=MoonViT,
+    head=moonvit_head,
     layouts=(K25_LAYOUT, K25_TRANSFORMERS_LAYOUT),
     presets=MappingProxyType(
         {

@@ -16,6 +16,7 @@ from typing import Any
 from mmproc.errors import ConfigError
 from mmproc.models.config import VisionConfig, as_kernel
 from mmproc.models.family import CheckpointLayout, ModelFamily, build, get_int, require
+from mmproc.models.tower import MoonViT, moonvit_head
 
 K3_LAYOUT = CheckpointLayout(
     "kimi_k3",
@@ -141,6 +142,8 @@ KIMI_K3 = ModelFamily(
     name="kimi_k3",
     model_types=("kimi_k3", "kimi_k3_vision"),
     parse=parse_kimi_k3,
+    tower=MoonViT,
+    head=moonvit_head,
     layouts=(K3_LAYOUT,),
     presets=MappingProxyType(
         {

@@ -1,8 +1,8 @@
 """Every model family mmproc serves, and how a checkpoint's `config.json` picks one: by `model_type` (top level,
 else `vision_config.model_type`), never by which keys happen to be present.
 
-Adding a family: a module with its `ModelFamily` (config parser, checkpoint layouts, presets), one entry below,
-and its preprocessing rule under the same name in mmproc/preprocess/rules.py.
+Adding a family: a module with its `ModelFamily` (config parser, tower and head, checkpoint layouts, presets), one
+entry below, and its preprocessing rule under the same name in mmproc/preprocess/rules.py.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from mmproc.models.config import VisionConfig
 from mmproc.models.family import ModelFamily
 from mmproc.models.moonvit import KIMI_K25, KIMI_VL
 from mmproc.models.moonvit3d import KIMI_K3
+from mmproc.models.qwen3_vl import QWEN3_VL
 
-FAMILIES: tuple[ModelFamily, ...] = (KIMI_VL, KIMI_K25, KIMI_K3)
+FAMILIES: tuple[ModelFamily, ...] = (KIMI_VL, KIMI_K25, KIMI_K3, QWEN3_VL)
 BY_NAME: Mapping[str, ModelFamily] = MappingProxyType({f.name: f for f in FAMILIES})
 PRESETS: Mapping[str, VisionConfig] = MappingProxyType({k: v for f in FAMILIES for k, v in f.presets.items()})
 

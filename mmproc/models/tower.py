@@ -1,5 +1,5 @@
-"""The MoonViT vision tower over a packed batch, for every family (Kimi-VL `MoonVitPretrainedModel`, K2.5 and K3
-`MoonViT3d` for t == 1); what differs between families is read from `VisionConfig`.
+"""The MoonViT vision tower over a packed batch (Kimi-VL `MoonVitPretrainedModel`, K2.5 and K3 `MoonViT3d`); what
+differs between the Kimi families is read from `VisionConfig`. `moonvit_head` builds their projector.
 
 Parameter names equal the checkpoint's `vision_tower.*` names. Pre-norm blocks; each residual add is paired with
 the norm that reads its result (the MLP's with the NEXT block's norm0), so a block takes and returns
@@ -9,42 +9,25 @@ the norm that reads its result (the MLP's with the NEXT block's norm0), so a blo
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmproc.layers.add_norm import Norm, apply_norm, make_norm
-from mmproc.layers.attention import VarlenMeta
-from mmproc.layers.kernels import KernelOptions, Kernels, LinearGeluFn, linear_gelu_tanh, select_kernels
+from mmproc.layers.kernels import KernelOptions, LinearGeluFn, linear_gelu_tanh
 from mmproc.layers.pos_emb import Learnable2DInterpPosEmb
-from mmproc.layers.rope import build_rope_table
-from mmproc.layers.temporal import time_embedding_table
+from mmproc.layers.projector import PROJECTORS
+from mmproc.layers.rope import build_rope_table, gather_rope, rope_row_index
+from mmproc.layers.temporal import temporal_pool, time_embedding_table
 from mmproc.models.config import VisionConfig
+from mmproc.models.tower_base import RopeTower, TowerInputs, TowerOutput
 
 logger = logging.getLogger(__name__)
 
 _ROPE_TABLE_STEP = 64  # the lazily built RoPE table grows in steps of 64 patches per side
 
-__all__ = ["KernelOptions", "MoonViT", "TowerInputs"]
-
-
-@dataclass(frozen=True)
-class TowerInputs:
-    """Per-batch inputs of the tower, all on the compute device except the Python-int metadata.
-
-    grid_hws: per frame (h, w) (an image is one frame). cos, sin: (L, dh/2) float32 RoPE factors per patch.
-    attn: segment metadata (a video chunk is one segment). kernels: the functions chosen for this device and
-    dtype. time_index: (L,) int64 row of the time table per patch, None when every item is one frame.
-    """
-
-    grid_hws: tuple[tuple[int, int], ...]
-    cos: Tensor
-    sin: Tensor
-    attn: VarlenMeta
-    kernels: Kernels
-    time_index: Tensor | None = None
+__all__ = ["KernelOptions", "MoonViT", "TowerInputs", "TowerOutput"]
 
 
 class PatchEmbed(nn.Module):
@@ -125,17 +108,15 @@ class TransformerBlocks(nn.Module):
         return h
 
 
-class MoonViT(nn.Module):
-    """Patch embedding + encoder. Holds two lazily built caches: the RoPE table and the attention backend."""
+class MoonViT(RopeTower):
+    """Patch embedding + encoder. Holds lazily built caches: the RoPE table, the time table and (in the base) the
+    kernel choice. RoPE layout: one (h, w) table, interleaved pairs (mmproc/layers/rope.py)."""
 
     def __init__(self, config: VisionConfig, options: KernelOptions | None = None) -> None:
-        super().__init__()
-        self.config = config
-        self.options = options or KernelOptions()
+        super().__init__(config, options)
         self.patch_embed = PatchEmbed(config)
         self.encoder = TransformerBlocks(config)  # `encoder`: the checkpoints' name (vision_tower.encoder.*)
         self._rope: tuple[torch.device, Tensor, Tensor] | None = None  # (device, cos, sin)
-        self._kernels: tuple[tuple[torch.device, torch.dtype], Kernels] | None = None
         self._time: Tensor | None = None  # (pos_emb_time + 1, D) in the model's device and dtype
 
     def time_table(self, device: torch.device, dtype: torch.dtype) -> Tensor:
@@ -148,12 +129,6 @@ class MoonViT(nn.Module):
                 table = time_embedding_table(self.config.pos_emb_time, self.config.hidden_size)
                 self._time = table.to(device=device, dtype=dtype)
         return self._time
-
-    def set_options(self, **changes: object) -> KernelOptions:
-        """Switch fast paths (benchmarks, tests); the kernels are selected again on the next forward."""
-        self.options = replace(self.options, **changes)
-        self._kernels = None
-        return self.options
 
     def rope_table(self, device: torch.device, max_h: int, max_w: int) -> tuple[Tensor, Tensor]:
         """cos, sin (Th, Tw, dh/2) float32 on `device` covering a max_h x max_w grid (grown on demand)."""
@@ -174,32 +149,35 @@ class MoonViT(nn.Module):
         self._rope = (device, cos, sin)
         return cos, sin
 
-    def kernels(self, device: torch.device, dtype: torch.dtype) -> Kernels:
-        """Attention, RoPE and fc0+GELU implementations for this device/dtype, selected once and then reused."""
-        key = (device, dtype)
-        if self._kernels is None or self._kernels[0] != key:
-            cfg = self.config
-            kernels = select_kernels(
-                device,
-                dtype,
-                num_heads=cfg.num_heads,
-                head_dim=cfg.head_dim,
-                width=cfg.hidden_size,
-                norm=cfg.norm,
-                options=self.options,
-            )
-            logger.info(
-                "kernels on %s/%s: attention %s, RoPE %s, fc0+GELU %s, add+norm %s", device, dtype, *kernels.names
-            )
-            self._kernels = (key, kernels)
-        return self._kernels[1]
+    def rope_index(self, device: torch.device, grid_hws: tuple[tuple[int, int], ...]) -> Tensor:
+        # (L,) int64: flat rows of the (Th * Tw, dh/2) table
+        cos, _ = self.rope_table(device, max(h for h, _ in grid_hws), max(w for _, w in grid_hws))
+        return rope_row_index(grid_hws, cos.shape[1])
 
-    def forward(self, pixels: Tensor, inputs: TowerInputs) -> Tensor:
-        # pixels (L, 3, P, P) in model dtype on the model device -> hidden states (L, D)
+    def rope_factors(self, device: torch.device, index: Tensor) -> tuple[Tensor, Tensor]:
+        assert self._rope is not None and self._rope[0] == device, "rope_index builds the table first"
+        return gather_rope(self._rope[1], self._rope[2], index)  # (L, dh/2) each
+
+    def pos_tables(self, grid_hws: tuple[tuple[int, int], ...]) -> list[Tensor]:
+        return self.patch_embed.pos_emb.tables(grid_hws)
+
+    def forward(self, pixels: Tensor, inputs: TowerInputs) -> TowerOutput:
+        # pixels (L, 3, P, P) in model dtype on the model device -> hidden states (L', D): a video chunk's frames
+        # averaged after the final norm (K2.5 sd2_tpool, mmproc/layers/temporal.py), so L' = sum h*w per item.
         x = self.patch_embed(pixels, inputs.grid_hws)
         if inputs.time_index is not None:
             x.add_(self.time_table(x.device, x.dtype)[inputs.time_index])  # (L, D) gather: video frames only
-        return self.encoder(x, inputs)
+        hidden = self.encoder(x, inputs)
+        if inputs.frames:
+            hidden = temporal_pool(hidden, inputs.item_grids, inputs.frames)  # a chunk costs one frame's tokens
+        return TowerOutput(hidden)
+
+
+def moonvit_head(config: VisionConfig) -> nn.Module:
+    """The projector `config.projector` names (mmproc/layers/projector.py)."""
+    return PROJECTORS[config.projector](
+        config.hidden_size, config.merge_kernel_size, config.text_hidden_size, config.projector_ln_eps
+    )
 
 
 def _round_up(n: int) -> int:

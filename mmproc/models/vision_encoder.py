@@ -1,55 +1,38 @@
-"""`VisionEncoder`: MoonViT tower + patch merger + projector as one module over a `PackedBatch`.
+"""`VisionEncoder`: a family's tower + its head (patch merger(s), projector) as one module over a `PackedBatch`.
 
-State-dict names: `tower.*` (the checkpoint's `vision_tower.*`) and `projector.*`; each family's
-`CheckpointLayout` maps its checkpoints onto them. Per forward, two non_blocking H2D copies on a side stream
-(the pixels, and one int64 buffer of every index built on the CPU) overlap the previous forward; nothing is
-read back.
+The registry names the family (`config.family`) and the family builds both modules (mmproc/models/family.py).
+State-dict names: `tower.*` and `projector.*`; each family's `CheckpointLayout` maps its checkpoints onto them.
+Per forward, two non_blocking H2D copies on a side stream (the pixels, and one int64 buffer of every index built on
+the CPU) overlap the previous forward; nothing is read back.
 """
 
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
 from mmproc.layers.attention import VarlenMeta
-from mmproc.layers.projector import PROJECTORS, merge_gather_index
-from mmproc.layers.rope import gather_rope, rope_row_index
-from mmproc.layers.temporal import frame_grids, frame_time_index, temporal_pool
+from mmproc.layers.kernels import KernelOptions
+from mmproc.layers.projector import merge_gather_index
+from mmproc.layers.temporal import frame_grids, frame_time_index
 from mmproc.models.config import VisionConfig
 from mmproc.models.cuda_graphs import GraphCache
-from mmproc.models.tower import KernelOptions, MoonViT, TowerInputs
+from mmproc.models.device_inputs import DeviceInputs
+from mmproc.models.registry import BY_NAME
+from mmproc.models.tower_base import TowerInputs
 from mmproc.types import PackedBatch, apply_lut
 
 _LUTS_PER_DEVICE = 8  # normalization tables kept on the device (one per preprocessing config in use)
-
-
-@dataclass(frozen=True)
-class DeviceInputs:
-    """One batch on the device. pixels (L, 3, P, P) model dtype; cos, sin (L, dh/2) float32; merge_index
-    (T*kk,) int64; attn: segments (CPU ints + device cu_seqlens); grid_hws: per image (h, w) Python ints.
-    Video chunks (mmproc/layers/temporal.py): frames per item (empty: all images) and time_index (L,) int64."""
-
-    pixels: Tensor
-    cos: Tensor
-    sin: Tensor
-    merge_index: Tensor
-    attn: VarlenMeta
-    grid_hws: tuple[tuple[int, int], ...]
-    frames: tuple[int, ...] = ()
-    time_index: Tensor | None = None
 
 
 class VisionEncoder(nn.Module):
     def __init__(self, config: VisionConfig, options: KernelOptions | None = None) -> None:
         super().__init__()
         self.config = config
-        self.tower = MoonViT(config, options)
+        family = BY_NAME[config.family]
+        self.tower = family.tower(config, options)
         self.graphs: GraphCache | None = None  # set by `use_cuda_graphs`
-        self.projector = PROJECTORS[config.projector](
-            config.hidden_size, config.merge_kernel_size, config.text_hidden_size, config.projector_ln_eps
-        )
+        self.projector = family.head(config)
         self._upload_streams: dict[torch.device, torch.cuda.Stream] = {}  # per device, made on first use
         self._device_luts: dict[tuple, Tensor] = {}  # (table bytes, device, dtype) -> the table there
 
@@ -63,21 +46,28 @@ class VisionEncoder(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        return self.projector.linear_2.weight.device
+        return next(self.projector.parameters()).device
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.projector.linear_2.weight.dtype
+        return next(self.projector.parameters()).dtype
 
     @property
     def output_dim(self) -> int:
-        return self.config.text_hidden_size
+        """Width of one output row: every level side by side (`output_widths`)."""
+        return self.config.output_dim
+
+    @property
+    def output_widths(self) -> tuple[int, ...]:
+        """The main merger's width, then each DeepStack level's (vLLM's `mm_encoder_output_widths`)."""
+        return self.config.output_widths
 
     def forward(self, batch: PackedBatch, out: Tensor | list[Tensor] | None = None) -> Tensor | None:
-        """Embeddings (batch.num_tokens, text_hidden) in the model dtype on the model device.
+        """Embeddings (batch.num_tokens, output_dim) in the model dtype on the model device (with DeepStack levels,
+        each row holds every level side by side: `output_widths`).
 
-        `out`, when given, must have exactly that shape, dtype and device; the projector writes into it.
-        A list of contiguous (n_i, text_hidden) tensors with sum n_i == num_tokens splits the rows over
+        `out`, when given, must have exactly that shape, dtype and device; the head writes into it.
+        A list of contiguous (n_i, output_dim) tensors with sum n_i == num_tokens splits the rows over
         several destinations (consecutive ranges, in order); the forward then returns None.
         """
         device, dtype = self.device, self.dtype
@@ -111,11 +101,8 @@ class VisionEncoder(nn.Module):
         grids = batch.grid_hws
         if batch.frames and max(batch.frames) > self.config.pos_emb_time:
             raise ValueError(f"video chunks of {max(batch.frames)} frames; this tower takes {self.config.pos_emb_time}")
-        cos_table, sin_table = self.tower.rope_table(
-            device, max(h for h, _ in grids), max(w for _, w in grids)
-        )  # (Th, Tw, dh/2) float32
-        pixels, rope_rows, merge_idx, cu_dev = self._inputs_to_device(batch, cos_table.shape[1], device)
-        cos, sin = gather_rope(cos_table, sin_table, rope_rows)  # (L, dh/2) each
+        pixels, rope_rows, merge_idx, cu_dev = self._inputs_to_device(batch, device)
+        cos, sin = self.tower.rope_factors(device, rope_rows)  # (L, dh/2) float32 each
         time_index = None
         if batch.frames:
             time_index = frame_time_index(grids, batch.frames).to(device, non_blocking=True)
@@ -157,20 +144,22 @@ class VisionEncoder(nn.Module):
             attn=inputs.attn,
             kernels=self.tower.kernels(self.device, self.dtype),
             time_index=inputs.time_index,
+            item_grids=inputs.grid_hws if frames else (),
+            frames=frames,
         )
-        hidden = self.tower(inputs.pixels, tower_inputs)  # (L, D)
-        if frames:
-            hidden = temporal_pool(hidden, inputs.grid_hws, frames)  # (sum h*w, D): a chunk costs one frame
-        return self.projector(hidden, inputs.merge_index, out)
+        features = self.tower(inputs.pixels, tower_inputs)  # (sum h*w, D) and the DeepStack taps
+        return self.projector(features.hidden, inputs.merge_index, out, features.taps)
 
-    def _inputs_to_device(self, batch: PackedBatch, table_w: int, device: torch.device) -> tuple[Tensor, ...]:
-        """Pixels, RoPE rows (L,), merge gather (T*kk,) int64 and cu_seqlens (N+1,) int32 on `device`: the pixels
-        in one copy, the indices (built on the CPU) in ONE more.
+    def _inputs_to_device(self, batch: PackedBatch, device: torch.device) -> tuple[Tensor, ...]:
+        """Pixels, RoPE rows (the tower's), merge gather (T*kk,) int64 and cu_seqlens (N+1,) int32 on `device`: the
+        pixels in one copy, the indices (built on the CPU) in ONE more.
 
         On CUDA both copies run on a side stream, which the compute stream then waits for (an event): under load
         the copy engine uploads this batch while the GPU still computes the previous one."""
         # RoPE: every frame of a chunk is an (h, w) image; the merge gather runs after the temporal pool.
-        rows = rope_row_index(frame_grids(batch.grid_hws, batch.frames) if batch.frames else batch.grid_hws, table_w)
+        rows = self.tower.rope_index(
+            device, frame_grids(batch.grid_hws, batch.frames) if batch.frames else batch.grid_hws
+        )
         merge = merge_gather_index(batch.grid_hws, self.config.merge_kernel_size)
         if device.type == "cpu":
             return batch.pixel_values, rows, merge, batch.cu_seqlens

@@ -1,7 +1,9 @@
 """`PreprocessConfig`: the image-processor settings of a checkpoint, parsed once from preprocessor_config.json.
 
-Two layouts: Kimi-VL (top-level keys; missing ones take `KimiVLImageProcessor.__init__`'s defaults, as
-transformers would) and K2.5 (`media_proc_cfg`; missing ones take K2.5's own file; video keys ignored).
+Three layouts: Kimi-VL (top-level keys; missing ones take `KimiVLImageProcessor.__init__`'s defaults, as
+transformers would), K2.5 (`media_proc_cfg`; missing ones take K2.5's own file; video keys ignored) and Qwen3-VL
+(`Qwen2VLImageProcessor` keys; mmproc/preprocess/qwen3_vl_config.py). Qwen files may live only in
+processor_config.json, nested under "image_processor".
 """
 
 from __future__ import annotations
@@ -16,9 +18,17 @@ from typing import Any, Literal
 
 from mmproc.errors import ConfigError
 from mmproc.preprocess.bounds import max_patches_bound
+from mmproc.preprocess.qwen3_vl_config import (
+    QWEN3_VL_VALUES,
+    check_qwen3_vl,
+    qwen3_vl_fields,
+    qwen3_vl_max_grid_side,
+    qwen3_vl_max_patches,
+)
+from mmproc.preprocess.transparent_bg import TransparentBackground
 
-Family = Literal["kimi_vl", "kimi_k25", "kimi_k3"]
-FAMILIES: tuple[Family, ...] = ("kimi_vl", "kimi_k25", "kimi_k3")
+Family = Literal["kimi_vl", "kimi_k25", "kimi_k3", "qwen3_vl"]
+FAMILIES: tuple[Family, ...] = ("kimi_vl", "kimi_k25", "kimi_k3", "qwen3_vl")
 NAVIT_FAMILIES = ("kimi_k25", "kimi_k3")  # K2.5's media_proc_cfg rules (K3 adds the transparent background)
 
 # MoonViT's 2D RoPE table covers 512 x 512 patches; KimiVLImageProcessor.rescale raises "Exceed pos emb" when a
@@ -65,59 +75,6 @@ def _triple(name: str, value: object, *, positive: bool) -> tuple[float, float, 
     return (out[0], out[1], out[2])
 
 
-_BG_PATTERNS = {"black": 0.0, "white": 255.0, "gray": 128.0, "chessboard": None}
-
-
-@dataclass(frozen=True)
-class TransparentBackground:
-    """K3 `media_proc_cfg.transparent_bg_config`: what transparent pixels are composited onto after the resize.
-
-    pattern: "chessboard" (squares of `square_size` resized pixels from the top-left corner; with
-    `square_on_top_left` the squares of odd parity (y // size + x // size) are `gray_value` and the top-left one
-    `white_value`, without it the reverse: SGLang's reading of the key), or "black" / "white" / "gray"
-    (0 / 255 / 128).
-    Defaults: those of SGLang 0.5.23's `fill_transparent_bg` for keys the file leaves out.
-    """
-
-    pattern: str = "black"
-    square_size: int = 16
-    white_value: float = 255.0
-    gray_value: float = 200.0
-    square_on_top_left: bool = True
-
-    def __post_init__(self) -> None:
-        if self.pattern not in _BG_PATTERNS:
-            raise ConfigError(f"preprocess config: transparent_bg_config.pattern must be one of {sorted(_BG_PATTERNS)}")
-        _positive_int("transparent_bg_config.chessboard_square_size", self.square_size)
-        for name in ("white_value", "gray_value"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 255:
-                raise ConfigError(f"preprocess config: transparent_bg_config.chessboard_{name} must be in 0..255")
-        if not isinstance(self.square_on_top_left, bool):
-            raise ConfigError("preprocess config: transparent_bg_config.chessboard_square_on_top_left must be a bool")
-
-    @property
-    def fill_value(self) -> float:
-        value = _BG_PATTERNS[self.pattern]
-        assert value is not None, "a chessboard has no single fill value"
-        return value
-
-    @classmethod
-    def from_dict(cls, data: object) -> TransparentBackground:
-        if not isinstance(data, dict):
-            raise ConfigError("preprocess config: transparent_bg_config must be an object")
-        stage = data.get("transparent_bg_fill_stage", "after_resize")
-        if stage != "after_resize":
-            raise ConfigError(f"preprocess config: transparent_bg_fill_stage {stage!r} is not supported")
-        return cls(
-            pattern=data.get("pattern", "black"),
-            square_size=data.get("chessboard_square_size", 16),
-            white_value=data.get("chessboard_white_value", 255.0),
-            gray_value=data.get("chessboard_gray_value", 200.0),
-            square_on_top_left=data.get("chessboard_square_on_top_left", True),
-        )
-
-
 @dataclass(frozen=True)
 class PreprocessConfig:
     """Image-processor rules of one checkpoint. Build with `kimi_vl()`, `kimi_k25()`, `from_dict()` or
@@ -137,6 +94,8 @@ class PreprocessConfig:
     in_patch_limit: int | None = None  # K2.5: limit on (w // p) * (h // p)
     patch_limit_on_one_side: int | None = None  # K2.5: limit on each side, in patches
     transparent_bg: TransparentBackground | None = None  # K3: composite transparent images onto this
+    min_pixels: int | None = None  # Qwen3-VL: smart_resize's pixel budget (size.shortest_edge / longest_edge)
+    max_pixels: int | None = None
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -152,7 +111,9 @@ class PreprocessConfig:
         object.__setattr__(self, "merge_kernel_size", kernel)
         object.__setattr__(self, "image_mean", _triple("image_mean", self.image_mean, positive=False))
         object.__setattr__(self, "image_std", _triple("image_std", self.image_std, positive=True))
-        if self.family == "kimi_vl":
+        if self.family == "qwen3_vl":
+            check_qwen3_vl(self)
+        elif self.family == "kimi_vl":
             self._check_kimi_vl()
         else:
             self._check_kimi_k25()
@@ -208,6 +169,11 @@ class PreprocessConfig:
         return cls._from_media_proc_cfg({"transparent_bg_config": {"pattern": "chessboard"}}, family="kimi_k3")
 
     @classmethod
+    def qwen3_vl(cls) -> PreprocessConfig:
+        """Qwen3-VL / Qwen3.5 / Qwen3.6 preprocessor_config.json (not transformers' Qwen2-VL class defaults)."""
+        return cls(family="qwen3_vl", **QWEN3_VL_VALUES)
+
+    @classmethod
     def default_for(cls, family: str) -> PreprocessConfig:
         """The rules a preset of `family` runs with (no checkpoint directory)."""
         if family not in FAMILIES:
@@ -222,6 +188,8 @@ class PreprocessConfig:
         None detects Kimi-VL vs K2.5 from the layout."""
         if not isinstance(data, dict):
             raise ConfigError(f"preprocess config: expected a JSON object, got {type(data).__name__}")
+        if family == "qwen3_vl":  # a Qwen2VLImageProcessor file alone could be Qwen2-VL's (not served): the model says
+            return cls(family="qwen3_vl", **qwen3_vl_fields(data))
         if "media_proc_cfg" in data:
             media = data["media_proc_cfg"]
             if not isinstance(media, dict):
@@ -282,6 +250,8 @@ class PreprocessConfig:
     def max_grid_side(self) -> tuple[int, int]:
         """Largest grid (h, w) side an accepted image can have, in patches (a multiple of the kernel)."""
         kh, kw = self.merge_kernel_size
+        if self.family == "qwen3_vl":
+            return qwen3_vl_max_grid_side(self)
         if self.family == "kimi_vl":
             return (KIMI_VL_MAX_GRID_SIDE // kh * kh, KIMI_VL_MAX_GRID_SIDE // kw * kw)
         side = self.patch_limit_on_one_side
@@ -291,6 +261,8 @@ class PreprocessConfig:
     @cached_property
     def max_patches_per_image(self) -> int:
         """Upper bound of `grid_h * grid_w` over every image `preprocess_image` accepts (see `bounds.py`)."""
+        if self.family == "qwen3_vl":
+            return qwen3_vl_max_patches(self)
         limit = self.in_token_limit if self.family == "kimi_vl" else self.in_patch_limit
         assert limit is not None
         return max_patches_bound(limit, self.merge_kernel_size, self.max_grid_side)
@@ -310,7 +282,9 @@ class PreprocessConfig:
             "image_mean": list(self.image_mean),
             "image_std": list(self.image_std),
         }
-        if self.family == "kimi_vl":
+        if self.family == "qwen3_vl":
+            out |= {"min_pixels": self.min_pixels, "max_pixels": self.max_pixels}
+        elif self.family == "kimi_vl":
             out |= {"in_token_limit": self.in_token_limit, "pad_input": self.pad_input}
         else:
             out |= {"in_patch_limit": self.in_patch_limit, "patch_limit_on_one_side": self.patch_limit_on_one_side}
@@ -350,12 +324,15 @@ def load_preprocess_config(model_dir: Path | str, family: str | None = None) -> 
     """Read `<model_dir>/preprocessor_config.json` for a model of `family`. ConfigError naming the file and the
     problem; a file of another family's layout is refused."""
     path = Path(model_dir) / "preprocessor_config.json"
-    if not path.is_file():
+    nested = Path(model_dir) / "processor_config.json"  # transformers 5 may write only this, the settings nested
+    if not path.is_file() and nested.is_file():
+        path, data = nested, _read_json(nested).get("image_processor")
+        if not isinstance(data, dict):
+            raise ConfigError(f"{path}: no 'image_processor' object (and no preprocessor_config.json beside it)")
+    elif not path.is_file():
         raise ConfigError(f"{path}: not found (a checkpoint directory must contain preprocessor_config.json)")
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read JSON: {e}") from e
+    else:
+        data = _read_json(path)
     try:
         cfg = PreprocessConfig.from_dict(data, family)
     except ConfigError as e:
@@ -363,3 +340,13 @@ def load_preprocess_config(model_dir: Path | str, family: str | None = None) -> 
     if family is not None and cfg.family != family:
         raise ConfigError(f"{path}: holds {cfg.family} preprocessing rules, the model is {family}")
     return cfg
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ConfigError(f"{path}: cannot read JSON: {e}") from e
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data

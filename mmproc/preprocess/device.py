@@ -1,6 +1,7 @@
 """The image rules on torch tensors, on whatever device the pixels are (a GPU when JPEGs are decoded there): the
-same resize plan, Pillow's BICUBIC bit for bit (resize.py), black padding, the family's normalization table and
-the patch layout, so an opaque image gives the same patches as `preprocess_image` on the CPU.
+same resize plan, the family's resize (`Rule.resize_tensor`; Kimi: Pillow's BICUBIC bit for bit, resize.py), black
+padding, the family's normalization table and the patch layout, so an opaque image gives the same patches as
+`preprocess_image` on the CPU (Qwen3-VL off the CPU: torchvision's float path there, which may differ by one level).
 
 Opaque images only: an image with alpha keeps the CPU path (Pillow premultiplies before resizing; K3 composites).
 """
@@ -16,7 +17,6 @@ from torch import Tensor
 
 from mmproc.errors import InvalidMediaError, Reason
 from mmproc.preprocess.config import PreprocessConfig
-from mmproc.preprocess.resize import pillow_bicubic
 from mmproc.preprocess.rules import RULES
 from mmproc.types import PreprocessedImage
 
@@ -56,9 +56,10 @@ def preprocess_same_size(
     height, width = first.shape[0], first.shape[1]
     if width < 1 or height < 1:
         raise InvalidMediaError(f"image is {width}x{height}", reason=Reason.TOO_SMALL)
-    plan = RULES[cfg.family].plan(width, height, cfg)
+    rule = RULES[cfg.family]
+    plan = rule.plan(width, height, cfg)
     if plan.resize_to is not None and plan.resize_to != (width, height):
-        rgbs = [pillow_bicubic(rgb, plan.resize_to) for rgb in rgbs]  # large images: their device work dominates
+        rgbs = [rule.resize_tensor(rgb, plan.resize_to) for rgb in rgbs]  # large images: their device work dominates
     stack = torch.stack(rgbs) if len(rgbs) > 1 else rgbs[0].unsqueeze(0)  # (N, h, w, 3)
     n, p = len(rgbs), cfg.patch_size
     gh, gw = plan.grid_hw
