@@ -1,7 +1,4 @@
-"""Pack preprocessed images into one varlen batch (CPU side) and split the embeddings back per image.
-
-The dynamic-batching runner (token budget, queues) lives elsewhere; this module only builds `PackedBatch`.
-"""
+"""Pack preprocessed images into one varlen `PackedBatch` and split the embeddings back per image."""
 
 from __future__ import annotations
 
@@ -16,12 +13,8 @@ PIXEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def pixel_transfer_dtype(device: torch.device, model_dtype: torch.dtype) -> torch.dtype:
-    """The dtype `pack_images` should pack in for a model on `device` in `model_dtype`.
-
-    A bf16/fp16 model on CUDA: its own dtype, so the H2D copy moves half the bytes and the device does no cast
-    (the CPU cast in the packing pass rounds to nearest even, as the device cast would: same bits). Anything
-    else (CPU, float32 models): float32, the dtype preprocessing produces.
-    """
+    """The dtype to pack in: a bf16/fp16 model's own on CUDA (half the H2D bytes; the CPU cast rounds to nearest
+    even, as the device's would), else float32."""
     if device.type == "cuda" and model_dtype in (torch.bfloat16, torch.float16):
         return model_dtype
     return torch.float32
@@ -33,14 +26,10 @@ def pack_images(
     pin_memory: bool = False,
     dtype: torch.dtype = torch.float32,
 ) -> PackedBatch:
-    """One `torch.cat` of the patches into a (pinned when asked) (sum L, 3, P, P) buffer.
+    """One `torch.cat` of the patches into a (sum L, 3, P, P) buffer, pinned when asked (CUDA consumers only).
 
-    Images whose bytes were left to the device (`PreprocessedImage.lut`, all with the same table) are packed as
-    uint8 with that table, for the model to normalize. Otherwise in `dtype`: float32 (default), or the model's
-    bf16/fp16 for a CUDA consumer (see `pixel_transfer_dtype`), converted in the same CPU copy pass (images with
-    bytes are normalized here first). cu_seqlens (N + 1,) int32 CPU; max_seqlen and token_counts as Python ints.
-    Pin only for a CUDA consumer.
-    """
+    uint8 with the shared `lut` when every image left its bytes to the device; else `dtype`, cast in the same
+    copy. cu_seqlens (N + 1,) int32 CPU; max_seqlen and token_counts Python ints."""
     if dtype not in PIXEL_DTYPES:
         raise ValueError(f"pack_images: dtype must be one of {PIXEL_DTYPES}, got {dtype}")
     if not images:
@@ -85,9 +74,8 @@ def pack_images(
 
 
 def _pack_on_device(parts: list[Tensor], shape: tuple, dtype: torch.dtype, device: torch.device) -> Tensor:
-    """Images decoded on the GPU (their patches already there), maybe beside CPU ones: pack on the device. The CPU
-    parts go up in one pinned copy; each device part is marked used by this stream, whose reads the caching
-    allocator must wait for before it hands the part's memory to the stream that made it."""
+    """Pack on the device when some patches are there already: CPU parts go up in one pinned copy; device parts
+    are `record_stream`ed so the caching allocator waits for this stream's reads."""
     stream = torch.cuda.current_stream(device)
     host = [part for part in parts if part.device.type == "cpu"]
     uploaded = iter(())

@@ -1,8 +1,4 @@
-"""Typed errors. Every failure a caller can see is one of these, and each class names its HTTP status and gRPC
-code here, the one table: `service/frontends/error_mapping.py` maps exceptions to statuses with it and
-`mmproc.client` maps statuses back to the same classes, so a worker catches `InvalidMediaError` (a `ValueError`)
-and never parses status strings.
-"""
+"""Typed errors: each class names its HTTP status and gRPC code, the one table the server and client map with."""
 
 from __future__ import annotations
 
@@ -10,8 +6,7 @@ from enum import Enum
 
 
 class Reason(str, Enum):
-    """Why a request was refused as the client's fault. Carried in BadRequest details, in
-    `InvalidMediaError.reason`, in the HTTP 400 body and in the rejection metric."""
+    """Why a request was refused as the client's fault (BadRequest details, HTTP 400 body, rejection metric)."""
 
     EMPTY = "empty"
     TOO_LARGE = "too_large"  # bytes of one image over the limit
@@ -29,7 +24,7 @@ class Reason(str, Enum):
     TOO_MANY_PATCHES = "too_many_patches"  # total patches per request over the limit
     REQUEST_TOO_LARGE = "request_too_large"  # total request bytes over the limit
     BAD_REQUEST = "bad_request"  # malformed request (bad base64, unknown transport, ...)
-    # Videos (mmproc/media/video.py): checked from the container's index before any frame is decoded.
+    # videos: checked from the container's index before any frame is decoded
     UNSUPPORTED_CODEC = "unsupported_codec"  # allowlisted container, but its video codec is not allowed
     NO_VIDEO_STREAM = "no_video_stream"  # a container without a video stream (audio only, subtitles ...)
     VIDEO_TOO_LONG = "video_too_long"  # duration (header or stream, the larger) over the limit
@@ -50,12 +45,10 @@ HTTP_STATUS_BY_REASON: dict[str, int] = {Reason.REQUEST_TOO_LARGE.value: 413}
 
 
 class InvalidMediaError(MmprocError, ValueError):
-    """The request (or one image in it) is invalid: the client's fault, HTTP 400 / INVALID_ARGUMENT.
+    """The request (or one image in it) is invalid: HTTP 400 / INVALID_ARGUMENT.
 
-    `index` is the offending image's position in the request, or -1 when the whole request is at
-    fault (too many images, too many bytes ...). `reason` is a `Reason` value (a plain string on the
-    client side, so that newer servers may add reasons).
-    """
+    `index`: the offending item's position, -1 for the whole request. `reason`: a `Reason` value (a plain
+    string on the client side, so that newer servers may add reasons)."""
 
     http_status = 400
     grpc_code = "INVALID_ARGUMENT"
@@ -82,13 +75,9 @@ class InvalidMediaError(MmprocError, ValueError):
 
 
 class InvalidRequestError(InvalidMediaError):
-    """The request itself is invalid, not an image or video in it: no or too many images, too many bytes or
-    patches, readers out of range, bad keys or mm_hashes, bad sampling overrides, bad base64 or a bad
-    x-mmproc-timeout-ms header (HTTP). Still HTTP 400 / INVALID_ARGUMENT with a `Reason`, still a `ValueError`.
+    """The request itself is invalid, not an item in it (counts, sizes, keys, headers): still HTTP 400.
 
-    A subclass of InvalidMediaError because the client documented that class as every 400 it raises: existing
-    `except InvalidMediaError` keeps catching these; catch InvalidRequestError first to tell the two apart.
-    """
+    A subclass so that `except InvalidMediaError` keeps catching every 400; catch this first to tell them apart."""
 
     kind = "request"
 
@@ -100,9 +89,8 @@ def _rebuild_invalid_media(
 
 
 class ResourceExhaustedError(MmprocError):
-    """Queue or pool full, or the request could not finish in time (refused early): HTTP 429 /
-    RESOURCE_EXHAUSTED. Safe to retry later: `retry_after_s` is the server's estimate of when (None: no
-    estimate); `cause` names the limit that refused it (the refusal metric's label, e.g. "queue_delay")."""
+    """Queue or pool full, or refused early as too late: HTTP 429 / RESOURCE_EXHAUSTED. Retry after
+    `retry_after_s` (None: no estimate); `cause` names the limit (the refusal metric's label)."""
 
     http_status = 429
     grpc_code = "RESOURCE_EXHAUSTED"
@@ -121,8 +109,7 @@ class UnavailableError(MmprocError):
 
 
 class UnauthenticatedError(MmprocError):
-    """The server wants a bearer token (`auth_token`) and the call had none or a wrong one: HTTP 401 /
-    UNAUTHENTICATED."""
+    """Missing or wrong bearer token: HTTP 401 / UNAUTHENTICATED."""
 
     http_status = 401
     grpc_code = "UNAUTHENTICATED"
@@ -136,16 +123,15 @@ class DeadlineExceededError(MmprocError, TimeoutError):
 
 
 class StaleSessionError(MmprocError):
-    """The request names an IPC session the server does not hold (it restarted, or the session stream
-    ended): HTTP 409 / FAILED_PRECONDITION. The client opens a new session and sends the request again."""
+    """The request names an IPC session the server does not hold: HTTP 409 / FAILED_PRECONDITION (the client
+    reopens and resends)."""
 
     http_status = 409
     grpc_code = "FAILED_PRECONDITION"
 
 
 class UnknownKeyError(MmprocError, KeyError):
-    """No result is kept under the key a request named (never sent, expired, or evicted for space): HTTP 404 /
-    NOT_FOUND. Send the image again (with its key)."""
+    """No result is kept under the key (never sent, expired, evicted): HTTP 404 / NOT_FOUND; send it again."""
 
     http_status = 404
     grpc_code = "NOT_FOUND"

@@ -1,6 +1,5 @@
-"""A request's priority, as clients send it and both front ends read it: the `x-mmproc-priority` header (gRPC
-metadata, HTTP header). Like a deadline it is an attribute of the call, not of its content, so the server reads it
-before parsing the request. Batch work is shed first under overload (docs/reliability.md, "Overload")."""
+"""A request's priority: the `x-mmproc-priority` header, read before parsing, like a deadline. Batch work is shed
+first under overload (docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -12,8 +11,7 @@ PRIORITIES = (INTERACTIVE, BATCH)  # interactive: the default, sent as no header
 
 
 def is_batch(value: str | None) -> bool:
-    """The server's reading of the header: whether it says batch work. Anything but the two names is a bad
-    request, not a guess."""
+    """Whether the header says batch work; anything but the two names is a bad request, not a guess."""
     if value is None:
         return False
     name = value.strip().lower()

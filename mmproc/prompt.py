@@ -1,9 +1,5 @@
-"""How an engine's prompt frames one image of each family: header, `num_tokens` placeholders, footer.
-
-The token-count contract (docs/engines.md): the engine expands each image's placeholder to exactly the
-`num_tokens` rows mmproc returns for it. The header is a template that may use the image's original size
-(`{width}`, `{height}`), which later families put into the prompt.
-"""
+"""How an engine's prompt frames one image of each family: header, `num_tokens` placeholders, footer
+(the token-count contract: docs/engines.md). A header may use the image's `{width}` and `{height}`."""
 
 from __future__ import annotations
 
@@ -14,23 +10,20 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class PromptFraming:
-    """One family's framing of an image in the prompt; placeholder is repeated once per embedding row."""
+    """One family's framing of an image; the placeholder is repeated once per embedding row."""
 
     image_header: str
     placeholder: str
     image_footer: str
 
     def header(self, width: int, height: int) -> str:
-        """The header of a width x height image (original size, as decoded after EXIF orientation)."""
         return self.image_header.format(width=width, height=height)
 
     def image_text(self, num_tokens: int, width: int, height: int) -> str:
-        """The whole expanded run for one image."""
         return self.header(width, height) + self.placeholder * num_tokens + self.image_footer
 
 
-# Keyed by the family string of PreprocessConfig.family / ServerInfo.family. Kimi-VL and K2.5 share the
-# chat template's media tokens (Kimi-VL's processor and vLLM's KimiK25 `get_placeholder_str` spell them alike).
+# by PreprocessConfig.family; tokens as Kimi-VL's processor and vLLM's KimiK25 `get_placeholder_str` spell them
 FRAMINGS: dict[str, PromptFraming] = {
     "kimi_vl": PromptFraming("<|media_start|>image<|media_content|>", "<|media_pad|>", "<|media_end|>"),
     "kimi_k25": PromptFraming("<|media_begin|>image<|media_content|>", "<|media_pad|>", "<|media_end|>"),
@@ -45,7 +38,7 @@ FRAMINGS: dict[str, PromptFraming] = {
 
 @dataclass(frozen=True)
 class VideoFraming:
-    """One family's framing of a video: per chunk its start time, a header, one placeholder per row, a footer."""
+    """Per chunk: its start time, a header, one placeholder per row, a footer."""
 
     chunk_header: str
     placeholder: str
@@ -72,7 +65,6 @@ VIDEO_FRAMINGS: dict[str, VideoFraming] = {
 
 
 def video_prompt(family: str, timestamps: Sequence[float], token_counts: Sequence[int]) -> str:
-    """The expanded prompt text of one video: each chunk's timestamp, media tokens and placeholders."""
     try:
         return VIDEO_FRAMINGS[family].video_text(timestamps, token_counts)
     except KeyError:
@@ -80,7 +72,6 @@ def video_prompt(family: str, timestamps: Sequence[float], token_counts: Sequenc
 
 
 def framing(family: str) -> PromptFraming:
-    """The framing of `family`; KeyError naming the known ones otherwise."""
     try:
         return FRAMINGS[family]
     except KeyError:

@@ -1,10 +1,5 @@
-"""Which queued images the runner's next batch takes: FIFO, or adaptive LIFO under overload.
-
-fifo (default): oldest first; admission bounds the wait by time, so none starves. adaptive_lifo: once the oldest
-live image has waited `lifo_after_s`, newest request first ("Fail at Scale"): fresh clients are served, stale
-requests expire unrun. Why the default: docs/benchmarks/overload.md. Both keep a request's images together and
-in order, and take at least one image.
-"""
+"""Which queued images the next batch takes: FIFO, or adaptive LIFO under overload ("Fail at Scale"; why FIFO is
+the default: docs/benchmarks/overload.md). Both keep a request's images together and take at least one."""
 
 from __future__ import annotations
 
@@ -27,11 +22,8 @@ T = TypeVar("T", bound=QueuedImage)
 
 
 def take_batch(queue: deque[T], fits: Callable[[int, int], bool], newest_first: bool) -> list[T]:
-    """Remove and return the next batch from `queue` (live images only, oldest at the left).
-
-    fits(images taken, patches taken + the next image's) says whether one more image fits the budget.
-    newest_first: take whole requests from the right (their images in position order) instead of a prefix.
-    """
+    """Remove and return the next batch (oldest at the left); fits(images, patches) says whether one more fits.
+    newest_first: whole requests from the right instead of a prefix."""
     taken: list[T] = []
     patches = 0
     if not newest_first:

@@ -1,9 +1,6 @@
 """The one thread that owns the device: dynamic batching of concurrent requests into packed forwards.
 
-Images queue in arrival order; a batch takes from the head (mmproc/queue_discipline.py) until the patch budget
-or batch size is reached, waiting at most `max_wait_ms` for company. Every image fits the budget alone, so FIFO
-never starves one. Bounded: the queue (full = ResourceExhaustedError at submit), the batch, the wait.
-"""
+Every image fits the patch budget alone, so FIFO never starves one; queue, batch and wait are bounded."""
 
 from __future__ import annotations
 
@@ -44,8 +41,7 @@ OutputAllocator = Callable[[int], torch.Tensor]  # rows -> contiguous (rows, hid
 
 @dataclass
 class _Job:
-    """One submitted request. Its images may run in different batches; all of them write into one output
-    buffer (rows in image order), and the future resolves with per-image views when the last one is done."""
+    """One request; its images may run in different batches but write into one output buffer, in order."""
 
     future: Future
     deadline: float | None  # time.monotonic() deadline
@@ -83,7 +79,7 @@ class _Item:
 
 
 class BatchModel(Protocol):
-    """What the runner needs of the model: a forward over a packed batch (a `VisionEncoder` is one)."""
+    """A forward over a packed batch (a `VisionEncoder` is one)."""
 
     device: torch.device
     dtype: torch.dtype
@@ -93,12 +89,8 @@ class BatchModel(Protocol):
 
 
 class Runner:
-    """Runs the model on a worker thread with dynamic batching.
-
-    Each request gets its own output buffer: by default a fresh device tensor, or whatever the caller's
-    `output` allocator returns (the IPC transport passes a slice of its pool), and the projector writes
-    each request's rows straight into it — no batch-sized intermediate, no copy afterwards.
-    """
+    """Runs the model on a worker thread; the projector writes each request's rows straight into its own
+    output buffer (the `output` allocator's, e.g. an IPC pool slice), with no batch-sized intermediate."""
 
     def __init__(
         self,
@@ -114,15 +106,10 @@ class Runner:
         on_dropped: Callable[[str, int], None] | None = None,
         batch_patches: Callable[[], int] | None = None,
     ) -> None:
-        """pin_memory, pixel_dtype: how batches are packed; for a CUDA encoder pin and pack in
-        `mmproc.batching.pixel_transfer_dtype(device, dtype)` so that the H2D copy carries the model dtype.
-        company_expected: whether more requests are on their way (the service: admitted, still decoding); when
-        it says no, a batch starts at once instead of waiting `max_wait_ms` for company that cannot come.
-        Called on the worker thread; None: always wait.
-        on_dropped(stage, images): images of a cancelled or expired request left out unrun ("queue"), or run for a
-        caller that gave up during the forward ("late"); any thread.
-        batch_patches: the patch budget of the next batch, at most `max_batch_patches` (the service bounds a batch's
-        duration with it, so that a request's wait is not one huge batch on a slow device); None: that maximum."""
+        """pin_memory, pixel_dtype: how batches are packed (CUDA: `batching.pixel_transfer_dtype`).
+        company_expected: whether more requests are on their way; if not, a batch starts without waiting.
+        on_dropped(stage, images): images dropped unrun ("queue") or run for a caller gone ("late"); any thread.
+        batch_patches: the next batch's patch budget, at most `max_batch_patches` (None: that maximum)."""
         if max_patches_per_image > config.max_batch_patches:
             raise ConfigError(
                 f"runner: max_batch_patches={config.max_batch_patches} is smaller than one image can be "
@@ -161,7 +148,7 @@ class Runner:
             self._thread.join(timeout)
 
     def oldest_wait_s(self) -> float:
-        """How long the oldest queued image has waited (0 when the queue is empty): the queue's sojourn time."""
+        """The queue's sojourn time: how long the oldest queued image has waited (0 when empty)."""
         with self._cond:
             return time.monotonic() - self._queue[0].job.submitted if self._queue else 0.0
 
@@ -172,7 +159,6 @@ class Runner:
 
     @property
     def queued_patches(self) -> int:
-        """Patches of the images waiting for a forward (not those in one): the encoder work queued now."""
         return self._queued_patches  # an int read: atomic, no lock
 
     def default_output(self, rows: int) -> torch.Tensor:
@@ -189,11 +175,9 @@ class Runner:
     ) -> Future:
         """Queue a request's images; the future gets one (tokens_i, hidden) tensor per image, in order.
 
-        deadline: a time.monotonic() instant; images not started by then are dropped and the future
-        fails with DeadlineExceededError. Cancelling the future drops the images not yet started.
-        output: allocates the request's (total tokens, hidden) destination, called once on the runner thread.
-        on_written: called on the runner thread right after the last image's forward was enqueued on the
-        device (stream order: work it enqueues runs after the writes), before the future resolves.
+        deadline: time.monotonic(); images not started by then are dropped (DeadlineExceededError), as are
+        those of a cancelled future. output: allocates the (total tokens, hidden) destination, on the runner.
+        on_written: on the runner, after the last forward was enqueued (stream-ordered), before the future resolves.
         """
         future: Future = Future()
         if not images:
@@ -225,7 +209,6 @@ class Runner:
         return future
 
     def _drop_if_cancelled(self, future: Future) -> None:
-        """A cancelled request's queued images leave the queue at once, freeing their slots (and memory)."""
         if future.cancelled():
             with self._cond:
                 before = len(self._queue)
@@ -238,7 +221,7 @@ class Runner:
     # -- worker -------------------------------------------------------------------------------------
 
     def _run(self) -> None:
-        thread_roles.register("runner")  # the server's CPU by role (mmproc/thread_roles.py)
+        thread_roles.register("runner")
         while True:
             items = self._next_batch()
             if items is None:
@@ -247,14 +230,13 @@ class Runner:
                 self._execute(items)
 
     def _next_batch(self) -> list[_Item] | None:
-        """Block for work, then take a FIFO prefix of the queue under the budget. None means stop."""
+        """Block for work, then take a batch from the queue; None means stop."""
         cfg = self._config
         with self._cond:
             while not self._queue:
                 if self._stopping:
                     return None
                 self._cond.wait()
-            # Give concurrent requests a bounded moment to join the batch, if any are on their way.
             wait_until = time.monotonic() + cfg.max_wait_ms / 1000
             while not self._stopping and not self._budget_full() and self._company_expected():
                 left = wait_until - time.monotonic()
@@ -278,11 +260,10 @@ class Runner:
         return False
 
     def _take_prefix(self) -> list[_Item]:
-        """The batch, after the wait for company and right before packing: the last check of each request's
-        deadline and cancellation before its forward. Dead images leave the queue wherever they are."""
+        """The batch, after the last deadline/cancellation check; dead images leave the queue wherever they are."""
         now = time.monotonic()
         dead = {id(item.job): item.job for item in self._queue if item.job.future.done() or item.job.expired(now)}
-        if dead:  # cancelled, failed or too late: dropped, never run (the queue is copied only then)
+        if dead:  # the queue is copied only then
             live = deque(item for item in self._queue if id(item.job) not in dead)
             for job in dead.values():
                 _settle(job.future, exception=DeadlineExceededError("deadline passed while queued"))
@@ -337,8 +318,7 @@ class Runner:
 
 
 def _runs(items: list[_Item]) -> list[tuple[_Job, int, int]]:
-    """Consecutive items of one job as (job, first position, last position). A job's images are queued
-    together and taken in FIFO order, so within a batch they are contiguous and in position order."""
+    """(job, first, last) runs; a job's images are queued together, so within a batch they are contiguous."""
     runs: list[tuple[_Job, int, int]] = []
     for item in items:
         if runs and runs[-1][0] is item.job and runs[-1][2] + 1 == item.position:

@@ -1,5 +1,4 @@
-"""The runner's settings (mmproc/runner.py), torch-free so that the server's settings take their defaults from here
-(service/app/settings.py): each default is written once."""
+"""The runner's settings, torch-free so that the server's settings take their defaults from here."""
 
 from __future__ import annotations
 

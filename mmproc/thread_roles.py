@@ -1,11 +1,5 @@
-"""Which OS threads of this process do what: the server reports its CPU seconds by role from it
-(service/observe/thread_cpu.py).
-
-A thread names itself (`register(role)`), or a component names the threads it started: `task_ids()` before and
-after, then `register_tids(role, after - before)`. Process-wide on purpose: thread ids belong to the process, and
-the runner (a core module) cannot be handed a service object, so several servers in one process (tests) share
-it. Linux /proc only; elsewhere nothing is recorded.
-"""
+"""Which OS threads of this process do what, for CPU seconds by role. Process-wide on purpose: thread ids belong
+to the process. Linux /proc only; elsewhere nothing is recorded."""
 
 from __future__ import annotations
 
@@ -27,8 +21,7 @@ def task_ids() -> frozenset[int]:
 
 
 def task_stat(path: str) -> tuple[int, int] | None:
-    """(utime + stime, start time), in clock ticks, of the task or process whose stat file is `path`; None when it
-    is gone. Fields after the command name (which may hold spaces): utime 14, stime 15, starttime 22 (proc(5))."""
+    """(utime + stime, start time) in clock ticks from a stat file; None when gone. Fields per proc(5)."""
     try:
         with open(path, "rb") as stat:
             fields = stat.read().rsplit(b")", 1)[1].split()
@@ -38,7 +31,6 @@ def task_stat(path: str) -> tuple[int, int] | None:
 
 
 def register(role: str) -> None:
-    """The calling thread does `role`'s work."""
     register_tids(role, [threading.get_native_id()])
 
 
@@ -53,6 +45,5 @@ def register_tids(role: str, tids: Iterable[int]) -> None:
 
 
 def registered() -> dict[int, tuple[str, int]]:
-    """tid -> (role, start time in clock ticks), a copy."""
     with _lock:
         return dict(_tids)

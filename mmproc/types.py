@@ -1,6 +1,4 @@
-"""Dataclasses handed from one stage to the next (media -> preprocess -> batching -> model -> transport), here so
-that no stage imports a later one.
-"""
+"""Dataclasses handed between stages, here so that no stage imports a later one."""
 
 from __future__ import annotations
 
@@ -12,12 +10,8 @@ from PIL import Image
 
 @dataclass(frozen=True)
 class DecodedImage:
-    """One validated, decoded image.
-
-    `image` is mode "RGB" ("RGBA" for a transparent image when the decoder was asked to keep alpha) with EXIF
-    orientation applied; `source_format` is the format found by
-    magic bytes ("jpeg", "png", "webp", "gif", "bmp"); `source_size` is (width, height) before orientation.
-    """
+    """One validated image: RGB (or RGBA if alpha was kept), EXIF-oriented; `source_format` from magic bytes,
+    `source_size` (width, height) before orientation."""
 
     image: Image.Image
     source_format: str
@@ -28,15 +22,10 @@ class DecodedImage:
 class PreprocessedImage:
     """One image as the vision tower eats it.
 
-    patches: (L, 3, P, P) float32 on the CPU, row-major patch order, L == grid_h * grid_w; or the uint8 bytes
-        still to be normalized, when `lut` is set (for a CUDA encoder, which normalizes them on the device).
-    grid_hw: (grid_h, grid_w) in patches, plain Python ints (never a tensor: metadata stays on the CPU).
-    num_tokens: embeddings this image yields after the merger, (grid_h // kh) * (grid_w // kw).
-    image_size: (width, height) of the image as decoded (after EXIF orientation), before resize/pad.
-    frames: 1 for an image; t for a chunk of t video frames, whose patches are (t * grid_h * grid_w, 3, P, P),
-        frame-major, and whose tokens are those of one frame (the frames are averaged after the tower).
-    lut: (3, 256) float32 CPU table, lut[c, v] = the normalized value of byte v in channel c; None when
-        `patches` are normalized already.
+    patches: (L, 3, P, P) float32 CPU, row-major, L == frames * grid_h * grid_w (frame-major); uint8 when `lut` is set.
+    grid_hw: (grid_h, grid_w) in patches, Python ints. num_tokens: (grid_h // kh) * (grid_w // kw).
+    image_size: (width, height) as decoded, before resize. frames: t for a video chunk (tokens of one frame).
+    lut: (3, 256) float32 CPU, lut[c, v] = normalized byte v of channel c; None when already normalized.
     """
 
     patches: torch.Tensor
@@ -63,12 +52,8 @@ class PreprocessedImage:
 
 @dataclass(frozen=True)
 class PreprocessedVideo:
-    """One video as the tower eats it: its chunks (each a `PreprocessedImage` with `frames` = t <= the temporal
-    patch size, the last one possibly shorter) and what the prompt needs.
-
-    indices: the sampled frame numbers; timestamps: each chunk's start in seconds (its first frame / fps);
-    source_size: (width, height) of the frames as decoded; fps: the stream's frame rate.
-    """
+    """One video: its chunks (`frames` <= the temporal patch size) and, for the prompt, the sampled frame
+    numbers, each chunk's start in seconds, the decoded (width, height) and the stream's fps."""
 
     chunks: tuple[PreprocessedImage, ...]
     indices: tuple[int, ...]
@@ -82,8 +67,7 @@ class PreprocessedVideo:
 
 
 def apply_lut(patches: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
-    """(L, 3, P, P) uint8 bytes -> lut[c, byte] per channel c, in lut's dtype and on the patches' device (pass a
-    lut already there). One gather kernel; exactly the values the CPU's table gives."""
+    """(L, 3, P, P) uint8 -> lut[c, byte] in lut's dtype, on the patches' device (lut must be there too)."""
     flat = patches.to(torch.int32) + torch.arange(0, 768, 256, dtype=torch.int32, device=patches.device).view(3, 1, 1)
     return lut.reshape(-1)[flat]
 
@@ -92,15 +76,9 @@ def apply_lut(patches: torch.Tensor, lut: torch.Tensor) -> torch.Tensor:
 class PackedBatch:
     """Many images packed into one varlen sequence, all metadata built on the CPU from Python ints.
 
-    pixel_values: (sum L, 3, P, P) float32, or the model's bf16/fp16 when packed for a CUDA model (half the H2D
-        bytes), or uint8 bytes that the model normalizes through `lut` on its device (a quarter); pinned when
-        the batch is meant for a CUDA device.
-    grid_hws: per image (grid_h, grid_w) in patches.
-    cu_seqlens: (N + 1,) int32 CPU tensor, prefix sums of patches per image (attention segments).
-    max_seqlen: longest image in patches, a Python int (varlen kernels want it without a sync).
-    token_counts: per image the number of output embeddings after the merger.
-    lut: (3, 256) float32 CPU table when pixel_values are uint8 (see PreprocessedImage.lut), else None.
-    frames: per item its frames (video chunks, see PreprocessedImage.frames); empty when every item is an image.
+    pixel_values: (sum L, 3, P, P) float32, the model's bf16/fp16, or uint8 with `lut`; pinned for CUDA.
+    cu_seqlens: (N + 1,) int32 CPU prefix sums of patches. max_seqlen: a Python int (no sync for varlen kernels).
+    token_counts: per image, after the merger. frames: per item (empty when every item is an image).
     """
 
     pixel_values: torch.Tensor

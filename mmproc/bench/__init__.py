@@ -1,3 +1,2 @@
-"""`mmproc bench ...`: the user-facing load generators and model benchmarks, installed with the wheel (each
-exposes `main(argv) -> int`; catalog.py maps names to modules). They talk to a server over its API or run the
-core (mmproc) in-process, and never import service/."""
+"""`mmproc bench ...`: the load generators and model benchmarks shipped in the wheel (each exposes `main(argv) -> int`);
+they never import service/."""

@@ -1,6 +1,5 @@
-"""`mmproc bench encoder --attention`: one image's attention (1, H, L, dh) per SDPA backend and q/k/v layout (CUDA),
-with the head zero-padded to a wider dh (80, 96, 128: what a kernel without a dh-72 variant runs), and through each
-varlen backend that loads here (q/k/v as the tower passes them). TFLOP/s always count the model's real head dim."""
+"""`mmproc bench encoder --attention`: one image's attention per SDPA and varlen backend (CUDA), with the head also
+zero-padded to wider dh; TFLOP/s count the model's real head dim."""
 
 from __future__ import annotations
 

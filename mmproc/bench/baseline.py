@@ -1,12 +1,5 @@
-"""The eager per-image baseline of `mmproc bench encoder`: MoonViT + projector the way a straightforward port of
-the Hugging Face Kimi-VL code (or SGLang's K3 port) runs, on the SAME weights as a `VisionEncoder` (it only reads
-its parameters).
-
-Per image, per layer: the norm module (LayerNorm, or RMSNorm for K3), wqkv Linear, q/k/v split copies (`.contiguous()`), plain complex RoPE
-(float32 upcast, `view_as_complex` multiply), `F.scaled_dot_product_attention` on (1, H, L, dh), wo Linear,
-residual add, nn.LayerNorm, fc0 Linear, `F.gelu(approximate="tanh")`, fc1 Linear, residual add. The position
-embedding is interpolated per image on every call and the merger is a view/permute per image, as in the HF code.
-"""
+"""The eager per-image baseline of `mmproc bench encoder`: MoonViT + projector as a straightforward port of the HF
+Kimi-VL code (or SGLang's K3 port) runs it, per image and per layer, on the SAME weights as a `VisionEncoder`."""
 
 from __future__ import annotations
 

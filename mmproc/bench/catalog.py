@@ -1,6 +1,5 @@
-"""Which module runs `mmproc bench NAME`. The load generators ship in the wheel (mmproc/bench); the kernel and
-transport micro-benchmarks (and those that time the server's internals in-process) are the checkout's root
-benchmarks/ package, found by name at run time so that mmproc never imports it."""
+"""Which module runs `mmproc bench NAME`: the wheel's (mmproc/bench), or the checkout's benchmarks/ package, found by
+name at run time so that mmproc never imports it."""
 
 from __future__ import annotations
 

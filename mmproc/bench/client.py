@@ -1,15 +1,6 @@
 """`mmproc bench client`: what one Python consumer process spends per request, against a running `mmproc serve`.
 
-Sequential requests (one in flight: the cost is the client's alone, not queueing), sync `EncoderClient` and
-`AsyncEncoderClient`, for each `--images` count. Reported per request: the client process's CPU ms
-(`time.process_time`: every thread, gRPC's own included), the calling thread's CPU ms, and wall ms. `--profile`
-then runs the same requests under cProfile (the calling thread's CPU time) and prints the top entries by own time.
-Serialized replies by default; `--transport auto` on a CUDA consumer measures the IPC path. Records:
-docs/benchmarks/client.md.
-
-    mmproc serve --device cpu &        # the tiny preset
-    mmproc bench client --target 127.0.0.1:50051 --images 1,4 --size 512 --requests 300 --profile
-"""
+How it measures: docs/bench.md; records: docs/benchmarks/client.md."""
 
 from __future__ import annotations
 

@@ -1,11 +1,6 @@
 """`bench serve --clients N`: N spawned client processes that run each command together and pool their results.
 
-One Python process cannot take in the replies of a GPU server fast enough (docs/benchmarks/overload.md, cache.md).
-Each process builds its handler once and keeps it across commands. A command runs in two steps: every process
-prepares (opens its clients, warms up, makes its images) and then calls `start()`; once all have, they begin at
-one instant of the system's monotonic clock, which `time.perf_counter` reads in every process, so that their
-samples share one time axis.
-"""
+Every process prepares, then calls `start()`; all begin at one instant of the monotonic clock, one time axis."""
 
 from __future__ import annotations
 

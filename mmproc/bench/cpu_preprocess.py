@@ -1,11 +1,6 @@
 """`mmproc bench cpu_preprocess`: what one decode worker spends per image after the decode, against the decode.
 
-Per image size, one core, median of --repeat: Pillow's JPEG decode (the floor), then the preprocessing a CPU model
-needs (normalized float32 patches) and what a CUDA model needs (`gpu_preprocess`: uint8 patches, normalized on
-the GPU), each as ms and as a multiple of the decode. Photo-like JPEGs made in memory (deterministic).
-
-    python -m mmproc.bench.cpu_preprocess [--sizes 512x512 1024x1024 1920x1080] [--preset-family kimi_k25]
-"""
+How it measures: docs/bench.md."""
 
 from __future__ import annotations
 

@@ -1,9 +1,6 @@
 """`mmproc bench encoder`: packed tower + merger(s) throughput on CUDA vs the eager per-image baseline (MoonViT).
 
-A full-size preset with random weights, random patches packed in the service's dtype; one whole forward timed
-(H2D included), median of `--reps` with CUDA events; FLOPs counted exactly, MFU only against a measured peak.
-Method: docs/bench.md; `--device cpu` is a smoke test of the bench, not a measurement.
-"""
+Method: docs/bench.md; `--device cpu` is a smoke test of the bench, not a measurement."""
 
 from __future__ import annotations
 
@@ -32,8 +29,7 @@ from mmproc.preprocess import PreprocessConfig, target_grid
 from mmproc.types import PackedBatch
 
 MIXED_SIDES = (224, 1536)  # mixed workload: each side drawn uniformly in this range (pixels)
-# Our encoder with one fast path changed; `--variants` times each against the default in the same run. (Backend
-# orders and all-varlen were measured once and settled: docs/benchmarks/encoder.md, run 2 of 2026-12-02.)
+# our encoder with one fast path changed; `--variants` times each against the default in the same run
 VARIANTS: dict[str, dict[str, object]] = {
     "no-fused-gelu": {"fused_gelu": False},
     "no-fused-rope": {"fused_rope": False},

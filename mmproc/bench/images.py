@@ -1,9 +1,6 @@
 """Seeded benchmark images: the same bytes for the same (seed, request index, image index), in every process.
 
-Each image has its own PCG64 generator seeded with [seed, request, image], so request 7 is the same however
-many requests are made and in which order. Smooth value noise plus tint and grain, so encoded sizes look like
-photos rather than noise or flat colour.
-"""
+A PCG64 generator per image; smooth value noise plus tint and grain, so encoded sizes look like photos."""
 
 from __future__ import annotations
 

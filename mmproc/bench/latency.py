@@ -1,9 +1,5 @@
-"""`mmproc bench encoder --latency`: one small batch at a time on an idle GPU, the interactive case.
-
-Per workload: wall-clock latency of a forward (the call until its result is ready), p50 and p99, eagerly and as
-a replayed CUDA graph (mmproc/models/cuda_graphs.py), next to the GPU's busy time in that forward (the sum of
-its kernels, from the profiler). latency / busy near 1 means the GPU sets the pace; far above 1, the launches do.
-"""
+"""`mmproc bench encoder --latency`: one small batch at a time on an idle GPU, eager and as a CUDA graph, against
+the GPU's busy time (latency / busy near 1: the GPU sets the pace; far above: the launches do)."""
 
 from __future__ import annotations
 

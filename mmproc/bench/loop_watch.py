@@ -1,9 +1,5 @@
-"""The load generator's own health while it offers load: how late its event loop runs, and its CPU.
-
-A client whose loop is busy resumes a call late after its reply has arrived, and that delay is in the latency it
-measures; a loop at a full core cannot offer its rate on time either. `bench serve --mode open` reports both, so
-that a refusal's latency as the clients saw it can be told apart from the server's.
-"""
+"""The load generator's own health: how late its event loop runs, and its CPU (a busy loop adds to the latency it
+measures)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""Peak rates that MFU is measured against: only for a device and dtype whose peak was measured on that device.
-
-An unknown device gets no MFU (the bench says so; `--peak` gives one) rather than a ratio against some other
-chip's peak, and a CPU has none.
-"""
+"""Peak rates for MFU, only for a device and dtype whose peak was measured on that device (else no MFU)."""
 
 from __future__ import annotations
 

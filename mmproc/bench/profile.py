@@ -1,11 +1,5 @@
-"""`mmproc bench encoder --profile`: where one warm forward spends its time, by kernel category.
-
-torch.profiler records one forward. On CUDA the rows are GPU kernels (and memcpy/memset) with their device
-durations; on the CPU (the tiny preset in tests) they are aten ops with their self CPU time. Each row falls into
-one category by its name; the report gives ms and % of the forward per category, an "idle" line (forward time
-minus the time covered by kernels: launch gaps, host work the GPU waits for), and the top kernels by total time
-with call counts. Imported only when `--profile` is given, so a normal bench run pays nothing.
-"""
+"""`mmproc bench encoder --profile`: where one warm forward spends its time, by kernel category (CUDA kernels, or
+aten ops on the CPU), plus the idle time; imported only with `--profile`."""
 
 from __future__ import annotations
 

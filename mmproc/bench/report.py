@@ -1,9 +1,5 @@
-"""What a benchmark shows a person: a progress bar on stderr, aligned tables, and optional PNG plots.
-
-The bar is dependency-free and draws only on a terminal (never into a log or a pipe) unless turned off; lines
-printed while it runs go through `Progress.print`, which clears the bar first. Plots need matplotlib (the
-`[plot]` extra); without it `save_plot` says so in one line and the bench's figures are unaffected.
-"""
+"""What a benchmark shows a person: a progress bar on stderr (terminals only), aligned tables, optional PNG plots
+(the `[plot]` extra)."""
 
 from __future__ import annotations
 

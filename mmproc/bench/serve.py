@@ -1,12 +1,6 @@
 """`mmproc bench serve`: a load generator, in its own process, against a running `mmproc serve`.
 
-Images are generated before the clock starts, from `--seed` and the request index; `--concurrency` threads each
-own one `EncoderClient` (`--client async`: tasks on one event loop share one `AsyncEncoderClient`). Modes: burst,
-rate (open loop, drops counted), open (overload: serve_open.py); `--compare` runs A B B A passes and prints ratios;
-`--baseline-target` runs the same load against a second server. With `--http-target` the server's metrics around
-each pass give its CPU per image by role and the encoder's own img/s (serve_server.py). Latency runs to
-"embeddings ready in the consumer". Modes, stages and exit status: docs/bench.md.
-"""
+Modes, stages, options and exit status: docs/bench.md."""
 
 from __future__ import annotations
 

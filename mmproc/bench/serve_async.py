@@ -1,7 +1,5 @@
-"""`bench serve --client async`: one measured pass on one event loop, as an asyncio engine worker sends requests:
-`--concurrency` tasks share one `AsyncEncoderClient` (its IPC reads run in the loop's worker threads:
-mmproc/client/readers.py). Same samples and Phase as the threaded client (serve_load.py); the client returns
-owned tensors, so a request's `views` is its return and there is no reply hook (no send->reply split)."""
+"""`bench serve --client async`: one measured pass on one event loop, `--concurrency` tasks sharing one
+`AsyncEncoderClient`; same samples and Phase as the threaded client (no send->reply split)."""
 
 from __future__ import annotations
 

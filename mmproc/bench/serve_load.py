@@ -1,7 +1,5 @@
-"""`mmproc bench serve`'s load: worker threads that each own one client, the burst and open-loop rate loops, one
-measured pass (`Phase`) in this process or in --clients processes, and the pooled result of a side's passes.
-`--client async` runs a pass on one event loop instead (serve_async.py); `--http-target` reads the server's metrics
-around each pass (serve_server.py)."""
+"""`mmproc bench serve`'s load: worker threads that each own one client, the burst and rate loops, one measured pass
+(`Phase`) here or in --clients processes, and the pooled result of a side's passes."""
 
 from __future__ import annotations
 
@@ -202,9 +200,8 @@ def measure(
     start: Callable[[], object] | None = None,
     metrics: str = "",
 ) -> Phase:
-    """Open the clients, warm up, run the measured phase, close the clients. `start`: called after the warm-up,
-    returns when the measured phase may begin (the other client processes are ready too). `metrics`: the server's
-    HTTP address, read once the phase may begin (the Phase's first scrape)."""
+    """Open the clients, warm up, run the measured phase, close the clients. `start` returns when the phase may
+    begin; `metrics`: the server's HTTP address, scraped then."""
     if args.client == "async":
         return measure_async(label, cfg, args, measured, warmup, start, metrics)
     workers = [_Worker.open(cfg) for _ in range(args.concurrency)]
@@ -242,10 +239,8 @@ def _read_after(phase: Phase, metrics: str) -> Phase:
 
 @contextlib.contextmanager
 def measurer(args: argparse.Namespace) -> Iterator[Measure]:
-    """`measure` for every pass of a run: `(label, cfg, measured, warmups) -> Phase`, in this process or in --clients
-    processes spawned once for the whole run (client_processes.py), request k going to process k mod N and process
-    i warming up with `warmups[i]`; their samples pool into one Phase (`pooled`). `metrics` (the server's HTTP
-    address, optional): read by the process that starts first (process 0) and here after the pass."""
+    """`measure` for every pass of a run, here or in --clients processes spawned once (request k to process
+    k mod N), pooled into one Phase."""
     if args.clients == 1:
         yield lambda label, cfg, measured, warmups, metrics="": _read_after(
             measure(label, cfg, args, measured, warmups[0], None, metrics), metrics

@@ -1,9 +1,6 @@
 """`mmproc bench serve --mode open`: goodput under overload, against a running `mmproc serve` (gRPC + HTTP).
 
-Three phases on one asyncio loop: capacity C (closed loop), open-loop load at `--rate` or `--overload` x C from
-the Python client, a raw stub and HTTP, then recovery to 90% of C. Every image is unique, so no cache answers.
-What it prints: docs/bench.md; figures: docs/benchmarks/overload.md.
-"""
+What it prints: docs/bench.md; figures: docs/benchmarks/overload.md."""
 
 from __future__ import annotations
 

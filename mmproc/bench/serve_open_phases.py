@@ -1,11 +1,6 @@
 """The load phases of `bench serve --mode open`, driven from this process or from `--clients N` client processes.
 
-One Python process cannot take in replies fast enough to overload a GPU server with small images (at 448² on the
-H200 the server answered calls the client had already given up on: docs/benchmarks/overload.md). With N processes
-each one runs `--concurrency` closed-loop clients and its own Poisson stream of rate / N (a sum of independent
-Poisson streams is the Poisson stream of the total rate); all start at one instant (client_processes.py), so their
-outcomes pool into one timeline.
-"""
+Each process runs its own Poisson stream of rate / N (their sum is Poisson at the total rate), all from one instant."""
 
 from __future__ import annotations
 

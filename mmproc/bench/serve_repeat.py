@@ -1,13 +1,4 @@
-"""`mmproc bench serve --repeat-ratio R[,R...]`: the embedding cache's A/B (docs/cache.md).
-
-For each ratio R, each pass sends `--requests` requests in which every image is, with probability R (seeded), one
-this pass already sent (drawn uniformly from them) and otherwise a fresh one. Each pass has images of its own (its
-own seed), so no pass finds another's in the server's cache. The same workload runs with the cache on and with it
-off (every request sets `cache_bypass`), in A B B A order, against the one running server. Then a hit-only pass
-re-sends images just encoded: its send→reply p50 is an upper bound on the server-side time of a hit. With
-`--clients N` every pass runs in N client processes at once (serve_load.measurer), pooled.
-Printed: img/s, p50/p99 latency per (R, cache), and on/off ratios.
-"""
+"""`mmproc bench serve --repeat-ratio R[,R...]`: the embedding cache's A/B (docs/cache.md; method: docs/bench.md)."""
 
 from __future__ import annotations
 
@@ -95,8 +86,7 @@ def run_repeat(args: argparse.Namespace, argv: Sequence[str] | None, info: dict,
                          **result(label, cfg, phases[label], args.json_raw)})  # fmt: skip
     salt += 1
     measured = pass_payloads(args, 0.0, salt).measured
-    # The warm-up sends the measured requests themselves (each process its own): the measured pass finds every image
-    # cached.
+    # the warm-up sends the measured requests themselves: every image is cached
     phase = measure("hit-only", on, measured, deal(measured, args.clients))
     hits = result("hits", on, [phase], args.json_raw)
     record = {"bench": "serve.repeat", "target": args.target, "environment": environment(argv, args.device),

@@ -1,10 +1,5 @@
-"""What the server says about each measured pass of `bench serve` (`--http-target`): its /metrics read by the
-process that starts the pass, once every client is warmed up, and again by the parent once the pass is over.
-
-From the differences: the server's CPU seconds by role (mmproc_cpu_seconds_total) per image and as cores; the
-encoder's own img/s at the batches this run formed (images encoded / seconds of forward), beside the e2e img/s;
-where the images were decoded (gpu / fallback / cpu), which names the sides of an A/B of two servers.
-"""
+"""The server's /metrics around each measured pass of `bench serve` (`--http-target`): CPU by role per image, the
+encoder's own img/s, and where the images were decoded."""
 
 from __future__ import annotations
 

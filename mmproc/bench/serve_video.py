@@ -1,8 +1,7 @@
-"""`mmproc bench serve --workload video`: video requests against a running `mmproc serve` (a K2.5 model), and the
-CPU cost of decoding per sampled frame against FFmpeg's own decode floor, on the same files, in this process.
+"""`mmproc bench serve --workload video`: video requests against a running `mmproc serve` (a K2.5 model).
 
-What each decode figure counts: docs/bench.md.
-"""
+Also the CPU cost of decoding per sampled frame against FFmpeg's own decode floor; what each figure counts:
+docs/bench.md."""
 
 from __future__ import annotations
 

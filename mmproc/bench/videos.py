@@ -1,8 +1,5 @@
-"""Seeded benchmark videos (PyAV): the same bytes for the same (seed, index, spec) in every process.
-
-Content moves: a smooth colour field that drifts and a few blocks that slide, plus light grain, so the encoder
-spends bits like on camera footage (not flat colour, nearly free; not noise, incompressible); x264 `veryfast`.
-"""
+"""Seeded benchmark videos (PyAV): the same bytes for the same (seed, index, spec) in every process; drifting colour,
+sliding blocks and grain, so x264 spends bits as on camera footage."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""`AsyncEncoderClient`: the asyncio client (grpc.aio); its reader (mmproc/client/readers.py) is chosen once: the
-blocking client's IPC reader in a worker thread, or serialized replies over grpc.aio."""
+"""`AsyncEncoderClient`: the asyncio client (grpc.aio)."""
 
 from __future__ import annotations
 
@@ -22,14 +21,8 @@ from mmproc.wire.transports import Table
 
 
 class AsyncEncoderClient:
-    """asyncio client (grpc.aio). Use from one event loop.
-
-    CUDA IPC: when the transport allows it and this process has CUDA and CuPy, `encode_images` runs a blocking
-    `EncoderClient` (its IPC session, the process-wide handle cache, the stream-ordered read and ack) in a worker
-    thread, on the caller's current CUDA stream, so the event loop never blocks; without IPC everything stays on
-    grpc.aio. A cancelled call's thread finishes its request (and returns its lease) in the background.
-    Zero-copy views (`encode_images_view`) are only offered by the blocking client.
-    """
+    """asyncio client; use from one event loop. Over CUDA IPC, reads run in a worker thread on the caller's
+    stream; zero-copy views are offered by the blocking client only."""
 
     def __init__(
         self,
@@ -73,14 +66,13 @@ class AsyncEncoderClient:
 
     @property
     def ipc_stats(self) -> dict[str, int] | None:
-        """Handle-cache and fallback counters (None when IPC is not in use)."""
+        """Handle-cache and fallback counters (None without IPC)."""
         return None if self._ipc is None else self._ipc.ipc_stats
 
     async def encode_images(
         self, images: Sequence[bytes], *, request_id: str | None = None, timeout: float | None = None
     ) -> list[torch.Tensor]:
-        """One (tokens_i, hidden) tensor per image, on this client's device, in the server's dtype (the same
-        values over either transport)."""
+        """One (tokens_i, hidden) tensor per image, on this client's device, in the server's dtype."""
         delivery = await self._reader.read(
             check_images(images), (), request_id or new_request_id(), timeout or self.timeout
         )

@@ -1,5 +1,4 @@
-"""`EncoderClient`: the blocking client (asyncio: mmproc/client/aio.py). How replies arrive, over CUDA IPC or
-serialized, is its reader's business (mmproc/client/readers.py), chosen once here."""
+"""`EncoderClient`: the blocking client; its reader (IPC or serialized) is chosen once here."""
 
 from __future__ import annotations
 
@@ -48,19 +47,16 @@ class EncoderClient:
         priority: str = "interactive",
         transports: Table | None = None,
     ) -> None:
-        """transport: "auto" (CUDA IPC when this process and the server share a node, a PID namespace and
-        CUDA, else serialized), "ipc" (the same, but say so loudly when it falls back) or "serialized"; another
-        transport's name in `transports` (default: the table of mmproc/wire/transports.py).
-        handle_cache=False opens and closes the server's pool for every request (A/B benchmarks only).
-        token: the server's `auth_token`, sent as `authorization: Bearer <token>` on every call.
-        cache=False sets `cache_bypass` on every request: the server encodes afresh (docs/cache.md).
-        priority="batch" marks every request as offline work, which the server sheds first under overload
-        (`x-mmproc-priority`; docs/reliability.md, "Overload")."""
+        """transport: "auto" (CUDA IPC on a shared node, PID namespace and CUDA, else serialized), "ipc" (the
+        same, warning on fallback), "serialized", or another name in `transports`.
+        handle_cache=False reopens the server's pool per request (A/B benchmarks only).
+        token: the server's `auth_token`, sent as a bearer token. cache=False: the server encodes afresh.
+        priority="batch": offline work, shed first under overload (docs/reliability.md)."""
         self.device = torch.device(device)
         self.transport = transport
         self.timeout = timeout
         self._cache_bypass = not cache
-        # a streamed reply is read on the calling thread, not on a thread gRPC starts per call (less CPU per request)
+        # read streamed replies on the calling thread, not a per-call gRPC thread
         options = [*channel_options(max_message_bytes), (grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)]
         headers = call_headers(token, priority)
         channel = lambda t: headers_channel(grpc.insecure_channel(t, options=options), headers)  # noqa: E731
@@ -78,7 +74,7 @@ class EncoderClient:
 
     @property
     def ipc_stats(self) -> dict[str, int] | None:
-        """Handle-cache and fallback counters (None when IPC is not in use)."""
+        """Handle-cache and fallback counters (None without IPC)."""
         return None if self._ipc is None else self._ipc.counters()
 
     @property
@@ -90,9 +86,7 @@ class EncoderClient:
     def encode_images(
         self, images: Sequence[bytes], *, request_id: str | None = None, timeout: float | None = None
     ) -> list[torch.Tensor]:
-        """One (tokens_i, hidden) tensor per image, on this client's device, in the server's dtype.
-
-        Both transports give the same values bit for bit."""
+        """One (tokens_i, hidden) tensor per image, on this client's device, in the server's dtype."""
         with self._read(check_images(images), (), request_id, timeout) as got:
             return got.owned()  # pool views: a stream-ordered copy, the ack follows it
 
@@ -106,8 +100,8 @@ class EncoderClient:
     ) -> list[ImageEmbedding]:
         """`encode_images` with each image's grid, token count and original size (`ImageEmbedding`).
 
-        keys: one per image; the server also keeps each result under its key for a later `fetch` (within its
-        key store's TTL and size, ServerInfo.key_store). Such a reply is serialized (no pool lease)."""
+        keys: one per image; the server keeps each result under its key for a later `fetch` (ServerInfo.key_store
+        bounds it); such a reply is serialized."""
         with self._read(check_images(images), check_keys(keys or ()), request_id, timeout) as got:
             return got.embeddings()
 
@@ -119,8 +113,7 @@ class EncoderClient:
         request_id: str | None = None,
         timeout: float | None = None,
     ) -> list[ImageEmbedding]:
-        """Encode and keep each image's result under its key, replying headers only (tensor None): what a front end
-        calls before handing the request to an engine whose connector will `fetch` the keys (docs/engines.md)."""
+        """Encode and keep each result under its key, replying headers only (tensor None) (docs/engines.md)."""
         images, keys = check_images(images), check_keys(keys)
         return self._headers_only(
             make_request(
@@ -141,8 +134,7 @@ class EncoderClient:
     def fetch(
         self, keys: Sequence[str], *, request_id: str | None = None, timeout: float | None = None
     ) -> list[ImageEmbedding]:
-        """The results kept under `keys`, with tensors on this client's device, over the pool when IPC is on (a
-        device-to-device copy of the pool slice), else serialized. UnknownKeyError for a key not kept."""
+        """The results kept under `keys`, on this client's device; UnknownKeyError for a key not kept."""
         with self._read([], check_keys(keys), request_id, timeout) as got:
             return got.embeddings()
 
@@ -166,8 +158,7 @@ class EncoderClient:
         request_id: str | None = None,
         timeout: float | None = None,
     ) -> None:
-        """Copy each embedding into the caller's buffer (same shape and dtype, on this client's device),
-        e.g. straight into the LLM's input-embedding tensor."""
+        """Copy each embedding into the caller's buffer (same shape and dtype, on this client's device)."""
         images = check_images(images)
         if len(outputs) != len(images):
             raise ValueError(f"{len(images)} images but {len(outputs)} output buffers")
@@ -183,11 +174,9 @@ class EncoderClient:
     def encode_images_view(
         self, images: Sequence[bytes], *, request_id: str | None = None, timeout: float | None = None
     ) -> Iterator[list[torch.Tensor]]:
-        """Zero-copy views of the embeddings inside the server's IPC pool, valid inside the `with` block.
+        """Zero-copy views into the server's IPC pool, valid inside the `with` block (plain tensors without IPC).
 
-        On exit, an ack is enqueued on the current CUDA stream after whatever you enqueued that reads the
-        views, and the lease is released. Without IPC the views are ordinary tensors on this device.
-        """
+        On exit the ack is enqueued on the current stream, after your reads of the views."""
         with self._read(check_images(images), (), request_id, timeout) as got:
             yield got.tensors
 
@@ -201,12 +190,9 @@ class EncoderClient:
     ) -> SharedEmbeddings:
         """Encode once for the `readers` ranks of a tensor-parallel group; call it on rank 0 only.
 
-        Broadcast `shared.to_bytes()` to ranks 1..readers-1 over the engine's own channel; every rank, this one
-        included, then reads with `read_shared(shared, rank)`. Over IPC the server keeps the slice until all
-        `readers` ranks acked on their GPUs; this client's session owns the lease and releases it when rank 0's
-        `read_shared` ends, so rank 0 must read it too. Without IPC (no pool, pool full, a CPU client) the bytes
-        travel inside `shared`. readers outside 1..8: InvalidMediaError (INVALID_ARGUMENT) from the server.
-        """
+        Broadcast `shared.to_bytes()` to the other ranks; every rank, rank 0 included, then calls
+        `read_shared(shared, rank)` (the lease is freed after all `readers` acks). readers outside 1..8:
+        InvalidMediaError."""
         images = check_images(images)
         return self._reader.shared(images, readers, request_id or new_request_id(), timeout or self.timeout)
 
@@ -216,12 +202,8 @@ class EncoderClient:
     ) -> Iterator[list[torch.Tensor]]:
         """This rank's (tokens_i, hidden) embeddings of `shared`, on this client's device, inside the block.
 
-        Over IPC: zero-copy views of the server's pool, mapped on this process's own GPU (found by UUID, so
-        differing CUDA_VISIBLE_DEVICES orders are fine) through the process-wide handle cache, ordered after
-        the server's write; on exit this rank's ack is enqueued on the current stream after whatever you
-        enqueued that reads the views (copy what you keep). Serialized: fresh tensors on this device.
-        Each rank reads once; rank 0 through the client that called `encode_images_shared`.
-        """
+        Over IPC, zero-copy pool views (copy what you keep); the ack is enqueued on the current stream on exit.
+        Each rank reads once; rank 0 through the client that called `encode_images_shared`."""
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < shared.readers:
             raise ValueError(f"rank must be in 0..{shared.readers - 1}, got {rank!r}")
         with self._reader.read_shared(shared, rank, timeout or self.timeout) as views:
@@ -234,9 +216,8 @@ class EncoderClient:
         request_id: str | None = None,
         timeout: float | None = None,
     ) -> list[VideoEmbedding]:
-        """One `VideoEmbedding` per video (MP4/MOV/MKV/WebM bytes, or `VideoInput` with fps / num_frames
-        overrides): per chunk its (tokens, hidden) tensor on this client's device, grid and timestamp. Over CUDA
-        IPC when this client has a session, else serialized (one unary reply: at most max_message_bytes)."""
+        """One `VideoEmbedding` per video (container bytes, or `VideoInput` with fps / num_frames overrides):
+        per chunk its (tokens, hidden) tensor on this client's device, grid and timestamp."""
         return self._reader.videos(videos, request_id or new_request_id(), timeout or self.timeout)
 
     def server_info(self, timeout: float | None = None) -> pb.ServerInfo:

@@ -1,9 +1,7 @@
-"""Headers (gRPC metadata) a client sends on every call of its channel, added by channel interceptors so that no
-call site has to remember them: the server's shared-secret token (`authorization: Bearer <token>`; server:
-service/frontends/auth.py) and the requests' priority (`x-mmproc-priority: batch`; mmproc/priority.py).
+"""Headers a client sends on every call, added by channel interceptors: the bearer token and the priority.
 
-    channel = headers_channel(grpc.insecure_channel(target), call_headers(token, priority))     # blocking
-    channel = grpc.aio.insecure_channel(target, interceptors=aio_headers(call_headers(...)))  # asyncio
+channel = headers_channel(grpc.insecure_channel(target), call_headers(token, priority))     # blocking
+channel = grpc.aio.insecure_channel(target, interceptors=aio_headers(call_headers(...)))  # asyncio
 """
 
 from __future__ import annotations
@@ -81,8 +79,7 @@ def headers_channel(channel: grpc.Channel, headers: tuple[tuple[str, str], ...])
 
 
 class _AioHeaders:
-    """Adds the headers to a grpc.aio call's details. grpc.aio files an interceptor under the first call kind
-    it implements only, so each kind gets its own subclass below."""
+    """Adds the headers to a grpc.aio call; one subclass per call kind (grpc.aio files it under its first)."""
 
     def __init__(self, headers: tuple[tuple[str, str], ...]) -> None:
         self._headers = headers

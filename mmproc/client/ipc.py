@@ -1,7 +1,5 @@
-"""The client half of the CUDA IPC transport (sync client): the session stream, reading leased slices with
-stream-ordered waits and acks, and the process-wide handle cache. The protocol, tensor-parallel fan-out
-(`read_shared`) included: docs/ipc.md.
-"""
+"""The client half of the CUDA IPC transport (sync client): the session stream and stream-ordered reads and acks
+(docs/ipc.md)."""
 
 from __future__ import annotations
 
@@ -35,10 +33,8 @@ _MAX_OWNED = 4096  # shared leases this client requested and has not read yet (r
 
 
 def request_leases(embeddings: Sequence[pb.Embedding]) -> tuple[list[SliceDescriptor], list[int]]:
-    """One descriptor per distinct lease of a reply (its ready word, generation and ack words) and the lease ids to
-    release. The images the server encoded for the request lie in one lease; each embedding-cache hit lies in a
-    lease of its own on a cached slice (docs/cache.md). Every lease is waited on and acked: each has its own words.
-    """
+    """One descriptor per distinct lease of a reply (cache hits have their own, docs/cache.md) and the ids to
+    release; every lease is waited on and acked."""
     leases: dict[int, SliceDescriptor] = {}
     for emb in embeddings:
         if emb.ipc.lease_id not in leases:
@@ -64,13 +60,12 @@ def pool_views(pool: OpenedPool, embeddings: Sequence[pb.Embedding]) -> list[tor
 
 
 def clone_views(views: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Fresh tensors with the views' values (stream-ordered). A request's images lie back to back in the pool,
-    so that is one copy of their span, split per image (views of one new tensor); else one copy per view."""
+    """Fresh tensors with the views' values (stream-ordered): one copy of the span when they lie back to back."""
     first = views[0]
     storage = first.untyped_storage().data_ptr()
     same_rows = all(
         v.dtype == first.dtype and v.shape[1:] == first.shape[1:] and v.is_contiguous()
-        and v.untyped_storage().data_ptr() == storage  # one pool mapping (separate tensors can lie back to back)
+        and v.untyped_storage().data_ptr() == storage  # one pool mapping
         for v in views
     )  # fmt: skip
     adjacent = all(b.data_ptr() == a.data_ptr() + a.nbytes for a, b in zip(views, views[1:]))
@@ -82,11 +77,7 @@ def clone_views(views: list[torch.Tensor]) -> list[torch.Tensor]:
 
 
 class IpcClient:
-    """This process's IPC session with one server, plus the handle cache (sync client).
-
-    The session is a long-lived bidirectional stream: its first reply names the pool; releases go up it;
-    when this process dies the stream ends and the server reclaims every lease it held.
-    """
+    """This process's IPC session with one server: a bidirectional stream whose end reclaims its leases."""
 
     def __init__(self, stub: pb_grpc.EncoderStub, device: torch.device, handle_cache: bool) -> None:
         from mmproc.transport.cuda_ipc.consumer import HandleCache
@@ -133,7 +124,7 @@ class IpcClient:
             opened = first.opened
             info = opened.pool
             self._outbox, self._call, self.session_id = outbox, call, opened.session_id
-            # The stream only ends when the server goes away; notice it at once rather than on the next request.
+            # notice the server going away at once, not on the next request
             threading.Thread(target=self._watch, args=(call,), name="mmproc-ipc-session", daemon=True).start()
             self.identity = identity_from_pb(info)
             return self.session_id
@@ -166,8 +157,7 @@ class IpcClient:
         keys: Sequence[str] = (),
         cache_bypass: bool = False,
     ) -> pb.EncodeImagesResponse | None:
-        """One EncodeImages call over IPC; None without a session. `readers` (shared requests only): the lease
-        is read by that many ranks, and this client, as rank 0, keeps it to release after `read_shared`."""
+        """One EncodeImages call over IPC; None without a session. With `readers`, rank 0 owns the lease."""
         session = self._session()
         if session is None:
             return None
@@ -194,8 +184,7 @@ class IpcClient:
 
     @contextlib.contextmanager
     def read(self, reply: pb.EncodeImagesResponse, timeout: float) -> Iterator[list[torch.Tensor] | None]:
-        """Views of the reply's slices, ordered after the producer's writes; ack + release on exit.
-        None when the pool cannot be opened (the lease is given back unread)."""
+        """Views ordered after the producer's writes; ack + release on exit. None if the pool cannot be opened."""
         assert self.identity is not None
         leases, lease_ids = request_leases(reply.embeddings)
         if any(emb.ipc.pool_id != self.identity.pool_id for emb in reply.embeddings):
@@ -219,15 +208,10 @@ class IpcClient:
 
     @contextlib.contextmanager
     def read_shared(self, shared: SharedEmbeddings, rank: int, timeout: float) -> Iterator[list[torch.Tensor]]:
-        """Rank `rank`'s views of an IPC batch shared by a tensor-parallel group, on this process's own device.
+        """Rank `rank`'s views of a shared IPC batch on this process's device; its ack is enqueued on exit.
 
-        Opens the pool through the handle cache with OUR device (the producer's GPU gets no context from us),
-        orders this device's current stream after the producer's ready word, yields zero-copy views (peer reads
-        when the pool lives on another GPU), then enqueues this rank's ack after whatever the caller enqueued.
-        Rank 0 must be the client that made the request: it releases the lease after its ack. Raises
-        UnavailableError when this process cannot map the pool (its ack never comes: the lease waits for the
-        TTL), StaleSessionError when the server restarted since rank 0 encoded (encode again).
-        """
+        Rank 0 must be the requesting client (it releases the lease). UnavailableError when the pool cannot be
+        mapped (the lease waits for the TTL), StaleSessionError when the server restarted since the encode."""
         if self._session() is None:
             raise UnavailableError(f"this process cannot use CUDA IPC with the server: {self.refused}")
         identity, pool_named = self.identity, shared.pool
@@ -249,7 +233,7 @@ class IpcClient:
                 for i in lease_ids:
                     del self._owned[i]
         try:
-            pool = self._cache.acquire(identity, self._device)  # opens on a miss, retrying once
+            pool = self._cache.acquire(identity, self._device)
         except Exception as exc:
             if owner:  # the server frees a shared lease only through the TTL then: the peers may be reading it
                 self._send(pb.LeaseRelease(lease_ids=lease_ids, unread=True))
@@ -265,7 +249,7 @@ class IpcClient:
             self._cache.release(pool)
 
     def give_back(self, reply: pb.EncodeImagesResponse) -> None:
-        """Free a reply's lease that nobody mapped (this client will not read it): the server frees it at once."""
+        """Give back a reply's lease unread; the server frees it at once."""
         lease_ids = sorted({emb.ipc.lease_id for emb in reply.embeddings if emb.HasField("ipc")})
         with self._lock:
             for lease_id in lease_ids:

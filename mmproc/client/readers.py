@@ -1,14 +1,7 @@
 """The client's transport seam: how a request's embeddings reach this process, chosen once per client.
 
-`choose_reader` picks `IpcReader` (the reply names slices of the server's CUDA IPC pool, read in place; any
-request the pool cannot serve falls back to its serialized reader) or `SerializedReader` (the reply is streamed
-as bytes and reassembled here). `EncoderClient` and `AsyncEncoderClient` ask their reader and never test the
-transport themselves; the async client runs the very same `IpcReader` in a worker thread (`ThreadedIpcReader`)
-and reads serialized replies over grpc.aio (`AsyncSerializedReader`).
-One request, serialized: `SerializedReader.read` → `Targets.call` → `EncodeImagesStream` → `Assembler`. Over IPC:
-`IpcReader.read` → `IpcClient.request` (one unary call) → `IpcClient.read` (wait, views, ack, release). The
-protocol of the pool: docs/ipc.md.
-"""
+`IpcReader` reads slices of the server's pool in place, falling back to `SerializedReader` (a streamed reply);
+the clients ask their reader and never test the transport themselves."""
 
 from __future__ import annotations
 
@@ -40,15 +33,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Received:
-    """One reply's embeddings: their headers and (tokens_i, hidden) tensors on the client's device. `in_pool`:
-    the tensors are views into the server's pool, valid only inside the reader's `with` (`owned` copies them)."""
+    """Headers and (tokens_i, hidden) tensors on the client's device; `in_pool`: views valid only inside the
+    reader's `with`."""
 
     headers: Sequence[pb.Embedding]
     tensors: list[torch.Tensor]
     in_pool: bool = False
 
     def owned(self) -> list[torch.Tensor]:
-        """Tensors the caller may keep: a stream-ordered copy of pool views (before the ack), else as they are."""
+        """Tensors the caller may keep (pool views are copied, stream-ordered, before the ack)."""
         return clone_views(self.tensors) if self.in_pool else self.tensors
 
     def embeddings(self) -> list[ImageEmbedding]:
@@ -56,7 +49,7 @@ class Received:
 
 
 def assembled(chunks: Iterator, count: int, device: torch.device) -> Received:
-    """A streamed serialized reply as tensors (`AsyncSerializedReader.read` does the same with `async for`)."""
+    """A streamed serialized reply as tensors."""
     assembler = Assembler(count, device)
     for chunk in chunks:
         assembler.add(chunk)
@@ -65,8 +58,7 @@ def assembled(chunks: Iterator, count: int, device: torch.device) -> Received:
 
 
 class SerializedReader:
-    """Replies as bytes: streamed (`EncodeImagesStream`, so a reply may exceed one gRPC message), over every
-    target with retries (`Targets`)."""
+    """Replies streamed as bytes (may exceed one gRPC message), over every target with retries."""
 
     def __init__(self, targets: Targets, device: torch.device, cache_bypass: bool, transport: str) -> None:
         self.targets, self.device, self.cache_bypass = targets, device, cache_bypass
@@ -115,8 +107,7 @@ class SerializedReader:
 
 
 class IpcReader:
-    """Replies in the server's CUDA IPC pool (the first target: IPC is same-node), through this process's
-    session (`IpcClient`); without a session, or when the pool cannot be opened, the serialized reader."""
+    """Replies in the first target's IPC pool; without a session or a mapping, the serialized reader."""
 
     def __init__(self, ipc: IpcClient, fallback: SerializedReader) -> None:
         self.ipc, self.fallback, self.device = ipc, fallback, fallback.device
@@ -130,7 +121,7 @@ class IpcReader:
         readers: int | None = None,
         keys: Sequence[str] = (),
     ) -> pb.EncodeImagesResponse | None:
-        """One IPC request, reopening a stale session once; None without a session (refused, no pool)."""
+        """One IPC request, reopening a stale session once; None without a session."""
         for attempt in (1, 2):
             try:
                 return self.ipc.request(
@@ -140,7 +131,7 @@ class IpcReader:
                 error = error_from_rpc(err)
                 if not isinstance(error, StaleSessionError) or attempt == 2:
                     raise error from None
-                self.ipc.reset()  # the server restarted or dropped our session: open a new one, once
+                self.ipc.reset()
         raise AssertionError("unreachable")
 
     @contextlib.contextmanager
@@ -150,7 +141,7 @@ class IpcReader:
             yield Received(reply.embeddings, [embedding_from_bytes(emb, self.device) for emb in reply.embeddings])
             return
         if reply is not None:
-            with self.ipc.read(reply, timeout) as views:  # waits on the ready words; acks + releases on exit
+            with self.ipc.read(reply, timeout) as views:
                 if views is not None:
                     yield Received(reply.embeddings, views, in_pool=True)
                     return
@@ -163,7 +154,7 @@ class IpcReader:
             return self.fallback.shared(images, readers, request_id, timeout)
         try:
             return SharedEmbeddings.from_reply(reply, self.ipc.identity, readers)
-        except ValueError:  # e.g. a server that predates `readers` leased for one reader: unusable
+        except ValueError:  # e.g. an older server leased for one reader
             self.ipc.give_back(reply)
             raise
 
@@ -188,7 +179,7 @@ class IpcReader:
 
 
 def ipc_wanted(transport: str, device: torch.device) -> bool:
-    """Whether a client on `device` should try CUDA IPC; says why not (loudly when "ipc" was asked for)."""
+    """Whether a client on `device` should try CUDA IPC; logs why not."""
     if transport == "serialized":
         return False
     reason = "the client device is not CUDA" if device.type != "cuda" else ipc_unavailable_reason()
@@ -201,7 +192,7 @@ def ipc_wanted(transport: str, device: torch.device) -> bool:
 
 @dataclass(frozen=True)
 class ReaderContext:
-    """What a transport's reader factory is handed (the `reader` of its record in mmproc/wire/transports.py)."""
+    """What a transport's reader factory is handed."""
 
     targets: Targets
     device: torch.device
@@ -229,8 +220,7 @@ def choose_reader(
     handle_cache: bool,
     table: Table | None = None,
 ) -> Reader:
-    """The client's reader, once: the transport asked for by name, or with "auto" the first of the table's that
-    this process can read; serialized otherwise."""
+    """The named transport's reader, or with "auto" the first the table's this process can read; else serialized."""
     table = table or Table()
     fallback = SerializedReader(targets, device, cache_bypass, transport)
     if transport not in ("auto", *table.by_name):
@@ -245,7 +235,7 @@ def choose_reader(
 
 
 class AsyncSerializedReader:
-    """`SerializedReader` over grpc.aio (the async client's serialized reader): the same request and reassembly."""
+    """`SerializedReader` over grpc.aio."""
 
     def __init__(self, targets: Targets, device: torch.device, cache_bypass: bool) -> None:
         self.targets, self.device, self.cache_bypass = targets, device, cache_bypass
@@ -275,10 +265,8 @@ class AsyncSerializedReader:
 
 
 class ThreadedReader:
-    """The async client's reader of a transport that hands out memory: the blocking reader run in a worker thread
-    on the caller's current CUDA stream, so the event loop never blocks. A cancelled call's thread finishes its
-    request (and gives back what it was lent) in the background. Videos go serialized (`serialized`), as they
-    always have from the async client."""
+    """The blocking reader in a worker thread, on the caller's stream, so the loop never blocks; a cancelled
+    call's thread still gives back what it was lent. Videos go serialized."""
 
     def __init__(self, reader: Reader, serialized: AsyncSerializedReader) -> None:
         self.reader, self.serialized, self.device = reader, serialized, reader.device
@@ -299,8 +287,6 @@ class ThreadedReader:
 
 
 class Reader(Protocol):
-    """What the blocking client asks of its reader (SerializedReader, IpcReader, or another transport's)."""
-
     device: torch.device
 
     def read(

@@ -1,14 +1,4 @@
-"""Client-side retries and target rotation for `mmproc.client` (no gRPC here: it works on typed errors).
-
-Policy (see docs/deploy.md):
-- UNAVAILABLE (server starting, draining, restarting, or unreachable) is retried, on the next target when
-  there are several, with exponential backoff and full jitter, within the call's one deadline.
-- RESOURCE_EXHAUSTED (queue or pool full) is not retried by default: the server is overloaded and retries
-  would add load right when it sheds; the caller decides (or sets `retry_resource_exhausted=True`, sensible
-  with several targets behind round-robin).
-- INVALID_ARGUMENT, DEADLINE_EXCEEDED and INTERNAL are never retried: the same request would fail again, or
-  the time is spent.
-"""
+"""Client-side retries and target rotation, on typed errors (the policy: docs/deploy.md, "Client behaviour")."""
 
 from __future__ import annotations
 
@@ -24,7 +14,7 @@ from mmproc.errors import MmprocError, ResourceExhaustedError, UnavailableError
 
 T = TypeVar("T")
 
-MIN_ATTEMPT_S = 0.005  # no attempt is started with less time than this left before the deadline
+MIN_ATTEMPT_S = 0.005  # no attempt starts with less time left
 
 
 @dataclass(frozen=True)
@@ -47,7 +37,7 @@ class RetryPolicy:
         return self.retry_resource_exhausted and isinstance(err, ResourceExhaustedError)
 
     def backoff(self, retry: int, rng: random.Random | None = None) -> float:
-        """Full jitter: uniform in [0, min(max, initial * multiplier**retry)] for the retry-th retry (0-based)."""
+        """Full jitter: uniform in [0, min(max, initial * multiplier**retry)]."""
         cap = min(self.max_backoff_s, self.initial_backoff_s * self.multiplier**retry)
         return (rng or random).uniform(0.0, cap)
 
@@ -68,10 +58,7 @@ def _next_pause(policy: RetryPolicy, err: MmprocError, attempt: int, deadline: f
 def call_with_retry(
     attempt: Callable[[float], T], policy: RetryPolicy, timeout: float, *, clock: Callable[[], float] = time.monotonic
 ) -> T:
-    """Run `attempt(seconds_left)` until it returns, raises a non-retryable error, or the budget is spent.
-
-    `attempt` raises typed MmprocErrors; `timeout` is the whole call's budget, shared by all attempts.
-    """
+    """Run `attempt(seconds_left)` until it returns or fails for good; `timeout` is shared by all attempts."""
     deadline = clock() + timeout
     for n in range(policy.max_attempts):
         try:
@@ -105,8 +92,7 @@ async def acall_with_retry(
 
 
 class Rotation(Generic[T]):
-    """Round-robin over several targets' stubs. One that just failed with UNAVAILABLE sits out `cooldown_s`
-    (unless all do), so a stopped server costs one failed attempt per cooldown, not one per rotation."""
+    """Round-robin over targets; one that failed sits out `cooldown_s` (unless all do)."""
 
     def __init__(
         self, items: Sequence[T], *, cooldown_s: float = 1.0, clock: Callable[[], float] = time.monotonic

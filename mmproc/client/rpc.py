@@ -1,5 +1,4 @@
-"""The client's side of the RPCs: requests, typed errors from status details, and reassembly of streamed replies
-(the framing itself is mmproc/wire, shared with the server)."""
+"""The client's side of the RPCs: requests, typed errors from status details, reassembly of streamed replies."""
 
 from __future__ import annotations
 
@@ -65,8 +64,7 @@ def error_from_rpc(err: grpc.RpcError) -> MmprocError:
 
 
 def _refusal(err: grpc.RpcError, message: str) -> ResourceExhaustedError:
-    """A refusal with the server's hints: when to come back (RetryInfo) and why (ErrorInfo's reason), so that a
-    caller can back off as asked rather than retry into an overloaded server."""
+    """A refusal with the server's hints: when to come back (RetryInfo) and why (ErrorInfo's reason)."""
     retry_after, cause = None, ""
     status = rpc_status.from_call(err) if hasattr(err, "trailing_metadata") else None
     for detail in status.details if status is not None else ():
@@ -92,11 +90,7 @@ def encoder_stub(channel: grpc.Channel | grpc.aio.Channel) -> pb_grpc.EncoderStu
 
 
 class Assembler:
-    """Collects a streamed reply (headers + chunks) straight into one host buffer per image.
-
-    The buffer is pinned when the tensors go to a GPU, so each image costs one copy out of the messages and
-    one asynchronous host-to-device copy; on the CPU the buffer itself becomes the tensor (no further copy).
-    """
+    """Collects a streamed reply into one host buffer per image (pinned for a GPU; on the CPU it is the tensor)."""
 
     def __init__(self, count: int, device: torch.device) -> None:
         self._device = device
@@ -120,7 +114,7 @@ class Assembler:
         size, offset = len(data), fields.offset
         if writer is None or offset + size > len(writer):
             raise InternalError(f"malformed stream for image {index}")
-        if size:  # the one copy on this side: from the received message into the (pinned) buffer
+        if size:  # the one copy on this side
             writer[offset : offset + size] = data
         self._received[index] += size
 

@@ -1,19 +1,12 @@
 """`SharedEmbeddings`: one encoded batch read by every rank of a tensor-parallel group.
 
-Rank 0 (the process that talks to the encoder) calls `EncoderClient.encode_images_shared(images, readers=N)`,
-broadcasts `shared.to_bytes()` to ranks 1..N-1 over the engine's own channel (torch.distributed, a pipe, ...),
-and every rank, rank 0 included, reads it with `EncoderClient.read_shared(shared, rank)`:
-
     # rank 0                                              # every rank r (0 included)
     shared = client.encode_images_shared(images, readers=tp)
     blob = shared.to_bytes()   --- broadcast --->         shared = SharedEmbeddings.from_bytes(blob)
                                                           with client.read_shared(shared, r) as views:
                                                               inputs_embeds[...] = views[i]  # on rank r's GPU
 
-The bytes are protobuf (`mmproc.v1.SharedEmbeddings`: the server's reply plus the pool identity), never pickle.
-Over IPC they carry only descriptors (offsets into the server's pool, a few hundred bytes); when the server
-replied serialized (no pool, pool full, a CPU client) they carry the embeddings' raw bytes and `read_shared`
-turns them into tensors on each rank's device.
+The bytes are protobuf, never pickle: pool descriptors over IPC, else the embeddings' raw bytes.
 """
 
 from __future__ import annotations
@@ -34,8 +27,7 @@ __all__ = ["SharedEmbeddings", "descriptor_from_pb", "identity_from_pb"]
 
 
 class SharedEmbeddings:
-    """What rank 0 hands its tensor-parallel peers: build with `EncoderClient.encode_images_shared` or
-    `from_bytes`; read with `EncoderClient.read_shared(shared, rank)`. Immutable once built."""
+    """What rank 0 hands its tensor-parallel peers; immutable."""
 
     def __init__(self, message: pb.SharedEmbeddings) -> None:
         _check(message)
@@ -51,12 +43,11 @@ class SharedEmbeddings:
         return cls(message)
 
     def to_bytes(self) -> bytes:
-        """Protobuf bytes, for the engine's broadcast; `from_bytes` in each rank reverses it."""
         return self._message.SerializeToString()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> SharedEmbeddings:
-        """Parse what rank 0's `to_bytes` produced; ValueError when the bytes are not a well-formed batch."""
+        """Parse rank 0's `to_bytes`; ValueError when malformed."""
         message = pb.SharedEmbeddings()
         try:
             message.ParseFromString(bytes(data))
@@ -70,7 +61,7 @@ class SharedEmbeddings:
 
     @property
     def transport(self) -> str:
-        """Either "ipc" (descriptors into the server's pool) or "serialized" (raw bytes in the message)."""
+        """Either "ipc" or "serialized"."""
         return "ipc" if self._message.reply.transport == pb.TRANSPORT_IPC else "serialized"
 
     @property
@@ -108,7 +99,7 @@ class SharedEmbeddings:
 
 
 def _check(message: pb.SharedEmbeddings) -> None:
-    """Structure rank 0's client always produces; anything else is a bug or foreign bytes (ValueError)."""
+    """ValueError unless the message is as rank 0's client produces it."""
     reply = message.reply
     problem = None
     if not 1 <= message.readers <= MAX_READERS:

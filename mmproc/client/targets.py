@@ -16,8 +16,7 @@ T = TypeVar("T")
 
 
 class Targets:
-    """One channel per target; each call goes to the next target and is retried per `RetryPolicy`
-    (mmproc.client.retry). `make_channel` is grpc.insecure_channel or grpc.aio.insecure_channel."""
+    """One channel per target; each call goes to the next target, retried per `RetryPolicy`."""
 
     def __init__(self, target: str | Sequence[str], make_channel: Callable, retry: RetryPolicy | None) -> None:
         targets = [target] if isinstance(target, str) else list(target)

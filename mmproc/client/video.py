@@ -1,5 +1,4 @@
-"""Videos from the Python client: `EncoderClient.encode_videos` (one `VideoEmbedding` per video), over CUDA IPC when
-the client has a session (the chunks of a request share one lease, read like images) or serialized."""
+"""Videos from the Python client: `VideoEmbedding`s, over CUDA IPC (one lease per request) or serialized."""
 
 from __future__ import annotations
 
@@ -32,8 +31,7 @@ class VideoChunkEmbedding:
 
 @dataclass(frozen=True)
 class VideoEmbedding:
-    """One video: its chunks in order, the total token count, the sampled frame numbers, the stream's fps and
-    frame size (width, height). Prompt text per chunk: mmproc.prompt.video_prompt (ServerInfo.video)."""
+    """One video: its chunks in order, token count, sampled frame numbers, fps and frame (width, height)."""
 
     chunks: tuple[VideoChunkEmbedding, ...]
     num_tokens: int
@@ -93,8 +91,7 @@ def read_serialized(reply: pb.EncodeVideosResponse, device: torch.device) -> lis
 def encode_over_ipc(
     ipc: IpcClient, request: pb.EncodeVideosRequest, device: torch.device, timeout: float
 ) -> list[VideoEmbedding] | None:
-    """One EncodeVideos call whose chunks land in the server's pool; None without a session or an openable pool
-    (the caller then asks again, serialized)."""
+    """One EncodeVideos call into the server's pool; None without a session or a mapping (then serialized)."""
     session = ipc._session()
     if session is None:
         return None

@@ -1,5 +1,4 @@
-"""What every transport that hands out memory provides on the server: a producer started once, a destination per
-request (the records that name them: mmproc/wire/transports.py)."""
+"""What a transport that hands out memory provides on the server: a producer, a destination per request."""
 
 from __future__ import annotations
 
@@ -35,8 +34,7 @@ class Producer(Protocol):
 
 @dataclass(frozen=True)
 class StartContext:
-    """What a transport's start-up is handed: the encoder's output, and each transport's own config by name
-    (built once from the settings, service/app/configs.py)."""
+    """What a transport's start-up is handed: the encoder's output, and each transport's config by name."""
 
     device: torch.device
     hidden: int

@@ -1,9 +1,7 @@
-"""The streamed reply's framing, both ways: the server writes each EncodeImagesChunk by hand around its payload
-(one copy, into the bytes handed to gRPC) and the client reads it back leaving the payload in place.
+"""The streamed reply's framing, written and read by hand around the payload so that it is copied once.
 
-Valid because a message without `data` followed by a hand-written LEN field 2 parses to the message with `data`
-set (the last singular field wins) and equals protobuf's own bytes (`data` has the highest field number).
-"""
+Valid: a message without `data` followed by a LEN field 2 parses with `data` set and equals protobuf's own bytes
+(`data` has the highest field number)."""
 
 from __future__ import annotations
 
@@ -17,11 +15,8 @@ assert _DATA_FIELD.type == _DATA_FIELD.TYPE_BYTES and not _DATA_FIELD.is_repeate
 
 
 def chunk_head(request_id: str, index: int, offset: int, length: int, header: pb.Embedding | None = None) -> bytes:
-    """The bytes of an EncodeImagesChunk with these fields that precede its `length` bytes of `data`: the message
-    is these bytes and then the payload, copied once (host_copy.concat_bytes).
-
-    `pb.EncodeImagesChunk(..., data=bytes(data)).SerializeToString()` gives the same bytes, but copies the payload
-    three times (into a bytes object, into the message, into the serialization)."""
+    """The bytes of an EncodeImagesChunk that precede its `length` bytes of `data` (protobuf would copy the
+    payload three times)."""
     head = pb.EncodeImagesChunk(request_id=request_id, header=header, index=index, offset=offset).SerializeToString()
     if not length:  # proto3 writes no empty bytes field
         return head
@@ -30,8 +25,7 @@ def chunk_head(request_id: str, index: int, offset: int, length: int, header: pb
 
 @dataclass(frozen=True, slots=True)
 class StreamChunk:
-    """One received EncodeImagesChunk: every field but `data` parsed by protobuf (`fields`, whose own `data` is
-    empty), and `data` as a read-only view of the received message bytes (no copy)."""
+    """One received EncodeImagesChunk: `fields` parsed without `data`, and `data` a view of the message bytes."""
 
     fields: pb.EncodeImagesChunk
     data: memoryview
@@ -42,7 +36,7 @@ _FIXED_SIZES = {1: 8, 5: 4}  # wire types of fixed width: 64-bit and 32-bit
 
 
 def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
-    """(value, position after it) of the base-128 varint at `pos` (7 bits a byte, least significant first)."""
+    """(value, position after it) of the base-128 varint at `pos`."""
     value = shift = 0
     while True:
         byte = buf[pos]  # IndexError past the end: a truncated message
@@ -54,14 +48,8 @@ def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
 
 
 def read_chunk(message: bytes) -> StreamChunk:
-    """EncodeImagesStream's response deserializer (see `encoder_stub`): the payload stays in the bytes gRPC
-    received, so that the Assembler copies it once, straight into its buffer.
-
-    `pb.EncodeImagesChunk.FromString(message).data` would copy it twice (into the parsed message, into a new bytes
-    object). Here the top-level fields are walked by their wire-format framing; everything but `data` (a few
-    dozen bytes) goes through protobuf as usual. Anything unexpected (a group, a truncated or malformed message)
-    is left to protobuf, which parses it or raises DecodeError.
-    """
+    """EncodeImagesStream's response deserializer: the payload stays in the bytes gRPC received (protobuf would
+    copy it twice). Anything unexpected is left to protobuf, which parses it or raises DecodeError."""
     view = memoryview(message)
     others: list[memoryview] = []  # every field but `data`, as it is on the wire
     data = view[:0]

@@ -1,5 +1,4 @@
-"""The CUDA IPC transport on the wire: its start-up on the server, a slice's descriptor in the reply, and the pool's
-identity (the Session reply; a shared batch names it too): what a consumer needs to open the pool."""
+"""The CUDA IPC transport on the wire: its server start-up, slice descriptors and the pool's identity."""
 
 from __future__ import annotations
 
@@ -51,7 +50,7 @@ def descriptor_from_pb(ipc: pb.IpcDescriptor) -> SliceDescriptor:
 
 
 def describe(header: pb.Embedding, handle: PoolSlice) -> None:
-    """One result's slice in its reply header: the consumer (or each of its readers) reads it in the pool."""
+    """One result's slice in its reply header."""
     desc, pool = handle.descriptor, handle.pool
     header.ipc.CopyFrom(
         pb.IpcDescriptor(

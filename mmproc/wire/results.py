@@ -1,5 +1,4 @@
-"""What the pipeline hands the front ends (one image's or video chunk's result) and the reply header every transport
-shares."""
+"""One result, as the pipeline hands it to the front ends, and the reply header every transport shares."""
 
 from __future__ import annotations
 
@@ -12,11 +11,11 @@ from mmproc.transport.serialized.staging import DTYPE_NAMES
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire.dtypes import NAME_TO_PB
 
-SERIALIZED = "serialized"  # the transport of a result no transport handed memory for: its bytes go in the reply
+SERIALIZED = "serialized"  # its bytes go in the reply
 
 
 class Handle(Protocol):
-    """Where a transport put one result: opaque to everything but that transport (its reply codec and reader)."""
+    """Where a transport put one result: opaque to everything but that transport."""
 
     @property
     def transport(self) -> str: ...
@@ -24,8 +23,7 @@ class Handle(Protocol):
 
 @dataclass(frozen=True)
 class EncodedImage:
-    """One image's result. `embedding` is (num_tokens, hidden) on the encoder's device, in its dtype; `handle` is
-    set when a transport handed out the memory it lies in (then `embedding` is a view of that memory)."""
+    """`embedding`: (num_tokens, hidden) on the encoder's device; a view of the transport's memory with `handle`."""
 
     index: int
     grid_hw: tuple[int, int]
@@ -77,5 +75,5 @@ def headers_reply(request_id: str, results: list[EncodedImage]) -> pb.EncodeImag
 
 
 def payload_bytes(results: list[EncodedImage]) -> int:
-    """The raw bytes a serialized reply carries: what it takes from the reply byte budget before staging."""
+    """The raw bytes a serialized reply carries (its share of the reply byte budget)."""
     return sum(r.embedding.nbytes for r in results)

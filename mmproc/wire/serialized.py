@@ -1,6 +1,4 @@
-"""The serialized transport's reply codec on the server: results -> the bytes gRPC sends, framed by hand
-(`reply_framing`, `chunk_head`) and written by the transport's `write_messages` (from a GPU straight into page-locked
-messages, or with one host copy of each payload)."""
+"""The serialized transport's reply codec on the server: results -> the bytes gRPC sends, framed by hand."""
 
 from __future__ import annotations
 
@@ -14,14 +12,12 @@ from mmproc.wire.unary import interleave, reply_framing
 
 
 def serialized_payloads(results: list[EncodedImage]) -> list[bytes]:
-    """Raw bytes of every result. From a GPU: one pinned staging buffer per request (start_staging), and image
-    i's bytes are copied out of it as soon as its own D2H has landed, while later images are still in flight."""
+    """Raw bytes of every result, each copied out as soon as its own D2H has landed."""
     return [concat_bytes(b"", staged.wait()) for staged in start_staging([r.embedding for r in results])]
 
 
 def serialized_reply(request_id: str, results: list[EncodedImage], pinned: PinnedMessages | None = None) -> bytes:
-    """EncodeImages' serialized reply, as the bytes gRPC sends (mmproc/wire/unary.py), written by write_messages:
-    from a GPU, into a page-locked message of `pinned` by the D2H itself, or staged and copied once."""
+    """EncodeImages' serialized reply, as the bytes gRPC sends."""
     head = pb.EncodeImagesResponse(request_id=request_id, transport=pb.TRANSPORT_SERIALIZED, transport_name=SERIALIZED)
     framing = reply_framing(head, [embedding_header(r) for r in results], [r.embedding.nbytes for r in results])
     return write_messages([list(interleave(framing, (r.embedding for r in results)))], pinned)[0]
@@ -30,10 +26,7 @@ def serialized_reply(request_id: str, results: list[EncodedImage], pinned: Pinne
 def serialized_stream(
     request_id: str, results: list[EncodedImage], chunk_bytes: int, pinned: PinnedMessages | None = None
 ) -> list[bytes]:
-    """Every message of a streamed reply, already serialized: what EncodeImagesStream hands gRPC.
-
-    Each image: a message with its header and the first `chunk_bytes` of its payload, then the rest in
-    `chunk_bytes` pieces; written as serialized_reply's."""
+    """Every message of a streamed reply: per image its header with the first `chunk_bytes`, then the rest."""
     messages: list[list[Part]] = []
     for result in results:
         payload = raw_bytes(result.embedding)
@@ -53,6 +46,5 @@ def _chunk_heads(request_id: str, result: EncodedImage, chunk_bytes: int) -> lis
 
 
 def passthrough_serializer(message: bytes | pb.EncodeImagesResponse | pb.EncodeImagesChunk) -> bytes:
-    """The response serializer of EncodeImages and EncodeImagesStream: the serialized replies
-    (`serialized_reply`, `serialized_stream`) are bytes already; other replies (IPC, headers) are messages."""
+    """Serialized replies are bytes already; other replies (IPC, headers) are messages."""
     return message if isinstance(message, bytes) else message.SerializeToString()

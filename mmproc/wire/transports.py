@@ -1,6 +1,5 @@
-"""The transports, as records that every layer asks: the pipeline its producer (started here), the front ends its
-reply codec, server info its name, the client its reader. Adding one: its own modules and one line in TRANSPORTS
-(docs/architecture.md); nothing else says `if transport == ...`."""
+"""The transports as records every layer asks; adding one is its modules and a line in TRANSPORTS
+(docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -16,7 +15,7 @@ from mmproc.wire.results import SERIALIZED, EncodedImage, embedding_header
 
 @dataclass(frozen=True)
 class Via:
-    """How a request's results travel: a transport's name, and the consumer session its memory is leased to."""
+    """A transport's name, and the consumer session its memory is leased to."""
 
     transport: str = SERIALIZED
     session: str | None = None
@@ -29,13 +28,11 @@ BY_BYTES = Via()  # serialized: the bytes in the reply
 class Transport:
     name: str
     wire: int  # its pb.Transport value; TRANSPORT_AUTO for one the enum does not list (its name travels)
-    # Server start-up: the producer, or why not (probed here, never at the first request). None: always there.
+    # the producer, or why not (probed at start-up); None: always there
     start: Callable[[StartContext], Producer | str] | None
-    # Reply codec: a result's handle into its reply header. None: the payload travels in the reply.
+    # a result's handle into its reply header; None: the payload travels in the reply
     describe: Callable[[pb.Embedding, Any], None] | None
-    # The client's reader factory as "module:function", imported by the client that picks this transport
-    # (mmproc/client/readers.py): the table sits below the client.
-    reader: str
+    reader: str  # the client's reader factory, "module:function", imported lazily: the table sits below the client
 
 
 SERIALIZED_TRANSPORT = Transport(SERIALIZED, pb.TRANSPORT_SERIALIZED, None, None, "mmproc.client.readers:serialized")
@@ -55,16 +52,14 @@ class Table:
         assert SERIALIZED in self.by_name, "serialized is every transport's fallback"
 
     def via(self, transport: int, name: str, session: str) -> Via:
-        """How a request asked its results to travel: by name, else by enum (auto: the first in the table), in the
-        memory of a transport only with a consumer session to lease it to."""
+        """By name, else by enum (auto: the first); a transport's memory only with a consumer session."""
         chosen = self.by_name.get(name) if name else self._by_wire.get(transport, self.ordered[0])
         if chosen is None or chosen.name == SERIALIZED or not session:
             return BY_BYTES
         return Via(chosen.name, session)
 
     def reply(self, request_id: str, results: list[EncodedImage]) -> pb.EncodeImagesResponse | None:
-        """The reply of results that lie in a transport's memory, each header describing its handle; None when
-        their bytes travel in the reply (serialized). One transport per request: the first result says."""
+        """The reply describing each result's handle; None when serialized (the first result says)."""
         if not results or results[0].handle is None:
             return None
         transport = self.by_name[results[0].transport]

@@ -1,11 +1,6 @@
-"""The unary serialized reply's framing on the server: EncodeImagesResponse written by hand around its payloads,
-which land in the bytes handed to gRPC (mmproc.transport's write_messages; EncodeImages passes them through).
+"""The unary serialized reply framed by hand around its payloads, which saves two copies on the event loop.
 
-Building the message instead copies every payload twice more, on the event loop: into the message (`data = ...`)
-and into gRPC's serialization. Valid because protobuf parses fields in any order: the response's own fields, then
-per image an `embeddings` field holding its header's fields and then its `data`, parse to the message protobuf
-would have built (the bytes differ from protobuf's own only in field order).
-"""
+Valid because protobuf parses fields in any order: only the field order differs from protobuf's own bytes."""
 
 from __future__ import annotations
 
@@ -21,10 +16,7 @@ P = TypeVar("P")
 
 
 def reply_framing(head: pb.EncodeImagesResponse, headers: Sequence[pb.Embedding], sizes: Sequence[int]) -> list[bytes]:
-    """The reply's bytes around its payloads: `head` serialized, then per image the bytes that precede its payload
-    of `sizes[i]` bytes (an `embeddings` field holding the header's fields and the head of its `data`). The message
-    is framing[0], framing[1], payload 0, framing[2], payload 1, ...; `head` has no embeddings and the headers no
-    `data` of their own."""
+    """The reply's bytes around its payloads: framing[0], framing[1], payload 0, framing[2], payload 1, ..."""
     if head.embeddings or any(h.HasField("data") for h in headers):
         raise ValueError("head without embeddings, headers without data: the payloads are written here")
     framing = [head.SerializeToString()]
@@ -35,7 +27,7 @@ def reply_framing(head: pb.EncodeImagesResponse, headers: Sequence[pb.Embedding]
 
 
 def interleave(framing: Sequence[bytes], payloads: Iterable[P]) -> Iterator[bytes | P]:
-    """framing[0], then each payload after its own framing: the parts of reply_framing's message in order."""
+    """The parts of reply_framing's message in order."""
     yield framing[0]
     for prefix, payload in zip(framing[1:], payloads):
         yield prefix

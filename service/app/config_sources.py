@@ -13,10 +13,7 @@ from service.app.settings import ServerSettings
 
 
 def load_settings(config_file: Path | None = None, **overrides: object) -> ServerSettings:
-    """Settings from defaults < config file (JSON or TOML) < environment < explicit overrides (CLI flags).
-
-    Raises ConfigError naming each bad setting the way it was given (--flag, MMPROC_* variable or file key).
-    """
+    """Settings from defaults < config file < environment < overrides; ConfigError names each bad one as given."""
     from pydantic import ValidationError
 
     file_values = read_config_file(config_file) if config_file is not None else {}
@@ -44,8 +41,7 @@ def _warn_unknown_env() -> None:
 
 
 def read_config_file(path: Path) -> dict[str, object]:
-    """A flat JSON object or TOML table of settings: `.toml` is TOML, `.json` (or no suffix) JSON; YAML and other
-    suffixes are refused rather than guessed at."""
+    """A flat JSON object or TOML table (by suffix; other suffixes refused, not guessed)."""
     path = Path(path)
     if path.suffix not in (".toml", ".json", ""):
         raise ConfigError(f"config file {path}: use a .json or .toml file (got {path.suffix!r})")

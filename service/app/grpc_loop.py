@@ -1,12 +1,5 @@
-"""Where the gRPC front end runs: on an event loop of its own, in a thread of its own (`grpc_loop = "own"`), or on
-the main loop beside the HTTP front end and the pipeline ("shared").
-
-Why a loop of its own: grpc.aio takes new calls in from its core one at a time, each through a turn of the loop it
-runs on. On a loop that HTTP requests and the pipeline's callbacks keep busy, calls wait there before any handler
-runs; under overload gRPC refusals took twice HTTP's time at p99 (docs/benchmarks/overload.md, session 18). On its
-own loop, handlers read the request and ask the door there, and hop to the main loop only for the pipeline's work,
-which is bound to it (`GrpcServicer` takes that loop as `home`).
-"""
+"""Where the gRPC front end runs: its own loop and thread ("own"), hopping to the main loop only for the pipeline,
+or the main loop ("shared"). Why: grpc.aio takes calls in one loop turn each (docs/reliability.md, "Overload")."""
 
 from __future__ import annotations
 
@@ -25,8 +18,7 @@ logger = logging.getLogger(__name__)
 
 
 class GrpcLoop:
-    """The loop the gRPC server lives on. `run(coro)`, awaited on the main loop, runs `coro` there: the server's
-    creation, health changes and stop must run on the loop the server was made on."""
+    """The loop the gRPC server lives on; `run(coro)` runs `coro` there (the server's own calls must)."""
 
     def __init__(self, choice: str, loop_kind: str) -> None:
         """choice: "own" or "shared"; loop_kind: the `event_loop` setting (the own loop is of the same kind)."""

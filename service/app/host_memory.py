@@ -1,12 +1,5 @@
-"""Host tuning for the serving process: glibc malloc's freed-memory reuse and arena count, and torch's CPU threads.
-
-Every serialized reply allocates tens of MB of Python bytes (the messages handed to gRPC). glibc serves large
-allocations with fresh mmap pages and unmaps them on free, so every reply first-touches every page again (2-4x
-slower staging, docs/benchmarks/transport.md). Raising the mmap and trim thresholds keeps freed memory in the heap for
-the next reply. The cost: the process keeps its peak heap instead of returning it (bounded by the request limits),
-and it keeps it per arena: glibc gives threads their own arenas (up to 8 per core), each holding its own peak, so
-the arena count is capped too (docs/benchmarks/overload.md, "Main-process RSS: arenas").
-"""
+"""Host tuning for the serving process: glibc malloc keeps freed reply memory in the heap (fresh mmap pages made
+staging slower: docs/benchmarks/transport.md), in few arenas (each keeps its peak: docs/deploy.md); torch's threads."""
 
 from __future__ import annotations
 
@@ -40,9 +33,8 @@ def _glibc_mallopt() -> Callable[[int, int], int] | None:
 
 
 def reuse_freed_host_memory(reuse_bytes: int) -> bool:
-    """Serve allocations below `reuse_bytes` from the heap and keep up to `reuse_bytes` of freed memory there.
-
-    0 leaves glibc's defaults. Returns whether the settings took effect (False on a non-glibc C library)."""
+    """Serve allocations below `reuse_bytes` from the heap and keep that much freed memory (0: glibc's defaults);
+    False on a non-glibc C library."""
     if reuse_bytes <= 0:
         return False
     mallopt = _glibc_mallopt()
@@ -58,10 +50,7 @@ def reuse_freed_host_memory(reuse_bytes: int) -> bool:
 
 
 def limit_malloc_arenas(arena_max: int) -> bool:
-    """Let glibc create at most `arena_max` malloc arenas (0: glibc's default, 8 per core); threads beyond share.
-
-    glibc fixes its limit when the 9th arena is made, so this must run before the process starts its threads.
-    Returns whether it took effect (False for 0 or on a non-glibc C library)."""
+    """At most `arena_max` malloc arenas (0: glibc's default); must run before the process starts its threads."""
     if arena_max <= 0:
         return False
     mallopt = _glibc_mallopt()
@@ -76,9 +65,7 @@ def limit_malloc_arenas(arena_max: int) -> bool:
 
 
 def set_torch_threads(threads: int) -> int:
-    """Use at most `threads` of this process's CPUs for torch's CPU ops (0: leave torch's default); returns the
-    count in effect. The serialized reply copies run on them (mmproc/transport/serialized/host_copy.py; thread counts measured
-    in docs/benchmarks/transport.md); more threads than CPUs only oversubscribe."""
+    """At most `threads` CPUs for torch's CPU ops, which run the reply copies (0: torch's default); returns the count."""
     if threads > 0:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         torch.set_num_threads(min(threads, cpus))

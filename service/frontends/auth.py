@@ -1,14 +1,5 @@
-"""Optional shared-secret authentication (`auth_token` / MMPROC_AUTH_TOKEN) for gRPC and HTTP.
-
-Clients send `authorization: Bearer <token>` (gRPC metadata, HTTP header). The comparison is constant-time.
-Left open on purpose, so that probes and tools work without the secret: gRPC health and reflection, HTTP
-/healthz, /readyz and /metrics. Everything else (the Encoder service, HTTP /v1/* and any other path) answers
-UNAUTHENTICATED / 401 without running, and without parsing the request. Refusals go through
-`service.frontends.error_mapping.map_error` like every other one (counted as reason "unauthenticated"). The token is never
-logged.
-
-This is a shared secret, not transport security: on anything but loopback or a unix socket, put TLS in front.
-"""
+"""Optional shared-secret bearer token for gRPC and HTTP, compared in constant time and never logged; probes,
+health and reflection stay open (docs/reliability.md). A shared secret, not transport security: put TLS in front."""
 
 from __future__ import annotations
 
@@ -94,8 +85,7 @@ class TokenInterceptor(grpc.aio.ServerInterceptor):
 
 
 def require_bearer_token(app: FastAPI, token: BearerToken, metrics: Metrics | None = None) -> None:
-    """HTTP: 401 (with `WWW-Authenticate: Bearer`) without the token, on every path but the probes' ones
-    (/v1/* included). Call before serving."""
+    """HTTP: 401 (`WWW-Authenticate: Bearer`) without the token, on every path but the probes'."""
 
     def check_token(request: Request) -> JSONResponse | None:
         mark_started(request)

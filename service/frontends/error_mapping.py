@@ -1,18 +1,6 @@
-"""Where typed mmproc errors become gRPC statuses and HTTP responses (each class's codes: mmproc/errors.py).
-
-invalid media / bad request -> INVALID_ARGUMENT (400; 413 for a request too large) with google.rpc.BadRequest +
-                               ErrorInfo details (metadata: index, kind "media" or "request": which class)
-queue or pool full, or       -> RESOURCE_EXHAUSTED (429, Retry-After; gRPC: google.rpc.RetryInfo + ErrorInfo naming
-refused early (overload.py)    the cause), counted by cause (queue_delay, deadline, pending_bytes, ...)
-not ready / draining        -> UNAVAILABLE (503, Retry-After)
-deadline                    -> DEADLINE_EXCEEDED (504)
-missing/wrong bearer token  -> UNAUTHENTICATED (401), see service/frontends/auth.py
-anything else               -> INTERNAL (500), generic message; the traceback goes to the log only
-
-Every mapped failure is counted in `mmproc_rejections_total{reason}` and logged here, once: expected ones
-(4xx, 503, 504) as one INFO line without a traceback, unexpected ones as ERROR with it. The request id
-comes from the logging context (service.observe.logs).
-"""
+"""Where typed mmproc errors become gRPC statuses (with google.rpc details) and HTTP responses; the codes are
+mmproc/errors.py's. Anything untyped is INTERNAL with a generic message. Every failure is counted and logged here,
+once: expected ones (4xx, 503, 504) as one INFO line, unexpected ones as ERROR with the traceback."""
 
 from __future__ import annotations
 
@@ -64,7 +52,7 @@ class MappedError:
 
 
 def map_error(exc: BaseException, *, metrics: Metrics | None = None) -> MappedError:
-    """Classify any exception; count it as a rejection and log it (see the module docstring)."""
+    """Classify any exception; count it as a rejection and log it."""
     mapped = _classify(exc)
     if mapped.grpc_code is grpc.StatusCode.INTERNAL:
         logger.error("unexpected error", exc_info=exc)
@@ -91,9 +79,8 @@ def _classify(exc: BaseException) -> MappedError:
 
 
 def to_grpc_status(mapped: MappedError, items: str = "images") -> grpc.Status:
-    """A grpc.Status with google.rpc details, for `end_call`; `items`: the request's repeated
-    field a bad item's index refers to ("images", "videos"). The current request's id (the logging context's)
-    goes back as `x-request-id` trailing metadata."""
+    """A grpc.Status with google.rpc details and the request id as `x-request-id` trailing metadata; `items`: the
+    repeated field a bad item's index refers to ("images", "videos")."""
     status = status_pb2.Status(code=getattr(code_pb2, mapped.grpc_code.name), message=mapped.message)
     if mapped.grpc_code is grpc.StatusCode.INVALID_ARGUMENT:
         field = f"{items}[{mapped.index}]" if mapped.index >= 0 else items
@@ -130,12 +117,8 @@ def to_grpc_status(mapped: MappedError, items: str = "images") -> grpc.Status:
 
 
 def end_call(context: grpc.aio.ServicerContext, status: grpc.Status) -> None:
-    """Have the call end with `status` once its handler returns (the handler returns right after).
-
-    What `context.abort_with_status` sends, without its exception: gRPC keeps the AbortError on the call's state
-    while the error's traceback holds the frames that hold the call, a reference cycle. Every refused request (its
-    image bytes too) then waited for the cyclic garbage collector, and under overload most calls are refusals
-    (docs/benchmarks/overload.md, session 21)."""
+    """End the call with `status` once its handler returns: `abort_with_status` without its exception, whose
+    traceback made a reference cycle of every refused call (docs/reliability.md, "Overload")."""
     context.set_code(status.code)
     context.set_details(status.details)
     context.set_trailing_metadata(status.trailing_metadata)

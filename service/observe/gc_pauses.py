@@ -1,15 +1,6 @@
-"""Python's cyclic garbage collector in the serving process: start-up's objects frozen out of its scans, and every
-collection's pause measured.
-
-A collection holds the GIL from start to end, so every thread stops for it: the event loop answers nobody, refusals
-included. A full one walks every tracked object, and a server with torch, gRPC and FastAPI loaded has ~200k of them
-before any request (0.1 s a pass on a CPU host, docs/reliability.md "Overload"). Under load the requests' own
-objects survive long enough (queued, decoded, waiting for a forward) to trigger full passes every few seconds.
-Freezing what start-up made (modules, the model's Python objects, the warm-up's leftovers) leaves each full pass
-only the objects made since. The price: a frozen object that later ends up in an unreachable cycle is never freed;
-what start-up makes lives as long as the server anyway. Process-wide: only `mmproc serve` does it, once its model
-is loaded.
-"""
+"""Python's cyclic garbage collector in the serving process: start-up's objects frozen out of its scans (a full
+pass holds the GIL; docs/reliability.md, "Overload"), and every collection's pause measured. Process-wide: only
+`mmproc serve` freezes, once its model is loaded."""
 
 from __future__ import annotations
 
@@ -46,12 +37,10 @@ def freeze_start_up_objects() -> int:
 
 
 class GcPauses:
-    """Each collection's pause by generation, exported as the histogram `mmproc_gc_pause_seconds` (a Prometheus
-    collector of its own) while installed as a gc callback (a `with` block).
+    """Each collection's pause by generation, as the histogram `mmproc_gc_pause_seconds`, while installed.
 
-    The callback only adds to plain lists: it takes no lock. It runs in whichever thread the collection started in,
-    with the GIL held, and a callback waiting for a lock its own thread holds would never return. Collections never
-    overlap, so nothing else writes the lists; a scrape reads them between two additions at worst."""
+    The callback takes no lock (it runs in any thread, GIL held: it could wait on its own thread); collections
+    never overlap, so it alone writes the lists."""
 
     def __init__(self, buckets: Sequence[float]) -> None:
         self._bounds = [*buckets, math.inf]

@@ -1,13 +1,5 @@
-"""Log lines written by a thread of their own: a request's thread only queues its record.
-
-Every request leaves an access line, hundreds a second under overload, most from the front ends' event loops.
-Written there, each line is a write to stderr on the loop: if whatever reads stderr (a container runtime, a
-pipe to a log shipper) falls behind, the pipe fills and the write blocks the loop, and every request with it.
-Here the loops hand their records to a bounded queue; one writer thread formats and writes them. When the queue
-is full a record is dropped, not waited for: the writer reports how many (a WARNING line) once it has room again,
-and `mmproc_log_records_dropped_total` counts them. At exit the queue is written (atexit); a process killed
-outright loses what was still queued.
-"""
+"""Log lines written by a thread of their own, from a bounded queue, so a slow stderr reader never blocks the event
+loop; a full queue drops records, counted and reported (docs/reliability.md)."""
 
 from __future__ import annotations
 
@@ -31,8 +23,7 @@ class QueuedHandler(logging.handlers.QueueHandler):
         self._unreported = 0  # dropped since the last report line
 
     def prepare(self, record: logging.LogRecord) -> logging.LogRecord:
-        # The record is formatted later on another thread: its arguments and traceback become text now, while
-        # the objects they name are as they were when logged (and no frames are kept alive by the queue).
+        # text now: formatted later, on another thread, with no frames kept alive
         record = copy.copy(record)
         record.msg, record.args = record.getMessage(), None
         if record.exc_info:

@@ -1,10 +1,5 @@
-"""`mmproc_cpu_seconds_total{role}`: the server's CPU time by what it was spent on, read from /proc at scrape time.
-
-Roles: the threads named in `mmproc.thread_roles` (event_loop, grpc_loop, runner, gpu_decode), the decode worker
-processes (decode_workers: their user + system time and their children's), and `other`: the rest of the server
-process (gRPC's core threads, executors, the HTTP server, threads of a thread-mode decode pool). Linux only: elsewhere
-nothing is yielded.
-"""
+"""`mmproc_cpu_seconds_total{role}`: the server's CPU time by role, read from /proc at scrape time (roles:
+docs/deploy.md). Linux only."""
 
 from __future__ import annotations
 
@@ -25,8 +20,7 @@ Key = tuple[int, int]  # (tid or pid, start time): a reused id is a different ta
 
 
 class CpuByRole:
-    """A custom collector. Counters stay monotonic although a thread or worker that exits takes its time out of
-    /proc: each task's last reading is kept and, once it is gone, folded into its role."""
+    """A custom collector; an exited task's last reading is folded into its role, so counters stay monotonic."""
 
     def __init__(self, worker_pids: Callable[[], list[int]] = list) -> None:
         self.worker_pids = worker_pids

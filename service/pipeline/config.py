@@ -1,5 +1,4 @@
-"""Everything `RequestPipeline` is built from besides its model, torch-free so that service/app/configs.py builds it
-from the settings; each default is the core dataclass's own (written once)."""
+"""Everything `RequestPipeline` is built from besides its model, torch-free (built from the settings)."""
 
 from __future__ import annotations
 
@@ -18,12 +17,9 @@ from service.pipeline.request_limits import InflightLimits, RequestLimits
 
 @dataclass(frozen=True)
 class PipelineConfig:
-    """cache_context: what the cache key binds besides the bytes (service/pipeline/cache/keys.py: model_context);
-    None: derived from the model object itself (a library user or a test without settings).
-    gpu_decode: JPEGs decoded on the encoder's GPU (service/pipeline/decode/gpu.py): "auto" where a CUDA encoder
-    takes uint8 pixels and nvImageCodec loads, "on" (or the pipeline does not start), "off".
-    graph_warmup_sizes: (width, height) of images whose batches of 1..n images are captured as CUDA graphs before
-    serving (RequestPipeline.start)."""
+    """cache_context: what the cache key binds besides the bytes (None: derived from the model).
+    gpu_decode: "auto", "on" (or the pipeline does not start), "off".
+    graph_warmup_sizes: (width, height) of images whose CUDA graphs are captured before serving."""
 
     media: MediaLimits = field(default_factory=MediaLimits)
     request: RequestLimits = field(default_factory=RequestLimits)

@@ -1,7 +1,5 @@
-"""The delivery step: where a request's embeddings go, chosen once per request from the transports the server
-started (mmproc/wire/transports.py). Serialized: plain tensors that the front ends turn into bytes, within the
-reply byte budget (service/pipeline/reply_budget.py); another transport: a destination of its producer, falling
-back to serialized when it has no room in time (counted, logged once) or refused, as configured."""
+"""The delivery step: where a request's embeddings go, chosen once per request. Serialized: within the reply byte
+budget; another transport: its producer's destination, falling back to serialized or refused, as configured."""
 
 from __future__ import annotations
 
@@ -25,8 +23,7 @@ logger = logging.getLogger(__name__)
 
 
 class Delivery:
-    """The transport seam of the pipeline: `destination` picks a request's destination once; `producers` are the
-    transports started besides serialized (service/app/transports.py)."""
+    """The pipeline's transport seam; `producers`: the transports started besides serialized."""
 
     def __init__(
         self, hidden: int, dtype: torch.dtype, metrics: Metrics, replies: ReplyBudgetConfig | None = None
@@ -44,8 +41,7 @@ class Delivery:
         self.fallbacks = 0
 
     def attach(self, producer: Producer, *, fallback: bool) -> None:
-        """Serve requests for `producer.transport`. fallback: when it has no room in time, reply serialized
-        instead of RESOURCE_EXHAUSTED."""
+        """Serve requests for `producer.transport` (fallback: serialized rather than RESOURCE_EXHAUSTED)."""
         self.producers[producer.transport] = producer
         self.fallback = fallback
 
@@ -61,8 +57,7 @@ class Delivery:
             producer.close()
 
     async def destination(self, via: Via, rows: int, deadline: float | None, readers: int) -> Destination:
-        """A destination of `rows` embedding rows as `via` asks (read by `readers` consumers of its session), or
-        serialized for a transport this server does not serve."""
+        """A destination of `rows` rows as `via` asks, or serialized for a transport this server does not serve."""
         producer = self.producers.get(via.transport) if via.session is not None else None
         if producer is None or via.session is None:
             return SerializedDestination()
@@ -83,9 +78,8 @@ class Delivery:
                            transport)  # fmt: skip
 
     async def reply_bytes(self, nbytes: int, deadline: float | None, images: int) -> ReplyHold:
-        """Budget for a serialized reply of `nbytes`, taken before it is staged to host memory; the front end
-        releases it once sent. Past the deadline: DeadlineExceededError. Expired or cancelled, its `images` count
-        as dropped at delivery."""
+        """Budget for a serialized reply, taken before staging; past the deadline, DeadlineExceededError (its
+        `images` then count as dropped at delivery)."""
         try:
             return await self.replies.acquire(nbytes, deadline)
         except (DeadlineExceededError, asyncio.CancelledError):

@@ -1,10 +1,5 @@
-"""Results kept under a caller's key for a short, bounded time, so that an engine can fetch them by key later.
-
-A front end sends the images with keys (the pipeline's `multi_modal_uuids`, docs/engines.md); the pipeline's EC
-connector then asks for those keys. Bounded three ways: total bytes, number of keys, and a TTL; when a new
-result does not fit, the oldest entries are dropped first. Entries live on the encoder's device. Used from the
-event loop only (no locking).
-"""
+"""Results kept under a caller's key, for an engine to fetch later (docs/engines.md). Bounded by bytes, keys and a
+TTL, oldest dropped first; on the encoder's device; event loop only."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""The byte budget of serialized replies in flight. A reply takes its bytes before its embeddings are staged to host
-memory and gives them back once its front end is done sending it (or failed to). The main process keeps freed heap
-for the next reply (service/app/host_memory.py), so the peak of reply bytes in flight becomes its RSS: this
-bounds that peak. FIFO among waiters; a reply larger than the whole budget goes alone, so none starves.
-
-Loop-affine and torch-free: every method runs on the event loop that serves the front ends (the config is built
-with the settings, which load no torch)."""
+"""The byte budget of serialized replies in flight, from before staging until sent: their peak becomes the main
+process's RSS. FIFO; a reply larger than the budget goes alone. Loop-affine and torch-free."""
 
 from __future__ import annotations
 
@@ -24,14 +19,10 @@ T = TypeVar("T")
 @dataclass(frozen=True)
 class ReplyBudgetConfig:
     """max_bytes: payload bytes of serialized replies staged or being sent at once (HTTP: the rendered body when
-    larger). The process holds copies of each (staging, message, gRPC's own): about 2 MB of memory per MB in
-    flight, docs/benchmarks/overload.md ("Reply bytes in flight")."""
+    larger); the memory it costs: docs/benchmarks/overload.md ("Reply bytes in flight").
+    pinned_bytes: page-locked reply messages for GPU replies; 0: every reply staged and copied."""
 
-    # 64 MiB: three 1024² Kimi K2.5 replies (19 MB each) sending at once, for ~+100 MB of main-process peak (measured
-    # on the CPU), within issue 24's +200 MB; slow network consumers may want more.
     max_bytes: int = 64 * MiB
-    # Page-locked messages that serialized replies from a GPU are written into (mmproc/transport/serialized/pinned_messages.py);
-    # 0: none, every reply staged and copied.
     pinned_bytes: int = 0
 
     def __post_init__(self) -> None:
@@ -40,8 +31,7 @@ class ReplyBudgetConfig:
 
 
 class ReplyBudget:
-    """`in_flight` bytes of at most `max_bytes` (one oversized reply may pass it, alone); `peak` is the most ever
-    held. A waiter is granted in FIFO order as bytes come back, never by barging past an earlier one."""
+    """`in_flight` bytes of at most `max_bytes` (one oversized reply may pass it, alone); waiters granted FIFO."""
 
     def __init__(self, config: ReplyBudgetConfig) -> None:
         self.max_bytes = config.max_bytes
@@ -59,8 +49,7 @@ class ReplyBudget:
         return len(self._waiters)
 
     async def acquire(self, nbytes: int, deadline: float | None) -> ReplyHold:
-        """`nbytes` of budget; waits (FIFO) for it until `deadline` (time.monotonic()), then DeadlineExceededError.
-        A cancelled waiter leaves holding nothing."""
+        """`nbytes` of budget, waited for (FIFO) until `deadline`, then DeadlineExceededError."""
         if not self._waiters and self._fits(nbytes):
             self._take(nbytes)
             return ReplyHold(self, nbytes)
@@ -117,8 +106,7 @@ def _expire(granted: asyncio.Future[None]) -> None:
 
 
 class ReplyHold:
-    """One reply's share of the budget, given back once by `release` (idempotent): by the front end when it is done
-    sending, on every path. Staging run through `off_loop` delays that until its thread has finished."""
+    """One reply's share, given back by `release` (idempotent) once sent, on every path; after `off_loop`'s thread."""
 
     def __init__(self, budget: ReplyBudget, nbytes: int) -> None:
         self.nbytes = nbytes
@@ -127,8 +115,7 @@ class ReplyHold:
         self._staging: asyncio.Future | None = None
 
     async def off_loop(self, fn: Callable[..., T], *args: object) -> T:
-        """`fn(*args)` in the default executor. A cancelled caller leaves, but the thread still writes the reply's
-        bytes: the budget comes back once it has finished, not before."""
+        """`fn(*args)` in the default executor; the budget comes back once the thread has finished, even if cancelled."""
         staging = asyncio.get_running_loop().run_in_executor(None, fn, *args)
         staging.add_done_callback(_consume)
         self._staging = staging

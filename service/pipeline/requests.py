@@ -1,14 +1,5 @@
-"""The request pipeline, free of gRPC/HTTP. `RequestPipeline.encode` reads top to bottom: admit -> (cache) -> decode ->
-run -> deliver, each step an object with its own state:
-
-- admission (service/pipeline/admission.py): limits, in-flight counters, queue reservation, overload guard;
-- the embedding cache (service/pipeline/cache/cached_encode.py): hits, coalescing; its misses take the steps below;
-- decode (service/pipeline/decode/step.py): the decode pool's isolated workers, off the event loop, and JPEGs on
-  the GPU (service/pipeline/decode/gpu.py);
-- run (service/pipeline/forward_step.py): the runner's single thread that owns the device;
-- delivery (service/pipeline/delivery.py): the destination chosen once per request, on the transport it asked for.
-Videos take the same steps (service/pipeline/videos.py).
-"""
+"""The request pipeline, free of gRPC/HTTP: admit -> (cache) -> decode -> run -> deliver, each step an object with
+its own state (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -98,9 +89,7 @@ class RequestPipeline:
         self.cache = self._build_cache(config)
         self.ipc_status = "transports: serialized only (none started)"
         self.batches_run = 0
-        self.videos = (
-            None  # service.pipeline.videos.VideoPipeline for a model that takes video (service/app/video_setup.py)
-        )
+        self.videos = None  # a VideoPipeline for a model that takes video
         metrics.track(queue_images=lambda: runner.queued_images, inflight_requests=lambda: self.admission.inflight)
         metrics.track_decode(lambda: self.decode.pool)
         if self.cache is not None:
@@ -118,8 +107,7 @@ class RequestPipeline:
         )
 
     def _sojourn_s(self) -> float:
-        """How long a request arriving now waits before its forward, by the queues' oldest waiters: a decoder's
-        (the pool's worker slots or the GPU decoder's thread, whichever is longer), then the encoder's."""
+        """How long a request arriving now waits before its forward: the longer decoder wait, then the encoder's."""
         decode = self.decode
         waits = decode.pool.waits.oldest_s()
         if decode.gpu is not None:
@@ -127,8 +115,7 @@ class RequestPipeline:
         return waits + self.run.runner.oldest_wait_s()
 
     def _gpu_decoder(self, mode: str, limits: MediaLimits, decode: DecodePoolConfig) -> GpuDecoder | None:
-        """A GPU JPEG decoder when `mode` allows and this pipeline can use one (a CUDA encoder that takes uint8
-        pixels); "on" without one is a ConfigError, "auto" says why in one line."""
+        """A GPU JPEG decoder when `mode` allows and the encoder can use one; "on" without one is a ConfigError."""
         if mode == "off":
             return None
         why = "the encoder is not on CUDA" if self.encoder.device.type != "cuda" else ""
@@ -183,10 +170,8 @@ class RequestPipeline:
         return preprocess_image(blank, self.preprocess, normalize=self.decode.pool.config.normalize)
 
     def _capture_graphs(self, sizes: tuple[tuple[int, int], ...]) -> None:
-        """Capture the CUDA graphs of batches of 1..n images of each size now, through the runner as traffic
-        comes, so that traffic of those sizes replays from its first batch: a capture under load (an eager
-        forward and a capture, each) stalls the runner while requests wait (docs/benchmarks/overload.md). n is
-        bounded by the graph cache's share per size, its patch bound and the runner's batch bounds."""
+        """Capture the CUDA graphs of batches of 1..n images of each size now: a capture under load stalls the
+        runner (docs/benchmarks/overload.md). n is bounded by the graph cache and the runner's batch bounds."""
         graphs = self.encoder.graphs
         if not sizes or graphs is None or self.encoder.device.type != "cuda":
             return
@@ -219,7 +204,7 @@ class RequestPipeline:
 
     @property
     def pool(self):  # noqa: ANN201 (an IpcPool: the Session stream and server info of the CUDA IPC transport)
-        """The pool of the transport that hands out slices of one (CUDA IPC), or None (serialized only)."""
+        """The pool transport's pool, or None (serialized only)."""
         return next((p.pool for p in self.delivery.producers.values() if getattr(p, "pool", None)), None)
 
     @property
@@ -256,9 +241,8 @@ class RequestPipeline:
         self.delivery.close()
 
     def attach(self, producer: Producer, *, fallback: bool) -> None:
-        """Serve requests for a started transport (service/app/transports.py). fallback: when it has no room in
-        time, reply serialized instead of RESOURCE_EXHAUSTED. One that hands out slices of a pool also lends the
-        embedding cache its pool tier."""
+        """Serve requests for a started transport. fallback: with no room in time, reply serialized rather than
+        RESOURCE_EXHAUSTED. A pool transport also lends the embedding cache its pool tier."""
         self.delivery.attach(producer, fallback=fallback)
         pool = getattr(producer, "pool", None)
         if pool is not None:
@@ -289,11 +273,9 @@ class RequestPipeline:
     ) -> list[EncodedImage]:
         """Encode all images of one request, or raise a typed mmproc error. `deadline` is time.monotonic().
 
-        Through the embedding cache unless `cache` is False (the request's bypass) or the server has none: an
-        image may then be sent as empty bytes with its `mm_hashes` entry to be looked up (UnknownKeyError when not
-        cached; with `lookup_only`, a header-only "miss" result instead). `via` a transport that hands out memory
-        (started on this server), the embeddings lie in it, read by `readers` consumers (tensor-parallel ranks), and carry handles.
-        """
+        Through the embedding cache unless `cache` is False: an empty image with its `mm_hashes` entry is looked
+        up (UnknownKeyError, or with `lookup_only` a header-only "miss"). `via` a pool transport: the embeddings
+        lie in it for `readers` consumers, with handles."""
         self.admission.check_open()
         check_readers(readers)
         if self.cache is not None and cache:
@@ -313,8 +295,7 @@ class RequestPipeline:
     async def _encode_uncached(
         self, images: list[bytes], request_id: str, deadline: float | None, *, via: Via, readers: int
     ) -> list[EncodedImage]:
-        """The steps themselves, without the cache: admit -> decode -> destination -> run -> deliver. `encode`
-        checked readers and that the pipeline is open; `admit` checks the latter again."""
+        """The steps themselves, without the cache."""
         admission = self.admission
         patches = admission.check_request(images)
         with admission.admit(patches, len(images), deadline, reserve=len(images)) as admitted:
@@ -329,8 +310,7 @@ class RequestPipeline:
     async def encode_keyed(
         self, images: list[bytes], keys: list[str], request_id: str, deadline: float | None = None
     ) -> list[EncodedImage]:
-        """`encode`, keeping each result under its key (service/pipeline/key_store.py) for a later `fetch`. No lease:
-        what is kept must be a plain tensor (a pool slice is reused once its reader acked)."""
+        """`encode`, keeping each result under its key for a later `fetch`; no lease (a pool slice is reused)."""
         check_keys(keys, len(images), self.keys.config)
         results = await self.encode(images, request_id, deadline)
         out = [replace(result, key=key) for result, key in zip(results, keys)]
@@ -341,8 +321,7 @@ class RequestPipeline:
     async def fetch(
         self, keys: list[str], request_id: str, deadline: float | None = None, *, via: Via = BY_BYTES, readers: int = 1
     ) -> list[EncodedImage]:
-        """The results kept under `keys`, without encoding (UnknownKeyError for a key not kept). `via` a transport
-        that hands out memory, they are copied (device to device) into one destination, as `encode` would write."""
+        """The results kept under `keys` (UnknownKeyError otherwise); copied into one destination `via` a pool."""
         self.admission.check_open()
         check_readers(readers)
         self.check_image_count(len(keys))

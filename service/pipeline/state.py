@@ -1,9 +1,5 @@
-"""What the gRPC and HTTP front ends serve: the Service's metrics from the start, and the pipeline with its
-ServerInfo once the model is loaded and warmed up.
-
-The front ends come up (and answer health, /readyz, /metrics) before the model loads; until `publish`,
-every request that needs the model gets UNAVAILABLE, so clients retry elsewhere or later.
-"""
+"""What the front ends serve: metrics from the start, the pipeline and its ServerInfo once warmed up (until
+`publish`, requests that need the model get UNAVAILABLE)."""
 
 from __future__ import annotations
 

@@ -1,12 +1,6 @@
-"""Videos through the image pipeline: decoded in the same isolated workers (service/pipeline/decode/pool.py), their chunks
-queued on the same runner under the same batch budget as images, delivered over the same transports.
-
-Per request: count and bytes checked first; each video validated and decoded in a worker (mmproc.media.video:
-every limit but the decode-time budget is checked before a frame is decoded); then the request's sampled frames
-and patches (against `max_patches_per_request` and the in-flight patch bound shared with images); then one
-runner submission of every chunk, each chunk an item like an image (a chunk costs its t * h * w patches in a
-batch and yields one frame's tokens).
-"""
+"""Videos through the image pipeline: the same decode workers, runner, batch budget and transports. Every limit
+but the decode time is checked before a frame is decoded; a chunk costs t * h * w patches, yields one frame's
+tokens."""
 
 from __future__ import annotations
 
@@ -37,8 +31,7 @@ class VideoItem:
 
 @dataclass(frozen=True)
 class EncodedVideo:
-    """One video's result: per chunk an `EncodedImage` (embedding (tokens, hidden), grid, descriptor), its frames
-    and its start time; the sampled frame numbers, the stream's fps and frame size."""
+    """One video's result: per chunk an `EncodedImage`, its frames and start time; frame numbers, fps, frame size."""
 
     index: int
     chunks: tuple[EncodedImage, ...]
@@ -100,8 +93,7 @@ class VideoPipeline:
         via: Via = BY_BYTES,
         readers: int = 1,
     ) -> list[EncodedVideo]:
-        """Encode every video of one request, or raise a typed mmproc error (InvalidMediaError naming the video).
-        The image pipeline's steps (service/pipeline/requests.py), with the video's own checks around decoding."""
+        """Encode every video of one request, or raise a typed mmproc error (InvalidMediaError naming the video)."""
         pipeline, admission = self.pipeline, self.pipeline.admission
         admission.check_open()
         check_readers(readers)

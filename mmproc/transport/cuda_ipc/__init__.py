@@ -1,1 +1,1 @@
-"""The CUDA IPC transport: one exported pool on the encoder's GPU, its device words, the consumer's handle cache, and the start-up probe (docs/ipc.md)."""
+"""The CUDA IPC transport: an exported pool on the encoder's GPU, the consumer's handle cache, the probe (docs/ipc.md)."""

@@ -1,5 +1,4 @@
-"""The IPC pool's settings (mmproc/transport/cuda_ipc/pool.py), torch-free so that the server's settings take their
-defaults from here (service/app/settings.py): each default is written once."""
+"""The IPC pool's settings, torch-free so that the server's settings take their defaults from here."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""The consumer side of the CUDA IPC transport: the handle cache and stream-ordered read/ack.
-
-The pool is opened once per (pool id, epoch, own GPU), on the consumer's own device; reader r acks in its own
-word. Protocol: docs/ipc.md.
-"""
+"""The consumer side of the CUDA IPC transport: the handle cache and stream-ordered read/ack (docs/ipc.md)."""
 
 from __future__ import annotations
 
@@ -29,9 +25,7 @@ class HandleCacheStats:
 
 
 class TypedViews:
-    """Contiguous views at byte offsets of one flat uint8 tensor, each ONE `as_strided` over a cached view of the
-    whole memory as the dtype: the consumer's read path costs a few microseconds of host time per torch op, so it
-    takes one per image. torch checks the bounds against the memory."""
+    """Views at byte offsets of a flat uint8 tensor, one `as_strided` each (host time per torch op counts)."""
 
     def __init__(self, memory: torch.Tensor) -> None:
         self._memory = memory
@@ -69,11 +63,7 @@ class OpenedPool:
         return self._views.view(offset, nbytes, dtype, shape)
 
     def wait_ready(self, desc: SliceDescriptor, stream: torch.cuda.Stream, timeout_s: float) -> None:
-        """Order `stream` after the producer's ready write for this lease generation.
-
-        On the GPU (cuStreamWaitValue64) when cuda-python is present; else the host polls the word, bounded
-        by `timeout_s`.
-        """
+        """Order `stream` after the producer's ready write (on the GPU, else a host poll bounded by `timeout_s`)."""
         slot = desc.ready_offset // (2 * WORD_BYTES)
         if cuda_ipc.stream_wait_value64(stream, self._ptr + desc.ready_offset, desc.generation, self._index):
             return
@@ -86,8 +76,7 @@ class OpenedPool:
                 time.sleep(20e-6)
 
     def ack(self, desc: SliceDescriptor, stream: torch.cuda.Stream, reader: int = 0) -> None:
-        """Enqueue reader `reader`'s ack word = generation on `stream`, after every read of the slice already
-        enqueued there."""
+        """Enqueue reader `reader`'s ack on `stream`, after the reads enqueued there."""
         offset = desc.ack_offsets[reader]
         if cuda_ipc.stream_write_value64(stream, self._ptr + offset, desc.generation, self._index):
             return
@@ -104,8 +93,7 @@ class OpenedPool:
 
 @dataclass
 class HandleCache:
-    """Opened pools by (pool id, epoch, consumer GPU uuid). `enabled=False` opens and closes per request
-    (only for the A/B benchmark of the cache)."""
+    """Opened pools by (pool id, epoch, consumer GPU uuid); `enabled=False` reopens per request (A/B only)."""
 
     enabled: bool = True
     stats: HandleCacheStats = field(default_factory=HandleCacheStats)
@@ -115,8 +103,7 @@ class HandleCache:
     @staticmethod
     @functools.cache
     def process_wide() -> HandleCache:
-        """The one cache of this process: a pool mapping is a per-process resource, so every client in the
-        process (one per worker thread, say) shares it and the pool is opened once per process."""
+        """The process's cache: a mapping is per process, so all its clients share it."""
         return HandleCache(enabled=True)
 
     def acquire(self, identity: PoolIdentity, device: torch.device) -> OpenedPool:

@@ -1,5 +1,4 @@
-"""The producer side of the CUDA IPC transport: a request's rows go into one lease of the pool, written by the runner
-and described in the reply. The hand-off's protocol: docs/ipc.md."""
+"""The producer side of the CUDA IPC transport: a request's rows in one lease of the pool (docs/ipc.md)."""
 
 from __future__ import annotations
 
@@ -17,12 +16,12 @@ from mmproc.transport.cuda_ipc.pool import IpcPool, PoolIdentity, SliceDescripto
 from mmproc.transport.leases.records import Lease, UnknownSessionError
 
 T = TypeVar("T")
-NAME = "ipc"  # its name in the table, the CLI and the client (the folder says which IPC)
+NAME = "ipc"
 
 
 @dataclass(frozen=True)
 class PoolSlice:
-    """Where one result lies in the pool: what its reply describes and what the embedding cache shares."""
+    """Where one result lies in the pool."""
 
     descriptor: SliceDescriptor
     lease: Lease
@@ -55,9 +54,7 @@ class IpcProducer:
         return None if lease is None else PoolDestination(self, lease)
 
     async def lease(self, session: str, rows: int, deadline: float | None, readers: int) -> Lease | None:
-        """A lease of `rows` rows read by `readers` consumers; None when no slice came free in time.
-
-        Waits for space at most half of the time left before the deadline (the other half is for the work)."""
+        """None when no slice came free within half the time left (the other half is for the work)."""
         pool, nbytes = self.pool, rows * self.hidden * self.dtype.itemsize
         now = time.monotonic()
         wait_until = now + (deadline - now) / 2 if deadline is not None else now + 1.0
@@ -69,7 +66,7 @@ class IpcProducer:
             raise StaleSessionError(f"IPC session {session} is unknown or closed; open a new one") from None
 
     def slices(self, lease: Lease, rows: list[int]) -> list[PoolSlice]:
-        """One handle per image of `rows` rows each, all in one lease (same ready word and reader ack words)."""
+        """One handle per image, all in one lease."""
         row_bytes = self.hidden * self.dtype.itemsize
         out, row = [], 0
         for n in rows:
@@ -83,8 +80,7 @@ class IpcProducer:
 
 
 class PoolDestination:
-    """One lease for the whole request: the runner writes its rows there, marks the lease ready on its stream and
-    records an event; the reply waits for that event, then carries one descriptor per image."""
+    """One lease per request: the runner writes and marks it ready; the reply waits for its event."""
 
     def __init__(self, producer: IpcProducer, lease: Lease) -> None:
         self.lease = lease
@@ -106,8 +102,7 @@ class PoolDestination:
         return on_written
 
     async def written(self) -> None:
-        # Reply once the slice is written, so the consumer's wait on the ready word never stalls its stream on
-        # our compute; the ready word stays the stream-ordered guarantee.
+        # so the consumer's stream never stalls on our compute; the ready word stays the guarantee
         if self._written:
             await self._producer.off_loop(self._written[0].synchronize)
 
@@ -116,5 +111,4 @@ class PoolDestination:
         self._producer.pool.leases.abandon(self.lease)
 
     def deliver(self, rows: list[int]) -> list[PoolSlice]:
-        """One handle per image of `rows` rows each."""
         return self._producer.slices(self.lease, rows)

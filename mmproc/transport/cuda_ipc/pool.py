@@ -1,8 +1,5 @@
-"""The producer side of the CUDA IPC transport: one pool, exported once, handed out in leases.
-
-Layout: `num_word_slots` x (ready, ack) int64 words, then the data slices. The hand-off (ready after the data on
-the runner's stream, free only on the device ack) and TP fan-out: docs/ipc.md.
-"""
+"""One CUDA IPC pool, exported once, handed out in leases: (ready, ack) int64 word slots, then the data slices
+(the hand-off: docs/ipc.md)."""
 
 from __future__ import annotations
 
@@ -100,8 +97,6 @@ class IpcPool:
             config.num_word_slots,
         )
 
-    # -- producer API (runner thread / request path) ------------------------------------------------
-
     def destination(self, lease: Lease, rows: int, hidden: int, dtype: torch.dtype) -> torch.Tensor:
         """The lease's slice as a contiguous (rows, hidden) tensor of `dtype` (zero copy)."""
         nbytes = rows * hidden * torch.empty((), dtype=dtype).element_size()
@@ -130,8 +125,6 @@ class IpcPool:
 
     def stats(self) -> LeaseStats:
         return self.leases.stats()
-
-    # -- reclaimer ----------------------------------------------------------------------------------
 
     def reclaim_once(self) -> int:
         """Read the ack words of released leases and free those whose ack matches; expire past the TTL."""

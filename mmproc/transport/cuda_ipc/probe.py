@@ -1,9 +1,4 @@
-"""Start-up probe: can another process on this node open our pool? (A real open from a child process.)
-
-Same node and PID namespace as the *consumer* can only be judged per consumer (its SessionHello); this
-probe answers the producer-side half: CUDA present, CuPy present, the handle exports, and a separate
-process can map it, read what we wrote and write back.
-"""
+"""Start-up probe, the producer's half of the same-node check: can a child process map our pool, read and write?"""
 
 from __future__ import annotations
 

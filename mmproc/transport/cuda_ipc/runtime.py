@@ -1,10 +1,5 @@
-"""Thin wrappers over the CUDA runtime calls the IPC transport needs (through CuPy, imported lazily).
-
-Kept in one file so the rest of the transport reads as Python and so that a machine without CUDA or
-CuPy can import everything else. Device numbering: every function takes the *local* device index of
-the calling process; GPUs are matched across processes by UUID, never by index, because two processes
-can see different CUDA_VISIBLE_DEVICES.
-"""
+"""Thin wrappers over the CUDA runtime calls of the IPC transport (CuPy, imported lazily). Every function takes
+the caller's *local* device index; GPUs are matched across processes by UUID (CUDA_VISIBLE_DEVICES may differ)."""
 
 from __future__ import annotations
 
@@ -38,7 +33,7 @@ def ipc_unavailable_reason() -> str | None:
 
 @functools.cache
 def device_uuid(index: int) -> str:
-    """The GPU's UUID in nvidia-smi's spelling ("GPU-xxxxxxxx-..."); a process's device indices never change."""
+    """The GPU's UUID in nvidia-smi's spelling ("GPU-xxxxxxxx-...")."""
     uuid = str(torch.cuda.get_device_properties(index).uuid)
     return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"
 
@@ -51,8 +46,7 @@ def device_index_by_uuid(uuid: str) -> int | None:
 
 
 def malloc_exportable(nbytes: int, index: int) -> tuple[int, bytes]:
-    """cudaMalloc on device `index` (not through torch's caching allocator, so the pointer is the base of
-    its own allocation and the handle maps exactly it) and its IPC handle."""
+    """cudaMalloc (not torch's caching allocator: the handle must map exactly this allocation) and its IPC handle."""
     cupy = cupy_or_none()
     assert cupy is not None, "CuPy is required for CUDA IPC"
     with cupy.cuda.Device(index):
@@ -69,9 +63,7 @@ def free(ptr: int, index: int) -> None:
 
 
 def open_handle(handle: bytes, index: int) -> int:
-    """Map another process's allocation into this process, on OUR device `index` (peer access enabled
-    lazily when the memory lives on another GPU). Never touches the producer's device index, so no
-    context is created on the producer's GPU."""
+    """Map another process's allocation on OUR device `index` (lazy peer access), no context on the producer's GPU."""
     cupy = cupy_or_none()
     assert cupy is not None, "CuPy is required for CUDA IPC"
     if len(handle) != IPC_HANDLE_BYTES:
@@ -88,19 +80,16 @@ def close_handle(ptr: int, index: int) -> None:
 
 
 def wrap(ptr: int, nbytes: int, index: int, owner: object) -> torch.Tensor:
-    """A zero-copy (nbytes,) uint8 torch tensor over device memory at `ptr`, on OUR device `index` (kernels on
-    it read peer memory when the allocation lives on another GPU); `owner` is kept alive by it.
+    """A zero-copy (nbytes,) uint8 tensor over `ptr` on OUR device `index`, keeping `owner` alive.
 
-    The CUDA array interface carries no device id: torch asks the runtime which device the pointer belongs to,
-    and for a pool mapped from another GPU that can be the producer's GPU (a context there, or a silent full
-    copy). So the result is checked, and DLPack, which carries the device id, is the fallback.
-    """
+    The CUDA array interface has no device id, so torch may pick the producer's GPU for a peer mapping: the
+    result is checked, with DLPack (which has one) as the fallback."""
     cupy = cupy_or_none()
     assert cupy is not None
     memory = cupy.cuda.UnownedMemory(ptr, nbytes, owner, device_id=index)
     array = cupy.ndarray((nbytes,), dtype=cupy.uint8, memptr=cupy.cuda.MemoryPointer(memory, 0))
     target = torch.device("cuda", index)
-    tensor = torch.as_tensor(array, device=target)  # the path measured on one GPU (docs/benchmarks/transport.md)
+    tensor = torch.as_tensor(array, device=target)
     if tensor.device != target or tensor.data_ptr() != ptr:
         with cupy.cuda.Device(index):
             tensor = torch.from_dlpack(array)
@@ -111,7 +100,7 @@ def wrap(ptr: int, nbytes: int, index: int, owner: object) -> torch.Tensor:
 
 @functools.cache
 def _driver() -> Any | None:
-    """cuda-python's driver bindings, or None when they are not installed (imported once)."""
+    """cuda-python's driver bindings, or None."""
     try:
         from cuda.bindings import driver  # noqa: PLC0415 - optional
     except Exception:
@@ -136,19 +125,15 @@ def _stream_value_op(op: str, stream: torch.cuda.Stream, address: int, value: in
 
 
 def stream_wait_value64(stream: torch.cuda.Stream, address: int, value: int, index: int) -> bool:
-    """Make `stream` wait (on the GPU, no host block) until the int64 at `address` equals `value`.
-
-    Uses the driver's cuStreamWaitValue64 through cuda-python when it is installed; returns False when it
-    is not, and the caller polls instead.
-    """
+    """Make `stream` wait on the GPU until the int64 at `address` equals `value` (cuStreamWaitValue64); False
+    without cuda-python, and the caller polls."""
     driver = _driver()
     flags = None if driver is None else driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_EQ
     return _stream_value_op("cuStreamWaitValue64", stream, address, value, index, flags)
 
 
 def stream_write_value64(stream: torch.cuda.Stream, address: int, value: int, index: int) -> bool:
-    """Enqueue `*(int64 *)address = value` on `stream`, after the work already enqueued there (the driver's
-    cuStreamWriteValue64: no kernel). False without cuda-python; the caller writes with a kernel instead."""
+    """Enqueue `*(int64 *)address = value` on `stream` (cuStreamWriteValue64); False without cuda-python."""
     driver = _driver()
     flags = None if driver is None else driver.CUstreamWriteValue_flags.CU_STREAM_WRITE_VALUE_DEFAULT
     return _stream_value_op("cuStreamWriteValue64", stream, address, value, index, flags)

@@ -1,4 +1,4 @@
-"""The records of the lease table (mmproc/transport/leases/table.py): leases, holds, stats, its errors. Protocol: docs/ipc.md."""
+"""The lease table's records and errors (docs/ipc.md)."""
 
 from __future__ import annotations
 
@@ -22,11 +22,8 @@ __all__ = [
     "next_generation",
 ]
 
-# Generations fit a signed 64-bit word: the device words are int64 tensors, and 2**63 - 1 acquires of one
-# slot will never happen, so wrapping (to 1, never 0) is only there for completeness.
-GENERATION_MAX = 2**63 - 1
-# Readers of one lease: a tensor-parallel group on one node (8 GPUs), each rank one reader.
-MAX_READERS = 8
+GENERATION_MAX = 2**63 - 1  # the device words are int64
+MAX_READERS = 8  # a tensor-parallel group on one node
 
 
 def next_generation(generation: int) -> int:
@@ -35,8 +32,7 @@ def next_generation(generation: int) -> int:
 
 
 class UnknownSessionError(KeyError):
-    """The session id was never opened or is closed (the consumer disconnected, or the server restarted).
-    The consumer should open a new session."""
+    """The session was never opened or is closed; the consumer opens a new one."""
 
     def __str__(self) -> str:  # KeyError's str() is the repr of its argument; keep the message readable
         return str(self.args[0]) if self.args else "unknown session"
@@ -64,7 +60,7 @@ class LeaseState(str, Enum):
 
 @dataclass(frozen=True)
 class Lease:
-    """One slice of the pool lent to a session. Immutable: the state lives in the table (`state_of`)."""
+    """One slice lent to a session; its state lives in the table."""
 
     lease_id: int
     session_id: str
@@ -75,7 +71,6 @@ class Lease:
 
     @property
     def slot(self) -> int:
-        """The word slot whose ready word the producer writes (and reader 0 acks in)."""
         return self.slots[0]
 
     @property
@@ -93,8 +88,7 @@ class Lease:
 
 @dataclass(frozen=True)
 class Hold:
-    """A reference on a leased slice that outlives the lease (an embedding cache entry's): the slice stays
-    allocated until every hold on it is dropped and every lease on it is freed."""
+    """A reference on a slice that outlives its lease (a cache entry's)."""
 
     hold_id: int
     slice: Slice
@@ -102,9 +96,7 @@ class Hold:
 
 @dataclass(frozen=True)
 class LeaseStats:
-    """A consistent snapshot for metrics. `leases_active` counts LEASED leases, `leases_awaiting_ack` the
-    RELEASED ones; `reclaimed_total` counts leases freed by `close_session`, `expired_total` by the TTL,
-    `waits_timed_out_total` the acquires that gave up (deadline passed, or a no-wait try found no room)."""
+    """A consistent snapshot for metrics (active = LEASED, awaiting_ack = RELEASED)."""
 
     bytes_in_use: int
     leases_active: int
@@ -117,8 +109,6 @@ class LeaseStats:
 
 @dataclass
 class SessionLeases:
-    """One consumer session of the table and the leases it holds."""
-
     consumer: str
     lease_ids: set[int] = field(default_factory=set)
 

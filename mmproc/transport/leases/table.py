@@ -1,8 +1,4 @@
-"""Leases of the CUDA IPC pool: who holds which slice, and when a slice may be written again.
-
-Host-side bookkeeping only (no CUDA); the pool's device words and the reclaimer that reads them live in
-ipc_pool.py. The protocol (sessions, word slots, generations, TP readers, reclaim, shared slices): docs/ipc.md.
-"""
+"""Leases of the CUDA IPC pool, host-side bookkeeping only (no CUDA). The protocol: docs/ipc.md."""
 
 from __future__ import annotations
 
@@ -36,8 +32,7 @@ _WORD_MASK = 2**64 - 1
 
 
 class LeaseTable:
-    """Leases of one pool: sessions, word slots, generations, and the slice allocator, under one lock.
-    Deadlines and the TTL are in `clock`'s time base; a fake clock suits only TTL tests with `deadline=None`."""
+    """Leases of one pool under one lock. Deadlines and the TTL are in `clock`'s time base."""
 
     def __init__(
         self,
@@ -68,7 +63,7 @@ class LeaseTable:
         self._sessions: dict[str, SessionLeases] = {}
         self._leases: dict[int, LeaseEntry] = {}
         self._slot_lease: dict[int, int] = {}  # slot -> id of the live lease holding it
-        # FIFO reuse: the slot freed longest ago goes first, so a slot rests as long as possible.
+        # FIFO reuse: a freed slot rests as long as possible
         self._free_slots: deque[int] = deque(range(num_word_slots))
         self._generations = [0] * num_word_slots  # last generation handed out per slot; 0 = never used
         self._next_lease_id = 1
@@ -93,7 +88,7 @@ class LeaseTable:
     # -- sessions ------------------------------------------------------------------------------------------
 
     def open_session(self, consumer: str) -> str:
-        """Register a consumer process; its session id is random so no other consumer can release its leases."""
+        """Register a consumer; the id is random so no other consumer can release its leases."""
         with self._cond:
             if len(self._sessions) >= self._max_sessions:
                 raise TooManySessionsError(f"{self._max_sessions} consumer sessions are open; cannot add {consumer!r}")
@@ -105,8 +100,7 @@ class LeaseTable:
         return session_id
 
     def close_session(self, session_id: str) -> list[Lease]:
-        """End a session (its stream ended with its process) and free all its leases, in any state, at once.
-        Raises UnknownSessionError for an unknown or closed session."""
+        """Free all the session's leases, in any state; UnknownSessionError if unknown or closed."""
         with self._cond:
             session = self._session(session_id)
             freed = [self._free_locked(self._leases[lease_id]) for lease_id in sorted(session.lease_ids)]
@@ -127,9 +121,8 @@ class LeaseTable:
     # -- producer side -------------------------------------------------------------------------------------
 
     def acquire(self, session_id: str, nbytes: int, *, deadline: float | None, readers: int = 1) -> Lease | None:
-        """Lease `nbytes` to `session_id` for `readers` consumers, waiting until `deadline` for a slice and word
-        slots; None if none came free in time (at once if it can never fit; `deadline=None` tries once).
-        Raises UnknownSessionError if the session is unknown or closes meanwhile, ValueError for bad arguments."""
+        """Lease `nbytes` for `readers` consumers, waiting until `deadline` (None: try once); None if nothing came
+        free. UnknownSessionError if the session is unknown or closes meanwhile."""
         size = self._allocator.aligned_size(nbytes)  # validates nbytes
         if deadline is not None and not math.isfinite(deadline):
             raise ValueError(f"deadline must be finite (waiting is always bounded), got {deadline}")
@@ -140,8 +133,8 @@ class LeaseTable:
         )
 
     def share(self, session_id: str, hold: Hold, *, deadline: float | None, readers: int = 1) -> Lease | None:
-        """Lend the held slice to `session_id` as a new lease (new slots and generation, no copy); None if the
-        hold was dropped or no slots came free by `deadline`. The producer still writes the new ready word."""
+        """Lend the held slice as a new lease (new slots and generation, no copy); None if the hold was dropped
+        or no slots came free. The producer still writes the new ready word."""
         if isinstance(readers, bool) or not isinstance(readers, int) or not 1 <= readers <= MAX_READERS:
             raise ValueError(f"readers must be in 1..{MAX_READERS}, got {readers!r}")
 
@@ -186,8 +179,8 @@ class LeaseTable:
                 relieved = not relieve or self._relieve is None
 
     def abandon(self, lease: Lease) -> bool:
-        """Free at once a lease whose descriptor never reached a consumer; True if freed. False if it is gone
-        already or RELEASED (the consumer got it and may be copying: only its ack or the TTL may free it)."""
+        """Free a lease whose descriptor never reached a consumer; False if gone or RELEASED (the consumer
+        may be copying: only its ack or the TTL frees it)."""
         with self._cond:
             entry = self._leases.get(lease.lease_id)
             if entry is None or entry.lease != lease or entry.state is not LeaseState.LEASED:
@@ -228,7 +221,7 @@ class LeaseTable:
             return True
 
     def leased(self, hold: Hold) -> bool:
-        """Whether a live lease still references the held slice (dropping the hold would then free nothing)."""
+        """Whether a live lease still references the held slice."""
         with self._cond:
             offset = hold.slice.offset
             return self._slice_refs.get(offset, 0) > self._slice_holds.get(offset, 0)
@@ -243,9 +236,8 @@ class LeaseTable:
     # -- consumer side -------------------------------------------------------------------------------------
 
     def release(self, session_id: str, lease_id: int) -> bool:
-        """The owner's host enqueued its copy and ack: LEASED -> RELEASED, True on that transition; False if
-        already released or freed (ids are never reused, so a repeat is harmless). Raises UnknownSessionError,
-        UnknownLeaseError (never issued) or LeaseNotOwnedError (another session's live lease)."""
+        """LEASED -> RELEASED (the owner enqueued its copy and ack); False if already done (ids are never reused).
+        Raises UnknownSessionError, UnknownLeaseError or LeaseNotOwnedError."""
         with self._cond:
             self._session(session_id)
             entry = self._leases.get(lease_id)
@@ -269,8 +261,7 @@ class LeaseTable:
             return sorted(slot for lease in released for slot in lease.slots)
 
     def confirm_acks(self, observed: Mapping[int, int]) -> list[Lease]:
-        """Free each RELEASED lease all of whose readers' ack words in `observed` (slot -> word, compared modulo
-        2**64) equal its generation; stale or missing words free nothing. Returns the freed leases, by id."""
+        """Free each RELEASED lease whose readers' ack words (slot -> word, mod 2**64) all equal its generation."""
         freed: list[Lease] = []
         with self._cond:
             lease_ids = {self._slot_lease[slot] for slot in observed if slot in self._slot_lease}
@@ -306,7 +297,7 @@ class LeaseTable:
     # -- introspection -------------------------------------------------------------------------------------
 
     def state_of(self, lease_id: int) -> LeaseState | None:
-        """The lease's state, or None once it is freed (or was never issued)."""
+        """None once freed or never issued."""
         with self._cond:
             entry = self._leases.get(lease_id)
             return None if entry is None else entry.state
@@ -353,7 +344,7 @@ class LeaseTable:
                 return None
             self._slice_refs[s.offset] = 1
         slots = tuple(self._free_slots.popleft() for _ in range(readers))
-        # One generation for all the lease's slots, above each one's history: per slot it still only grows.
+        # one generation above every slot's history: per slot it only grows
         generation = next_generation(max(self._generations[slot] for slot in slots))
         for slot in slots:
             self._generations[slot] = generation

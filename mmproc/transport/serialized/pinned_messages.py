@@ -1,17 +1,6 @@
-"""Serialized reply messages that the D2H writes straight into: `bytes` objects page-locked once and reused.
-
-Why: gRPC Python sends a message only as `bytes`. Without this, a reply from a GPU lands in a pinned staging buffer
-and is then copied by the CPU into new bytes (host_copy.join_bytes), which costs more than the D2H itself
-(docs/benchmarks/transport.md, session 20). Here the message's own memory is page-locked (cudaHostRegister), so the
-D2H lands in it at the pinned rate and nothing is copied on the host.
-
-Reuse: a message is handed out and taken back only when nobody else holds it, read from its reference count (gRPC
-copies a message into its own buffers and drops it when the call is done; a dropped reply drops it too). Its
-length is then set to the next reply's (CPython's bytes layout, checked at import; elsewhere the pool stays off and
-replies take the copying path). Capacities are powers of two from 1 MiB, registered on first use up to
-`max_bytes`; a request finding no idle message of its class evicts idle ones of other classes, else it is
-copied as before (counted in `misses`).
-"""
+"""Reply `bytes` objects page-locked once and reused, so the D2H lands in the message gRPC sends, with no host
+copy (docs/benchmarks/transport.md). A message is idle when only its slot holds a reference; its length is then
+reset in place (CPython's bytes layout, checked at import, else the pool stays off)."""
 
 from __future__ import annotations
 
@@ -29,7 +18,7 @@ from mmproc.units import MiB
 
 logger = logging.getLogger(__name__)
 
-MIN_MESSAGE = 256 * 1024  # smaller messages are copied: their copy is short, a class of their own is not worth it
+MIN_MESSAGE = 256 * 1024  # smaller messages are copied: the copy is short
 _MIN_CLASS = MiB
 _PAGE = 4096
 # PyBytesObject: PyObject_VAR_HEAD (refcount, type, ob_size), ob_shash, then ob_sval (the bytes and a NUL).
@@ -44,15 +33,14 @@ def data_address(message: bytes) -> int:
 
 
 def _set_length(message: bytes, n: int) -> None:
-    """Make an unshared bytes object `n` bytes long in place (n at most the length it was created with): its
-    size, the terminating NUL CPython keeps, and a hash nobody may have cached."""
+    """Shorten an unshared bytes object in place: its size, the terminating NUL and the cached hash."""
     ctypes.c_ssize_t.from_address(id(message) + _SIZE_AT).value = n
     ctypes.c_ssize_t.from_address(id(message) + _HASH_AT).value = -1
     ctypes.c_char.from_address(data_address(message) + n).value = b"\0"
 
 
 def _layout_checked() -> bool:
-    """Whether this interpreter lays bytes out as `_set_length` assumes (CPython with the GIL)."""
+    """Whether bytes are laid out as `_set_length` assumes (CPython with the GIL)."""
     if sys.implementation.name != "cpython" or sysconfig.get_config_var("Py_GIL_DISABLED"):
         return False
     if bytes.__basicsize__ != _HASH_AT + ctypes.sizeof(ctypes.c_ssize_t) + 1:  # the hash, then the bytes
@@ -94,8 +82,7 @@ class _Slot:
 
 
 class PinnedMessages:
-    """At most `max_bytes` of page-locked bytes objects, reused for reply messages. Thread-safe: the front ends
-    stage replies on executor threads."""
+    """At most `max_bytes` of page-locked reply messages; thread-safe."""
 
     def __init__(
         self,
@@ -114,9 +101,8 @@ class PinnedMessages:
         self._lock = threading.Lock()
 
     def take(self, sizes: list[int]) -> list[bytes | None]:
-        """A message of each length in `sizes` from the pool, None for those shorter than MIN_MESSAGE (the caller
-        copies them); all None when the pool cannot serve every longer one. The contents are not initialized: the
-        caller writes every byte before anyone else sees them."""
+        """A message per size (None below MIN_MESSAGE; all None if any longer one cannot be served), uninitialized:
+        the caller writes every byte."""
         out: list[bytes | None] = [None] * len(sizes)
         wanted = [k for k, n in enumerate(sizes) if n >= MIN_MESSAGE]
         if not self.enabled or not wanted:
@@ -137,8 +123,7 @@ class PinnedMessages:
             return out
 
     def close(self) -> None:
-        """Unlock every message (one still held elsewhere stays a valid bytes object, no longer page-locked): memory
-        freed while still registered would break later copies into whatever reuses it. No reply may be staging."""
+        """Unregister every message (memory freed while registered breaks later copies). No reply may be staging."""
         with self._lock:
             self.enabled = False
             for slot in self._slots:
@@ -154,8 +139,7 @@ class PinnedMessages:
         return sys.getrefcount(slot.message) == self._idle_refs
 
     def _idle(self, capacity: int, taken: list[_Slot]) -> _Slot | None:
-        """An idle message of `capacity` not in `taken`: a free one, a new one, or one made in the place of idle
-        messages of other classes (least recently used first)."""
+        """An idle message of `capacity` not in `taken`, evicting other classes' idle ones (LRU) to make room."""
         for slot in self._slots:
             if slot.capacity == capacity and slot not in taken and self._is_idle(slot):
                 return slot
@@ -167,8 +151,7 @@ class PinnedMessages:
         return self._add(capacity)
 
     def _add(self, capacity: int) -> _Slot | None:
-        # Two spare pages after the registered range: its last page is this object's alone (registrations may
-        # not share a page); its first page may hold the end of a neighbour, which is pinned with it.
+        # two spare pages: registrations may not share the last page
         message = new_bytes(capacity + 2 * _PAGE)
         try:
             self._register(data_address(message), capacity)

@@ -1,9 +1,4 @@
-"""Serialized transport: embeddings as raw little-endian bytes plus dtype and shape. No pickle on any wire.
-
-Producer: `start_staging` copies a request's embeddings into one pinned buffer (non-blocking D2H, an event per
-tensor so each is readable once its own copy lands); `tensor_to_bytes` makes the one copy gRPC sends (host_copy).
-Consumer: `bytes_to_tensor` views the received bytes and copies them once to its device.
-"""
+"""Serialized transport: embeddings as raw little-endian bytes plus dtype and shape (no pickle on any wire)."""
 
 from __future__ import annotations
 
@@ -18,7 +13,6 @@ import torch
 from mmproc.transport.serialized.host_copy import concat_bytes, join_bytes, raw_bytes
 from mmproc.transport.serialized.pinned_messages import PinnedMessages, data_address
 
-# Wire names of the dtypes we send; the proto's DType enum is mapped from these in the service/client.
 DTYPE_NAMES: dict[torch.dtype, str] = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _DTYPES_BY_NAME = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 
@@ -35,9 +29,8 @@ def tensor_nbytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
 
 @dataclass(frozen=True)
 class StagedTensor:
-    """A tensor on its way to the host: `host` (same shape and dtype, on the CPU) holds its values once `ready`
-    has fired. `queued` fires when the work queued before the copy (a forward, say) is done. Both are None for a
-    tensor that was on the CPU already (then `host` is that tensor)."""
+    """`host` (CPU) holds the values once `ready` fired; `queued` fires when the work before the copy is done.
+    Both None for a tensor already on the CPU."""
 
     host: torch.Tensor
     ready: torch.cuda.Event | None = None
@@ -52,25 +45,17 @@ class StagedTensor:
         return self.host
 
     def wait_bytes(self) -> torch.Tensor:
-        """`wait()`'s tensor as its raw row-major bytes, (nbytes,) uint8: a view, no copy when it is contiguous."""
+        """`wait()`'s tensor as (nbytes,) uint8, a view when contiguous."""
         return raw_bytes(self.wait())
 
 
 def start_staging(embeddings: Sequence[torch.Tensor], into: Sequence[torch.Tensor] | None = None) -> list[StagedTensor]:
     """Start copying device tensors (T_i, hidden) to the CPU; CPU tensors pass through, already ready.
 
-    From CUDA the copies go into one pinned buffer for the whole request, non-blocking on the current stream of
-    each tensor's device, with an event recorded right after each copy: the caller can serialize tensor i while
-    the copies of tensors i+1.. are still in flight, and must `wait()` each one before reading it.
-
-    `into`: flat uint8 host tensors, page-locked, one per embedding and of its size, to copy into instead (then
-    every `host` is its raw bytes there; a CPU tensor is copied at once).
-
-    Waiting sleeps through whatever the stream ran before a copy (in the server, the forward that made the
-    tensor, and maybe the next one) and spins only through the copy: a sleeping wait on the copy itself made a
-    20 MB reply's staging ~0.3 ms slower on the H200, and spinning through a forward would burn a core per
-    waiting reply (docs/benchmarks/transport.md, session 11).
-    """
+    Copies go non-blocking into one pinned buffer, an event per tensor, so tensor i can be serialized while later
+    ones are in flight; `wait()` each before reading. `into`: page-locked flat uint8 destinations instead.
+    A wait sleeps through the work before the copy and spins only through the copy
+    (docs/benchmarks/transport.md, "Serialized staging")."""
     if into is not None:
         for tensor, target in zip(embeddings, into, strict=True):
             if target.numel() != tensor.nbytes:
@@ -107,13 +92,12 @@ def start_staging(embeddings: Sequence[torch.Tensor], into: Sequence[torch.Tenso
 
 
 def stage_to_host(embeddings: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """`start_staging`, then wait for every copy: the tensors (T_i, hidden) on the CPU, readable now."""
+    """`start_staging`, then wait: the (T_i, hidden) tensors on the CPU."""
     return [staged.wait() for staged in start_staging(embeddings)]
 
 
 def tensor_bytes_view(tensor: torch.Tensor) -> memoryview:
-    """Raw row-major bytes of a CPU tensor (any of DTYPE_NAMES' dtypes) as a flat memoryview over the tensor's
-    own memory (no copy when it is contiguous). The view keeps the tensor alive; do not write to the tensor."""
+    """A CPU tensor's raw row-major bytes as a memoryview of its memory (no copy when contiguous)."""
     if tensor.device.type != "cpu":
         raise ValueError("tensor_bytes_view needs a CPU tensor; call stage_to_host first")
     if tensor.dtype not in DTYPE_NAMES:
@@ -123,8 +107,7 @@ def tensor_bytes_view(tensor: torch.Tensor) -> memoryview:
 
 
 def tensor_to_bytes(tensor: torch.Tensor) -> bytes:
-    """Raw row-major bytes of a CPU tensor (any of DTYPE_NAMES' dtypes), copied once into a bytes object (by
-    torch's threads: host_copy.concat_bytes)."""
+    """A CPU tensor's raw row-major bytes, copied once into a bytes object."""
     return concat_bytes(b"", tensor_bytes_view(tensor))
 
 
@@ -153,11 +136,10 @@ Part = bytes | torch.Tensor  # a message's framing (bytes) or a payload (a tenso
 
 
 def write_messages(messages: Sequence[Sequence[Part]], pinned: PinnedMessages | None = None) -> list[bytes]:
-    """Each message's parts, in order, as one bytes object: the framing written as is, each payload's raw bytes.
+    """Each message's parts, in order, as one bytes object (framing as is, payloads' raw bytes).
 
-    With `pinned` and payloads on a GPU, messages come from that pool of page-locked messages when it has room, and
-    their D2H lands in them directly (no host copy). The others' payloads are staged to one pinned buffer and copied
-    once into new bytes, each as soon as its own D2H has landed (start_staging)."""
+    With `pinned`, GPU payloads land in page-locked messages directly when the pool has room; else they are
+    staged and copied once."""
     sizes = [sum(len(p) if isinstance(p, bytes) else p.nbytes for p in parts) for parts in messages]
     on_gpu = any(isinstance(p, torch.Tensor) and p.device.type != "cpu" for parts in messages for p in parts)
     out = pinned.take(sizes) if pinned is not None and on_gpu else [None] * len(messages)

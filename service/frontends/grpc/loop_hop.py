@@ -1,11 +1,5 @@
-"""Work run on another thread's event loop and awaited here: how the gRPC front end, on a loop of its own
-(service/app/grpc_loop.py), uses the pipeline and the reply budget, which are bound to the main loop.
-
-`asyncio.run_coroutine_threadsafe` is not enough for a server: when the caller is cancelled (a client's deadline,
-a cancelled call) just as the work finishes, the work's outcome is dropped unseen. An exception then reaches the
-log as "Task exception was never retrieved", and a value that holds something (a reply-budget hold) is never given
-back. Here every outcome reaches either the caller or `dispose`.
-"""
+"""Work run on the main loop and awaited from the gRPC loop. Unlike `run_coroutine_threadsafe`, every outcome
+reaches the caller or `dispose`, even when the caller is cancelled as the work finishes (a budget hold is held)."""
 
 from __future__ import annotations
 
@@ -21,10 +15,8 @@ T = TypeVar("T")
 async def run_on(
     home: asyncio.AbstractEventLoop | None, coro: Coroutine[Any, Any, T], dispose: Callable[[T], object] | None = None
 ) -> T:
-    """`coro` as a task on `home`, its outcome returned (or raised) here. Cancelling the caller cancels the task. A
-    value that finishes after the caller has gone is handed to `dispose` on `home`; a late exception is dropped.
-    The task runs in a copy of the caller's context (contextvars: the access line's notes reach the caller's).
-    `home` None or this loop: `coro` is awaited here."""
+    """`coro` as a task on `home` (None: here), in a copy of the caller's context; cancelling the caller cancels
+    it. A value that finishes after the caller left goes to `dispose`; a late exception is dropped."""
     here = asyncio.get_running_loop()
     if home is None or home is here:
         return await coro

@@ -1,14 +1,6 @@
-"""A grpc.aio interceptor for the Encoder service: every RPC runs with its request id in the logging context
-(the request's field, else the client's `x-request-id` metadata, else a new one; written into the request and
-sent back as `x-request-id` trailing metadata, which goes out with the status: initial metadata would cost every
-call a send of its own), is counted and timed by method and final status code in the
-Service's metrics, and leaves one access line (service.observe.logs.log_access). Health and reflection pass untouched.
-
-A call the client ended — its deadline passed or it cancelled — is counted and logged as DEADLINE_EXCEEDED or
-CANCELLED, the code the client saw, never UNKNOWN; and it leaves as a quiet cancellation, not as the
-`ExecuteBatchError raised in core by servicer method` ERROR (with traceback) that gRPC logs when a handler
-tries to send on a call the core has already closed.
-"""
+"""A grpc.aio interceptor for the Encoder service: each RPC gets its request id (sent back as trailing metadata:
+initial metadata costs a send of its own), metrics by method and code, and one access line. A call the client
+ended counts as the code it saw and leaves quietly, not as gRPC's ExecuteBatchError traceback."""
 
 from __future__ import annotations
 
@@ -33,8 +25,7 @@ except ImportError:  # pragma: no cover - another grpc build: only the cancellat
 CALL_OVER = (asyncio.CancelledError, _SendFailed)
 
 
-# The server's copy of a deadline runs later than the client's by the request's transit (grpc-timeout is read on
-# arrival): a cancellation this close to it is the client's deadline firing, not the client giving up.
+# the server's deadline trails the client's by the transit: a cancellation this close is the deadline firing
 DEADLINE_SLACK_S = 0.1
 
 
@@ -143,8 +134,7 @@ def _reply_fields(response: object) -> dict:
 
 
 def note_access(**fields: object) -> None:
-    """Add fields to the current RPC's access line from inside its handler (a streamed reply is bytes already when
-    the interceptor sees it)."""
+    """Add fields to the current RPC's access line from inside its handler."""
     outcome = _OUTCOME.get()
     if outcome is not None:
         outcome.update(fields)

@@ -1,6 +1,5 @@
-"""The consumer-session stream of the IPC transport (gRPC `Session`): hello -> pool identity, releases,
-and reclaim of every lease of the session when its stream ends (the consumer exited or was killed).
-Who owns, acks and releases a tensor-parallel group's shared leases: docs/ipc.md."""
+"""The IPC consumer-session stream: hello -> pool identity, releases, and reclaim of every lease when it ends
+(docs/ipc.md)."""
 
 from __future__ import annotations
 
@@ -65,11 +64,8 @@ async def run_session(
 
 
 def _abandon_unread(pool: IpcPool, session_id: str, lease_id: int) -> None:
-    """The consumer never mapped the pool, so nothing of it can still be reading: free at once.
-
-    Not so for a lease with several readers: the owner's failure says nothing about its peers (other ranks),
-    which may be reading it now. It is released instead; the owner's ack word never lands, so the TTL frees it.
-    """
+    """The consumer never mapped the pool: free at once. A lease with several readers is released instead (other
+    ranks may be reading); the TTL frees it."""
     for lease in pool.leases.live_leases():
         if lease.lease_id == lease_id and lease.session_id == session_id:
             if lease.readers == 1:

@@ -1,9 +1,5 @@
-"""Checks on a request's headers, before its body is read, as plain ASGI middleware.
-
-Not Starlette's `@app.middleware("http")` (BaseHTTPMiddleware): that runs every request through its own task
-group and memory streams, about a sixth of the event loop's time at 1024² under overload on the H200 (py-spy,
-docs/benchmarks/overload.md), refusals included.
-"""
+"""Checks on a request's headers, before its body is read, as plain ASGI middleware (BaseHTTPMiddleware's task
+group per request cost the loop: docs/benchmarks/overload.md)."""
 
 from __future__ import annotations
 
@@ -31,9 +27,8 @@ class HeaderGate:
 
 
 class BodyDropped:
-    """A refusal sent once the request's body has been read and dropped, unparsed: uvicorn can then keep the
-    connection, and closing a socket with unread bytes would reset it (the client could lose the refusal). A
-    client that waits for `100 Continue` before its body is answered at once: it has sent nothing to drop."""
+    """A refusal sent after the body was read and dropped (closing with unread bytes resets the socket and may
+    lose the refusal); a client waiting for `100 Continue` is answered at once."""
 
     def __init__(self, response: Response) -> None:
         self.response = response

@@ -1,5 +1,4 @@
-"""HTTP replies within the reply byte budget (service/pipeline/reply_budget.py): taken before the payload is staged,
-resized to the rendered body, given back once the body has been sent."""
+"""HTTP replies within the reply byte budget, resized to the rendered body, given back once it is sent."""
 
 from __future__ import annotations
 
@@ -27,10 +26,8 @@ def json_reply_bytes(results: list[EncodedImage], with_data: bool) -> int:
 
 
 class HeldReply(Response):
-    """A rendered JSON reply that gives its budget back once its body has been sent, on every path (sent, client
-    gone, cancelled). The last body message's send is uvicorn's own (the app's gates are plain ASGI,
-    service/frontends/http/gate.py), and it waits for the transport's write buffer to drain: the bytes are with
-    the kernel by then."""
+    """A rendered JSON reply that gives its budget back once sent, on every path (uvicorn's last send waits for
+    the write buffer to drain)."""
 
     media_type = "application/json"
 
@@ -53,8 +50,7 @@ async def held_reply(
     with_data: bool,
     render: Callable[[], JSONResponse],
 ) -> HeldReply:
-    """`render()` off the loop (timed as the transport stage) within the reply budget, waited for until `deadline`;
-    then held at the rendered body's size until it is sent."""
+    """`render()` off the loop within the reply budget (waited for until `deadline`), held until sent."""
     held = await pipeline.delivery.reply_bytes(json_reply_bytes(results, with_data), deadline, len(results))
     try:
         with pipeline.metrics.time_stage("transport"):

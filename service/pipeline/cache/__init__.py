@@ -1,2 +1,1 @@
-"""The embedding cache, a step in front of decode: content keys, the eviction policy, the bounded store, and the
-encoder that asks it first (docs/cache.md)."""
+"""The embedding cache, a step in front of decode (docs/cache.md)."""

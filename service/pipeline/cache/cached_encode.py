@@ -1,14 +1,5 @@
-"""The cached request path (docs/cache.md): look every image up by its key, lend hits, coalesce images already
-being encoded by another request, encode the rest once through the pipeline's later steps, keep what it made.
-
-Per image, in request order: an invalid image seen within the TTL replays its error; a hit is served from its
-tier (host: the CPU tensor; pool: a new lease on the cached slice, no copy); an image another request is encoding
-waits for that request (coalesced); the rest are encoded in one sub-request (duplicates within the request once).
-A follower whose leader failed for a reason not its own (another image invalid, a deadline, the queue) encodes
-the image itself, in a second round. On any failure every lease taken for the request is abandoned.
-Event loop only, except the pool tier's pressure relief (service/pipeline/cache/store.py). The tiers, and how an
-entry is kept and lent: service/pipeline/cache/tiers.py.
-"""
+"""The cached request path (docs/cache.md): lend hits, coalesce images in flight, encode the rest once, keep it.
+On any failure every lease taken for the request is abandoned. Event loop only."""
 
 from __future__ import annotations
 
@@ -56,7 +47,7 @@ class _Call:
 
 
 class EncodeSteps(Protocol):
-    """The pipeline's steps after the cache (service/pipeline/requests.py: RequestPipeline._encode_uncached)."""
+    """The pipeline's steps after the cache."""
 
     def __call__(
         self, images: list[bytes], request_id: str, deadline: float | None, *, via: Via, readers: int
@@ -93,15 +84,13 @@ class EmbeddingCache:
         return self.tiers.stores()
 
     def snapshot(self) -> tuple[dict[str, tuple[int, ...]], int, int]:
-        """Counts for /metrics (service/observe/metrics.py: CacheSnapshot)."""
+        """Counts for /metrics."""
         tiers = {}
         for store in self.stores():
             s = store.stats
             tiers[store.tier] = (s.hits, s.misses, s.coalesced, s.inserts, s.evictions, store.nbytes, store.max_bytes,
                                  len(store))  # fmt: skip
         return tiers, self.invalid.replayed, self.bypassed
-
-    # -- the request path ---------------------------------------------------------------------------
 
     async def encode(
         self,

@@ -1,17 +1,6 @@
-"""Keys of the embedding cache: a fast hash of the raw bytes, bound to everything that changes the output.
-
-key = "<context>:<mm_hash>", where
-- mm_hash = "<algorithm>:<hex digest of the raw image bytes>". Clients may compute it themselves (or take it from
-  an earlier reply's `Embedding.mm_hash`) and send it without the bytes to ask "do you have it?".
-- context = a digest of the model identity (preset, or the checkpoint's config.json and weight files' names,
-  sizes and mtimes), its dtype and device type, the preprocessing rules, the EXIF setting and any per-request
-  override. A client never chooses the context, so an mm_hash can only find an embedding this exact server
-  configuration made.
-
-xxh3-128 is the default: ~10x blake3's speed on this hardware (docs/benchmarks/cache.md); it is not
-collision-resistant against an attacker, so a cache shared between tenants that do not trust each other should
-use `cache_hash = "blake3"` (cryptographic).
-"""
+"""Keys of the embedding cache: "<context>:<mm_hash>", a hash of the raw bytes bound to everything that changes
+the output, which the client never chooses (docs/cache.md; xxh3 is not collision-resistant: blake3 for tenants
+that do not trust each other)."""
 
 from __future__ import annotations
 
@@ -36,8 +25,7 @@ def content_hash(data: bytes, algorithm: str) -> str:
 
 
 def checkpoint_fingerprint(model_path: Path) -> str:
-    """config.json's bytes and every weight file's name, size and mtime: changes when the checkpoint does,
-    without reading gigabytes of weights at start-up."""
+    """config.json's bytes and each weight file's name, size and mtime (no weights read at start-up)."""
     digest = hashlib.sha256()
     path = Path(model_path)
     for file in sorted(path.iterdir()):

@@ -1,17 +1,10 @@
-"""Eviction policies of the embedding cache: which entry goes when the bytes bound is reached.
-
-Both track keys and their sizes only (the cache owns the values and the bytes bound). `victim(skip)` picks,
-removes and returns the next key to evict, never one for which `skip(key)` is true (an entry some lease still
-reads, under pool pressure), or None when only such keys are left.
+"""Eviction policies of the embedding cache, over keys and sizes only. `victim(skip)` removes and returns the next
+key to evict, never one `skip(key)` holds back, or None.
 
 - `lru`: least recently used first.
-- `s3fifo` (Yang et al., "FIFO queues are all you need for cache eviction", SOSP 2023): new keys enter a small
-  FIFO (10% of the bytes); one that is hit again before it leaves moves to the main FIFO, one that is not is
-  evicted and remembered in a ghost FIFO (keys only), and a key found there goes straight to main. Main evicts
-  FIFO-order but gives a key with hits another round (its counter, capped at 3, goes down by one). One-hit
-  wonders (a batch job's images seen once) so never push out the images a chat re-sends every turn.
-  Measured against LRU on a skewed workload: docs/benchmarks/cache.md.
-"""
+- `s3fifo` (Yang et al., "FIFO queues are all you need for cache eviction", SOSP 2023): a small FIFO (10% of the
+  bytes), a main FIFO with hit counters capped at 3, a ghost FIFO of keys; one-hit wonders never push out re-sent
+  images (docs/cache.md)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""The stores of the embedding cache (docs/cache.md): byte-bounded maps from a cache key (service/pipeline/cache/keys.py)
-to an encoded image, one per tier, and the short-lived memory of invalid images.
-
-- host tier (serialized replies): the embedding as an owned CPU tensor; bytes = the tensor's bytes.
-- pool tier (IPC replies): a `Hold` on the pool slice the image was encoded into (mmproc.transport.leases.table); a
-  hit lends the same bytes as a new lease. Bytes = the held slices' sizes, each counted once while any entry
-  holds it (a request's images share one slice), so the bound is pool memory the cache keeps.
-
-Eviction follows the policy (service/pipeline/cache/policy.py). Thread-safe: the pool tier is also relieved from the
-lease-waiter threads (`LeaseTable.set_pressure_relief`), with its lock taken before the lease table's.
-"""
+"""The stores of the embedding cache (docs/cache.md): a byte-bounded map per tier, and the memory of invalid
+images. Thread-safe: lease-waiter threads relieve the pool tier, taking its lock before the lease table's."""
 
 from __future__ import annotations
 
@@ -45,8 +36,8 @@ class CacheConfig:
 
 @dataclass(frozen=True)
 class Entry:
-    """One cached image. `result.embedding`: an owned CPU tensor (host) or a view of the pool slice (pool), valid
-    while `hold` is. `charge_key`/`charge_bytes`: what the entry's bytes are counted as (pool: its slice)."""
+    """One cached image: an owned CPU tensor (host) or a pool slice view valid while `hold` is; `charge_*`: what its
+    bytes count as (pool: its slice, once)."""
 
     result: EncodedImage
     charge_key: Hashable
@@ -150,8 +141,8 @@ class CacheStore:
 
 
 class InvalidImages:
-    """Images found invalid, kept `ttl_s` (at most `max_entries`, oldest dropped first) so that a retry loop
-    cannot make the server decode a hostile file again and again; the typed error is replayed. Event loop only."""
+    """Images found invalid, their error replayed for `ttl_s` so a retry loop cannot make the server decode a
+    hostile file again and again. Event loop only."""
 
     def __init__(self, ttl_s: float, max_entries: int) -> None:
         self._ttl_s = ttl_s

@@ -1,6 +1,4 @@
-"""The cache's two tiers and what moves between a result and an entry: the host tier keeps CPU tensors, the pool
-tier keeps IPC results in the pool itself and lends them to later requests as new leases on the same slice (no
-copy). The IPC hand-off's protocol: docs/ipc.md; the cache's design: docs/cache.md."""
+"""The cache's tiers: host (CPU tensors) and pool (IPC results lent as new leases on the same slice; docs/cache.md)."""
 
 from __future__ import annotations
 
@@ -46,8 +44,7 @@ class CacheTiers:
         return [self.host] + ([self.pool_store] if self.pool_store is not None else [])
 
     def store_for(self, via: Via) -> CacheStore | None:
-        """The tier a request's results live in: the pool's for a request via the pool's transport, else the
-        host's."""
+        """The pool's tier for a request via the pool's transport, else the host's."""
         return self.pool_store if self._pool is not None and via.session is not None else self.host
 
     async def keep(self, store: CacheStore, key: str, result: EncodedImage) -> Entry | None:
@@ -103,8 +100,7 @@ class CacheTiers:
         return replace(entry.result, index=i, handle=PoolSlice(descriptor, lease, pool.identity))
 
     async def without_leases(self, results: list[EncodedImage], leases: list[Lease]) -> list[EncodedImage]:
-        """A reply is all IPC or all serialized: when the misses fell back, copy the hits out of the pool (on the
-        device) and give their leases back."""
+        """A reply is all IPC or all serialized: when the misses fell back, copy the hits out of the pool."""
         pool = self._pool
         assert pool is not None
 
