@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The house issue's GPU check, from the repo root, with the wheels of scripts/device_wheels.sh in .whl/ and the tree
 # before it in .probe/old (`git archive e5c0f43 mmproc service | tar -x -C .probe/old`); output in $OUT.
-#   PART=tests bash scripts/gpu_house_check.sh   every CUDA test of the tree, then `bench encoder` (K2.5) on both trees
+#   PART=tests bash scripts/gpu_house_check.sh   every CUDA test of the tree, `bench encoder` (K2.5) on both trees, and
+#                                                the Qwen3.6-35B-A3B tower's MFU and single-image latency (issue 45)
 #   PART=serve bash scripts/gpu_house_check.sh   `bench serve` against a K2.5 server of each tree (IPC and serialized)
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
@@ -21,6 +22,10 @@ if [ "${PART:-tests}" = tests ]; then
     (cd "$tree" && PYTHONPATH="$tree:/tmp/site" timeout 120 python3 -m mmproc.bench.forward --preset kimi-k2.5 \
       --workloads 448x64 1024x16 mixed48 --no-baseline --quiet) 2>&1 | tee -a "$OUT/encoder.log" | grep -v "^$"
   done
+  echo "## bench encoder, qwen3.6-35b-a3b"
+  PYTHONPATH="$NEW:/tmp/site" timeout 150 python3 -m mmproc.bench.forward --preset qwen3.6-35b-a3b \
+    --workloads 448x64 1024x16 mixed48 --latency 448x1 --quiet --json "$OUT/qwen36_encoder.json" 2>&1 \
+    | tee "$OUT/qwen36_encoder.log" | grep -v "^$"
 else
   PORT=50181
   for tree in "$NEW" "$OLD" "$NEW"; do
