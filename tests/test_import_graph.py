@@ -28,6 +28,12 @@ def imports(path: Path) -> tuple[set[str], set[str]]:
     """(module-level imports, all imports) of one file, as module names inside PACKAGES."""
     tree = ast.parse(path.read_text(), str(path))
     top, every = set(), set()
+    in_function = {
+        id(inner)
+        for fn in ast.walk(tree)
+        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef))
+        for inner in ast.walk(fn)
+    }
     package = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
     for node in ast.walk(tree):
         names = []
@@ -42,7 +48,7 @@ def imports(path: Path) -> tuple[set[str], set[str]]:
             names = [base] + [f"{base}.{alias.name}" for alias in node.names]
         names = [n for n in names if n.split(".")[0] in PACKAGES]
         every.update(names)
-        if node in tree.body:  # not under a function, `if TYPE_CHECKING:` or try: what runs at import
+        if id(node) not in in_function:  # module level, `if TYPE_CHECKING:` and try included (a drawing counts them)
             top.update(names)
     return top, every
 
