@@ -76,6 +76,8 @@ class MLP(nn.Module):
         # x (L, D) -> (L, D). The towers use gelu_pytorch_tanh (the projectors use exact GELU).
         if self.exact_gelu:
             return self.fc1(F.gelu(self.fc0(x)))
+        if not isinstance(self.fc0, nn.Linear):  # a quantized fc0 (mmproc/models/quantize.py): its own matmul
+            return self.fc1(F.gelu(self.fc0(x), approximate="tanh"))
         return self.fc1(fc0_gelu(x, self.fc0.weight, self.fc0.bias))
 
 
