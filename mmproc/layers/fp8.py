@@ -34,7 +34,12 @@ def quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     """Plain path: x (M, K) -> q (M, K) float8_e4m3fn, scales (M, 1) float32; scale = max |row| / 448."""
     xf = x.float()
     scales = xf.abs().amax(dim=1, keepdim=True).div_(FP8_MAX).clamp_min_(MIN_SCALE)
-    return (xf / scales).clamp_(-FP8_MAX, FP8_MAX).to(FP8), scales  # not in place: x.float() may be x
+    return quantize_with_scales(xf, scales), scales
+
+
+def quantize_with_scales(x: Tensor, scales: Tensor) -> Tensor:
+    """x / scales, saturated at +-448 and rounded to e4m3 (nearest, ties to even): float8_e4m3fn like x."""
+    return (x.float() / scales).clamp_(-FP8_MAX, FP8_MAX).to(FP8)  # not in place: x.float() may be x
 
 
 def quantize_weight(weight: Tensor) -> tuple[Tensor, Tensor]:
