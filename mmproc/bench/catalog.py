@@ -12,6 +12,7 @@ from types import ModuleType
 
 INSTALLED = {
     "encoder": "mmproc.bench.forward",
+    "accuracy": "mmproc.bench.accuracy",
     "serve": "mmproc.bench.serve",
     "cpu_preprocess": "mmproc.bench.cpu_preprocess",
     "client": "mmproc.bench.client",
@@ -27,6 +28,7 @@ CHECKOUT = {
 }
 BENCHMARKS = (
     "encoder",
+    "accuracy",
     "serve",
     "client",
     "decode",
