@@ -20,6 +20,7 @@ from mmproc.layers.fp8 import (
     quantize_rows,
     quantize_weight,
     quantize_with_scales,
+    within_one_step,
 )
 
 U = 2.0**-4  # relative rounding bound of a normal e4m3 value
@@ -139,3 +140,10 @@ def test_fp8_linear_keeps_leading_dims_and_no_bias():
     assert fp8(x).shape == (2, 3, 16)
     rel = ((fp8(x) - linear(x)).norm() / linear(x).norm()).item()
     assert rel < 0.05
+
+
+def test_within_one_step_accepts_a_neighbour_and_refuses_two_steps():
+    scales = torch.ones(1, 1)
+    want = torch.tensor([[1.0, 2.0, 0.5]]).to(FP8)
+    assert within_one_step(torch.tensor([[1.125, 2.0, 0.5]]).to(FP8), want, scales)  # 1 -> its upper neighbour
+    assert not within_one_step(torch.tensor([[1.25, 2.0, 0.5]]).to(FP8), want, scales)
