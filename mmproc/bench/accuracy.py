@@ -26,7 +26,7 @@ from mmproc.bench.accuracy_images import KINDS, accuracy_images
 from mmproc.bench.forward import random_encoder
 from mmproc.bench.provenance import git_commit, git_dirty
 from mmproc.models import PRESETS, VisionEncoder, load_encoder
-from mmproc.models.quantize import quantize_fp8
+from mmproc.models.quantize import KEEP, quantize_fp8
 from mmproc.preprocess import PreprocessConfig, load_preprocess_config, preprocess_image
 
 # The floor docs/benchmarks/fp8.md states for fp8 against float32 (issue 50): worst image, mean token.
@@ -41,6 +41,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--model-path", type=Path, default=None, help="a checkpoint instead of presets (real weights)")
     p.add_argument("--device", default="cuda", help="cuda[:N], or cpu (fp8 emulated; use tiny presets)")
     p.add_argument("--emulate", action="store_true", help="emulate the fp8 math even on a GPU that runs it")
+    p.add_argument("--keep", nargs="*", default=[], metavar="NAME",
+                   help="also keep these linears in bf16 (full names or last parts: wqkv wo mlp.fc0 mlp.fc1 "
+                        "projector.linear_1): which layers cost the accuracy")  # fmt: skip
     p.add_argument("--per-kind", type=int, default=2, help="images of each kind: " + ", ".join(KINDS))
     p.add_argument("--max-side", type=int, default=None, help="scale the images down to this side (CPU runs)")
     p.add_argument("--seed", type=int, default=0)
@@ -58,7 +61,7 @@ def _models(args: argparse.Namespace, preset: str, device: torch.device) -> tupl
         bf16 = random_encoder(PRESETS[preset], torch.bfloat16, args.seed, device)  # the same draws, rounded
     fp8 = copy.deepcopy(bf16)
     fast = device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9) and not args.emulate
-    quantize_fp8(fp8, emulate=not fast)
+    quantize_fp8(fp8, emulate=not fast, keep=(*KEEP, *args.keep))
     return {"float32": f32, "bfloat16": bf16, "fp8": fp8}, ("kernels" if fast else "emulated")
 
 
@@ -139,7 +142,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     presets = [args.model_path.name] if args.model_path is not None else args.presets
     images = accuracy_images(args.seed, args.per_kind, args.max_side)
     where = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.machine()})"
-    print(f"# {where} | torch {torch.__version__} | {len(images)} images ({args.per_kind} per kind: "
+    kept = ", ".join((*KEEP, *args.keep))
+    print(f"# {where} | torch {torch.__version__} | fp8 keeps {kept} in bf16 | {len(images)} images ({args.per_kind} per kind: "
           f"{', '.join(KINDS)}) seed {args.seed} | floor: worst image cos >= {FLOOR_IMAGE_WORST_COS}, "
           f"mean token cos >= {FLOOR_TOKEN_MEAN_COS} (fp8 vs float32)")  # fmt: skip
     print(f"{'preset':>10} {'model vs reference':>30} {'tok_cos':>8} {'tok_min':>8} {'img_cos':>8} {'img_min':>8} "
@@ -160,6 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "device": where,
             "torch": torch.__version__,
             "weights": str(args.model_path) if args.model_path is not None else f"random (seed {args.seed})",
+            "fp8_keep": [*KEEP, *args.keep],
             "floor": {"image_cos_worst": FLOOR_IMAGE_WORST_COS, "token_cos_mean": FLOOR_TOKEN_MEAN_COS},
             "results": rows,
         }

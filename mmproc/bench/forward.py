@@ -77,6 +77,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--variants", nargs="*", default=None, metavar="NAME", choices=[*VARIANTS, *PIXEL_VARIANTS],
                    help="also time our encoder with each fast path switched (or only the NAMEd ones)")  # fmt: skip
     p.add_argument("--no-baseline", action="store_true", help="skip the eager per-image baseline")
+    p.add_argument(
+        "--fp8-keep",
+        nargs="*",
+        default=[],
+        metavar="NAME",
+        help="with --fp8: also keep these linears in bf16 (as `bench accuracy --keep`)",
+    )
     p.add_argument("--fp8", action="store_true",
                    help="also time the same weights with FP8 linear layers (`serve --quantization fp8`; CUDA sm_89+, "
                         "emulated on the CPU): speed-up and agreement against the default (docs/benchmarks/fp8.md)")  # fmt: skip
@@ -270,10 +277,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     baseline = None if args.no_baseline else EagerBaseline(model)
     quantized = None
     if args.fp8:
-        from mmproc.models.quantize import quantize_fp8
+        from mmproc.models.quantize import KEEP, quantize_fp8
 
         quantized = copy.deepcopy(model)  # the same weights, quantized
-        quantize_fp8(quantized, emulate=device.type != "cuda")
+        quantize_fp8(quantized, emulate=device.type != "cuda", keep=(*KEEP, *args.fp8_keep))
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.machine()})"
     timing = "CUDA-event-timed" if device.type == "cuda" else "wall-clock-timed"
     try:

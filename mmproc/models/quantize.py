@@ -44,9 +44,11 @@ def quantize_fp8(model: nn.Module, *, emulate: bool = False, keep: tuple[str, ..
     """Replace every eligible `nn.Linear` of `model` by an `Fp8Linear`, in place; returns the replaced names.
 
     emulate: the CPU/any-device emulation of the FP8 math (tests, `bench accuracy`), never for serving. Otherwise
-    ConfigError unless `check_fp8_device` passes. Eligible: not named in `keep`, in and out features multiples of
-    16 (the scaled matmul's alignment); the others stay in the model dtype and are logged.
+    ConfigError unless `check_fp8_device` passes. Eligible: not in `keep` (a full name, or a name's last parts:
+    "wo" keeps every block's attention output), in and out features multiples of 16 (the scaled matmul's
+    alignment); the others stay in the model dtype and are logged.
     """
+    suffixes = tuple("." + k for k in keep)
     param = next(model.parameters())
     if emulate:
         kernels: Fp8Kernels = EMULATED
@@ -55,7 +57,7 @@ def quantize_fp8(model: nn.Module, *, emulate: bool = False, keep: tuple[str, ..
         kernels = select_fp8_kernels(param.device, param.dtype)
     replaced, skipped = [], []
     for name, module in list(model.named_modules()):
-        if type(module) is not nn.Linear or name in keep:
+        if type(module) is not nn.Linear or name in keep or name.endswith(suffixes):
             continue
         if module.in_features % _ALIGN or module.out_features % _ALIGN:
             skipped.append(name)

@@ -60,6 +60,18 @@ def test_emulated_fp8_encoder_stays_close_to_full_precision(preset):
     assert cos.min() > 0.995 and cos.mean() > 0.998, (cos.min(), cos.mean())
 
 
+def test_keep_takes_full_names_and_last_parts():
+    model = load_encoder(None, preset="tiny-k3")
+    replaced = quantize_fp8(model, emulate=True, keep=(*KEEP, "wo", "mlp.fc1"))
+    assert replaced == [
+        *(f"tower.encoder.blocks.{i}.{n}" for i in range(2) for n in ("wqkv", "mlp.fc0")),
+        "projector.linear_1",
+    ]
+    assert (
+        type(model.tower.encoder.blocks[1].wo) is nn.Linear and type(model.tower.encoder.blocks[0].mlp.fc1) is nn.Linear
+    )
+
+
 def test_features_not_multiple_of_16_stay_in_the_model_dtype():
     model = nn.Sequential(nn.Linear(32, 24), nn.Linear(24, 32), nn.Linear(32, 48))
     assert quantize_fp8(model, emulate=True, keep=()) == ["2"]  # 24 is not a multiple of 16
