@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("none", "fp8")
 FP8_MIN_CAPABILITY = (8, 9)  # e4m3 tensor cores: Ada (sm_89), Hopper (sm_90) and later
-FP8_DTYPES = (torch.bfloat16, torch.float16)  # the output dtypes of the row-wise scaled matmul
+FP8_DTYPES = (torch.bfloat16,)  # the row-wise scaled matmul writes bf16 only
 # The output projection writes the embedding itself, straight into its destination (projector._linear_into), and
 # names the encoder's dtype; about 2% of the FLOPs. It stays in the model dtype.
 KEEP = ("projector.linear_2",)
@@ -26,8 +26,7 @@ _ALIGN = 16  # torch._scaled_mm: K and N multiples of 16
 
 
 def check_fp8_device(device: torch.device | str, dtype: torch.dtype) -> None:
-    """ConfigError unless FP8 matmuls can run here: a CUDA device of compute capability >= 8.9 and a bf16/fp16
-    model (the scaled matmul writes those)."""
+    """ConfigError unless FP8 matmuls can run here: a CUDA device of compute capability >= 8.9 and a bf16 model."""
     device = torch.device(device)
     need = "a CUDA device of compute capability >= 8.9 (Ada, Hopper or later)"
     if device.type != "cuda" or not torch.cuda.is_available():
@@ -37,7 +36,7 @@ def check_fp8_device(device: torch.device | str, dtype: torch.dtype) -> None:
         name = torch.cuda.get_device_name(device)
         raise ConfigError(f"quantization fp8 needs {need}; {device} is {name} ({capability[0]}.{capability[1]})")
     if dtype not in FP8_DTYPES:
-        raise ConfigError(f"quantization fp8 needs dtype bfloat16 or float16, got {str(dtype).removeprefix('torch.')}")
+        raise ConfigError(f"quantization fp8 needs dtype bfloat16, got {str(dtype).removeprefix('torch.')}")
 
 
 def quantize_fp8(model: nn.Module, *, emulate: bool = False, keep: tuple[str, ...] = KEEP) -> list[str]:

@@ -94,8 +94,9 @@ def test_fp8_is_refused_on_an_older_gpu_and_a_float32_model(monkeypatch):
         check_fp8_device("cuda:0", torch.bfloat16)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     check_fp8_device("cuda:0", torch.bfloat16)
-    with pytest.raises(ConfigError, match="dtype bfloat16 or float16, got float32"):
-        check_fp8_device("cuda:0", torch.float32)
+    for dtype in ("float32", "float16"):
+        with pytest.raises(ConfigError, match=f"needs dtype bfloat16, got {dtype}"):
+            check_fp8_device("cuda:0", getattr(torch, dtype))
 
 
 def test_unknown_quantization_is_a_config_error():
