@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmproc.layers import fp8_triton
@@ -66,6 +67,16 @@ def fast_quantize_rows(x: Tensor) -> tuple[Tensor, Tensor]:
     return fp8_triton.quantize_rows(x, FP8_MAX, MIN_SCALE)
 
 
+def quantize_gelu_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Plain path: quantize_rows(gelu_tanh(x)), the GELU rounded to x's dtype in between (as the bf16 model)."""
+    return quantize_rows(F.gelu(x, approximate="tanh"))
+
+
+def fast_quantize_gelu_rows(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Fused path of `quantize_gelu_rows`: the GELU in float32 inside the quantizer's pass (CUDA)."""
+    return fp8_triton.quantize_rows(x, FP8_MAX, MIN_SCALE, gelu_tanh=True)
+
+
 def scaled_mm(
     q_x: Tensor, s_x: Tensor, w_t: Tensor, s_w: Tensor, bias: Tensor | None, out_dtype: torch.dtype
 ) -> Tensor:
@@ -94,11 +105,12 @@ class Fp8Kernels:
     """The activation quantizer and scaled matmul one device runs, with names for the start-up log and benches."""
 
     quantize: QuantizeFn
+    quantize_gelu: QuantizeFn  # of gelu_tanh(x): the MLP's fc1 input
     matmul: ScaledMmFn
     names: tuple[str, str]  # (quantize, matmul)
 
 
-EMULATED = Fp8Kernels(quantize_rows, emulated_scaled_mm, ("eager", "emulated"))
+EMULATED = Fp8Kernels(quantize_rows, quantize_gelu_rows, emulated_scaled_mm, ("eager", "emulated"))
 
 
 class Fp8Linear(nn.Module):
@@ -123,8 +135,13 @@ class Fp8Linear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         # x (..., K) model dtype -> (..., N) model dtype
-        rows = x.reshape(-1, self.in_features)
-        q, scales = self.kernels.quantize(rows)
+        return self._matmul(*self.kernels.quantize(x.reshape(-1, self.in_features)), x)
+
+    def forward_gelu_tanh(self, x: Tensor) -> Tensor:
+        """self(gelu_tanh(x)), the GELU inside the activation quantizer's pass (the MLP's fc1)."""
+        return self._matmul(*self.kernels.quantize_gelu(x.reshape(-1, self.in_features)), x)
+
+    def _matmul(self, q: Tensor, scales: Tensor, x: Tensor) -> Tensor:
         y = self.kernels.matmul(q, scales, self.qweight.t(), self.weight_scale, self.bias, x.dtype)
         return y.view(*x.shape[:-1], self.out_features)
 
@@ -132,17 +149,24 @@ class Fp8Linear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, kernels={self.kernels.names}"
 
 
+def gelu_tanh_linear(linear: nn.Module, x: Tensor) -> Tensor:
+    """linear(gelu_tanh(x)) (..., N): fused into the quantizer when `linear` is an Fp8Linear."""
+    if isinstance(linear, Fp8Linear):
+        return linear.forward_gelu_tanh(x)
+    return linear(F.gelu(x, approximate="tanh"))
+
+
 def select_fp8_kernels(device: torch.device, dtype: torch.dtype) -> Fp8Kernels:
     """The fused quantizer where Triton runs and matches the plain path, and the scaled matmul with the bias in its
     epilogue where this torch accepts it; each probed once on small tensors (a failure logs and takes the
     fallback, never fails the service). The caller has checked the device can run FP8 matmuls."""
-    quantize, quantize_name = quantize_rows, "eager"
+    quantize, quantize_gelu, quantize_name = quantize_rows, quantize_gelu_rows, "eager"
     if fp8_triton.available() and _probe_quantize(device, dtype):
-        quantize, quantize_name = fast_quantize_rows, "triton"
+        quantize, quantize_gelu, quantize_name = fast_quantize_rows, fast_quantize_gelu_rows, "triton"
     matmul, matmul_name = scaled_mm, "scaled_mm"
     if not _probe_matmul(scaled_mm, device, dtype):
         matmul, matmul_name = scaled_mm_bias_after, "scaled_mm+bias"
-    return Fp8Kernels(quantize, matmul, (quantize_name, matmul_name))
+    return Fp8Kernels(quantize, quantize_gelu, matmul, (quantize_name, matmul_name))
 
 
 def _probe_quantize(device: torch.device, dtype: torch.dtype) -> bool:
@@ -150,7 +174,11 @@ def _probe_quantize(device: torch.device, dtype: torch.dtype) -> bool:
     try:
         q, s = fast_quantize_rows(x)
         want_q, want_s = quantize_rows(x)
-        return torch.allclose(s, want_s, rtol=1e-6) and within_one_step(q, want_q, want_s)
+        plain = torch.allclose(s, want_s, rtol=1e-6) and within_one_step(q, want_q, want_s)
+        # GELU in float32 against GELU rounded to bf16 first: scales within bf16's rounding, values within a step
+        q, s = fast_quantize_gelu_rows(x)
+        want_q, want_s = quantize_gelu_rows(x)
+        return plain and torch.allclose(s, want_s, rtol=2**-7) and within_one_step(q, want_q, want_s)
     except Exception:
         logger.warning("fused FP8 quantization failed its probe on %s/%s", device, dtype, exc_info=True)
         return False

@@ -17,6 +17,7 @@ from mmproc.layers.fp8 import (
     Fp8Linear,
     dequantize,
     emulated_scaled_mm,
+    gelu_tanh_linear,
     quantize_rows,
     quantize_weight,
     quantize_with_scales,
@@ -147,3 +148,12 @@ def test_within_one_step_accepts_a_neighbour_and_refuses_two_steps():
     want = torch.tensor([[1.0, 2.0, 0.5]]).to(FP8)
     assert within_one_step(torch.tensor([[1.125, 2.0, 0.5]]).to(FP8), want, scales)  # 1 -> its upper neighbour
     assert not within_one_step(torch.tensor([[1.25, 2.0, 0.5]]).to(FP8), want, scales)
+
+
+def test_gelu_tanh_linear_is_the_linear_of_the_gelu():
+    linear = torch.nn.Linear(64, 32)
+    y = torch.randn(7, 64, generator=gen(11)) * 2
+    fp8 = Fp8Linear.from_linear(linear, EMULATED)
+    want = fp8(torch.nn.functional.gelu(y, approximate="tanh"))
+    assert torch.equal(gelu_tanh_linear(fp8, y), want)  # the plain path: GELU, then the quantizer
+    torch.testing.assert_close(gelu_tanh_linear(linear, y), linear(torch.nn.functional.gelu(y, approximate="tanh")))

@@ -140,6 +140,18 @@ def test_cuda_triton_quantizer_equals_the_plain_path():
 
 @pytest.mark.cuda
 @requires_fp8_gpu
+def test_cuda_fused_gelu_quantizer_equals_gelu_then_quantize():
+    from mmproc.layers.fp8 import fast_quantize_gelu_rows, quantize_gelu_rows, within_one_step
+
+    y = torch.randn(513, 4304, device="cuda", dtype=torch.bfloat16) * 4  # fc0 outputs, tails included
+    q, s = fast_quantize_gelu_rows(y)
+    want_q, want_s = quantize_gelu_rows(y)  # GELU rounded to bf16 first: scales differ by that rounding at most
+    torch.testing.assert_close(s, want_s, rtol=2**-7, atol=0)
+    assert within_one_step(q, want_q, want_s)
+
+
+@pytest.mark.cuda
+@requires_fp8_gpu
 @pytest.mark.parametrize("preset", ["tiny-k2.5", "tiny-k3"])
 def test_cuda_fp8_encoder_matches_emulation_and_bf16(preset):
     model = load_encoder(None, preset=preset, device="cuda", dtype=torch.bfloat16)
