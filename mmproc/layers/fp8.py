@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from mmproc.errors import ConfigError
 from mmproc.layers import fp8_triton
 
 logger = logging.getLogger(__name__)
@@ -166,6 +167,8 @@ def select_fp8_kernels(device: torch.device, dtype: torch.dtype) -> Fp8Kernels:
     matmul, matmul_name = scaled_mm, "scaled_mm"
     if not _probe_matmul(scaled_mm, device, dtype):
         matmul, matmul_name = scaled_mm_bias_after, "scaled_mm+bias"
+        if not _probe_matmul(scaled_mm_bias_after, device, dtype):  # at start-up, not on the first request
+            raise ConfigError(f"quantization fp8: torch {torch.__version__} has no row-wise FP8 matmul on {device}")
     return Fp8Kernels(quantize, quantize_gelu, matmul, (quantize_name, matmul_name))
 
 
@@ -196,5 +199,7 @@ def _probe_matmul(matmul: ScaledMmFn, device: torch.device, dtype: torch.dtype) 
         want = emulated_scaled_mm(q_x, s_x, q_w.t(), s_w.view(1, -1), b, torch.float32)
         return torch.allclose(got, want, rtol=2e-2, atol=2e-2)
     except Exception:
-        logger.warning("FP8 scaled matmul with a bias failed its probe on %s/%s", device, dtype, exc_info=True)
+        logger.warning(
+            "FP8 scaled matmul (%s) failed its probe on %s/%s", matmul.__name__, device, dtype, exc_info=True
+        )
         return False

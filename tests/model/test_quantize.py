@@ -173,3 +173,15 @@ def test_emulation_and_quantized_weights_agree_on_the_cpu():
     q_w, s_w = quantize_weight(linear.weight)
     want = emulated_scaled_mm(q_x, s_x, q_w.t(), s_w.view(1, -1), linear.bias, torch.float32)
     assert torch.equal(layer(x), want)
+
+
+def test_a_torch_without_row_wise_fp8_matmuls_is_refused_at_start_up(monkeypatch):
+    from mmproc.layers import fp8
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("rowwise scaling not supported")
+
+    monkeypatch.setattr(torch, "_scaled_mm", refuse)
+    monkeypatch.setattr(fp8.fp8_triton, "available", lambda: False)
+    with pytest.raises(ConfigError, match="no row-wise FP8 matmul"):
+        fp8.select_fp8_kernels(torch.device("cpu"), torch.bfloat16)
