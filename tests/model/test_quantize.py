@@ -164,6 +164,33 @@ def test_cuda_fp8_encoder_matches_emulation_and_bf16(preset):
     assert cos.min() > 0.99 and cos.mean() > 0.998, (cos.min(), cos.mean())
 
 
+@pytest.mark.cuda
+@requires_fp8_gpu
+@torch.inference_mode()
+def test_cuda_fp8_forward_replays_as_a_cuda_graph_without_syncs():
+    from mmproc.batching import pack_images
+    from tests.support.preprocessed import make_images
+
+    model = load_encoder(None, preset="tiny-k3", device="cuda", dtype=torch.bfloat16)
+    apply_quantization(model, "fp8")
+    small = pack_images(make_images([(4, 4), (8, 14)], seed=5), pin_memory=True)
+    want = model(small)  # eager (compiles the Triton quantizers)
+    model.use_cuda_graphs(capacity=1, max_patches=1024, min_hits=2)
+    try:
+        model(small)
+        got = model(small)  # captured, then replayed
+        assert len(model.graphs.graphs) == 1
+        assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 1e-3
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            model(small)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    finally:
+        model.use_cuda_graphs(capacity=0, max_patches=1)
+
+
 def test_emulation_and_quantized_weights_agree_on_the_cpu():
     """The emulated matmul of a layer is the dequantized weight times the dequantized activations."""
     linear = nn.Linear(64, 32)
