@@ -11,6 +11,7 @@ from types import ModuleType
 
 INSTALLED = {
     "encoder": "mmproc.bench.forward",
+    "accuracy": "mmproc.bench.accuracy",
     "serve": "mmproc.bench.serve",
     "cpu_preprocess": "mmproc.bench.cpu_preprocess",
     "client": "mmproc.bench.client",
@@ -26,6 +27,7 @@ CHECKOUT = {
 }
 BENCHMARKS = (
     "encoder",
+    "accuracy",
     "serve",
     "client",
     "decode",

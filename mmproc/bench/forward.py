@@ -5,6 +5,7 @@ Method: docs/bench.md; `--device cpu` is a smoke test of the bench, not a measur
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import datetime as dt
 import json
@@ -72,6 +73,16 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--variants", nargs="*", default=None, metavar="NAME", choices=[*VARIANTS, *PIXEL_VARIANTS],
                    help="also time our encoder with each fast path switched (or only the NAMEd ones)")  # fmt: skip
     p.add_argument("--no-baseline", action="store_true", help="skip the eager per-image baseline")
+    p.add_argument(
+        "--fp8-keep",
+        nargs="*",
+        default=[],
+        metavar="NAME",
+        help="with --fp8: also keep these linears in bf16 (as `bench accuracy --keep`)",
+    )
+    p.add_argument("--fp8", action="store_true",
+                   help="also time the same weights with FP8 linear layers (`serve --quantization fp8`; CUDA sm_89+, "
+                        "emulated on the CPU): speed-up and agreement against the default (docs/benchmarks/fp8.md)")  # fmt: skip
     p.add_argument("--attention", action="store_true", help="also time one image's SDPA per backend and layout")
     p.add_argument("--profile", action="store_true", help="per workload, kernel time by category of one warm forward")
     p.add_argument("--latency", nargs="*", type=workload_name, default=None, metavar="WORKLOAD",
@@ -158,6 +169,18 @@ def random_encoder(
 def _rel_err(a: Tensor, b: Tensor) -> float:
     a, b = a.float(), b.float()
     return ((a - b).norm() / b.norm()).item()
+
+
+def _fp8_check(quantized: VisionEncoder, model: VisionEncoder, batch: PackedBatch, ours: dict, fp8: dict) -> dict:
+    """fp8's speed-up over the default and its embeddings' agreement with the default's (token cosine)."""
+    got, want = quantized(batch).float(), model(batch).float()
+    cos = torch.nn.functional.cosine_similarity(got, want, dim=-1)
+    return {"fp8_speedup": ours["ms"] / fp8["ms"], "fp8_rel_err": _rel_err(got, want),
+            "fp8_token_cos_mean": cos.mean().item(), "fp8_token_cos_worst": cos.min().item()}  # fmt: skip
+
+
+def _fp8_kernel_names(model: VisionEncoder) -> list[str]:
+    return list(next(m.kernels.names for m in model.modules() if hasattr(m, "qweight")))
 
 
 def _row(
@@ -253,6 +276,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     build_s = time.perf_counter() - t0
     baseline = None if args.no_baseline or not EagerBaseline.supports(model) else EagerBaseline(model)
     rules = PreprocessConfig.default_for(config.family)
+    quantized = None
+    if args.fp8:
+        from mmproc.models.quantize import KEEP, quantize_fp8
+
+        quantized = copy.deepcopy(model)  # the same weights, quantized
+        quantize_fp8(quantized, emulate=device.type != "cuda", keep=(*KEEP, *args.fp8_keep))
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.machine()})"
     timing = "CUDA-event-timed" if device.type == "cuda" else "wall-clock-timed"
     try:
@@ -292,6 +321,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ours["vs_baseline"] = base["ms"] / ours["ms"]
                 check["rel_err_vs_baseline"] = _rel_err(model(batch), baseline(batch))
                 group.append(base)
+            if quantized is not None:
+                t = time_forward(quantized, batch, args.warmup, args.reps, device)
+                fp8 = _row("fp8", name, batch, flops, t, peak)
+                check |= _fp8_check(quantized, model, batch, ours, fp8)
+                check["fp8_syncs_per_forward"] = count_syncs(quantized, batch, device)  # 0: graph-capturable
+                fp8["vs_default"] = check["fp8_speedup"]
+                group.append(fp8)
             if args.variants is not None:
                 group += _variant_rows(model, name, batch, grids, flops, ours, args, device, peak)
             for r in group:
@@ -342,6 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "peak_note": peak_note,
             "model_build_s": build_s,
             "kernels": model.tower.kernels(model.device, model.dtype).names,
+            "fp8_kernels": None if quantized is None else _fp8_kernel_names(quantized),
             "results": rows,
             "checks": checks,
             "attention": attention,

@@ -22,6 +22,9 @@ def _format_checks(check: dict, kernels: tuple[str, ...]) -> str:
     parts = [f"syncs/forward {check['syncs_per_forward']}", f"host ms to issue {check['host_ms_to_issue_forward']:.2f}"]
     if "rel_err_vs_baseline" in check:
         parts.append(f"rel. error vs baseline {check['rel_err_vs_baseline']:.1e}")
+    if "fp8_speedup" in check:
+        parts.append(f"fp8 {check['fp8_speedup']:.2f}x, token cos mean {check['fp8_token_cos_mean']:.5f} worst "
+                     f"{check['fp8_token_cos_worst']:.5f}, rel. error {check['fp8_rel_err']:.3f}")  # fmt: skip
     names = ("attention", "RoPE", "fc0+GELU", "add+norm")
     parts.append("kernels " + ", ".join(f"{n} {k}" for n, k in zip(names, kernels)))
     return f"{'':>8} " + " | ".join(parts)
@@ -33,6 +36,8 @@ def _summary(rows: list[dict]) -> None:
             mfu = "no MFU" if r["mfu"] is None else f"MFU {r['mfu'] * 100:.1f}%"
             print(f"{r['workload']}: {r['images_per_s']:.1f} img/s, {mfu}, "
                   f"{r['vs_baseline']:.2f}x the eager baseline, first forward {r['first_s']:.2f} s")  # fmt: skip
+        if r["impl"] == "fp8" and "vs_default" in r:
+            print(f"{r['workload']}: fp8 {r['images_per_s']:.1f} img/s, {r['vs_default']:.2f}x the default")
 
 
 def plot_encoder(plt: object, rows: list[dict], title: str) -> None:

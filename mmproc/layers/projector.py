@@ -133,6 +133,12 @@ def _linear_into(h: Tensor, linear: nn.Linear, out: Tensor | list[Tensor] | None
     e.g. slices of the IPC pool: no extra copy."""
     if out is None:
         return linear(h)
+    if not isinstance(linear, nn.Linear):  # quantized (mmproc/models/quantize.py): its own matmul, then the copy
+        y, start = linear(h), 0
+        for chunk in out if isinstance(out, list) else [out]:
+            chunk.copy_(y[start : start + chunk.shape[0]])
+            start += chunk.shape[0]
+        return None if isinstance(out, list) else out
     if isinstance(out, list):
         start = 0
         for chunk in out:

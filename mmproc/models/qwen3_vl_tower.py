@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmproc.layers.add_norm import Norm, apply_norm
+from mmproc.layers.fp8 import gelu_tanh_linear
 from mmproc.layers.kernels import KernelOptions
 from mmproc.layers.pos_emb import Learnable2DInterpPosEmb
 from mmproc.layers.projector import PatchMergerMLP
@@ -116,7 +117,11 @@ class Block(nn.Module):
         q, k = kernels.rope_fn(q, k, inputs.cos, inputs.sin)
         o = kernels.attn_fn(q, k, v, inputs.attn)  # (L, H, dh)
         x, h = kernels.add_norm(x, attn.proj(o.reshape(seq, -1)), self.norm2)
-        y = self.mlp.linear_fc2(kernels.fc0_gelu(h, self.mlp.linear_fc1.weight, self.mlp.linear_fc1.bias))
+        fc1, fc2 = self.mlp.linear_fc1, self.mlp.linear_fc2
+        if isinstance(fc1, nn.Linear):
+            y = fc2(kernels.fc0_gelu(h, fc1.weight, fc1.bias))
+        else:  # quantized (mmproc/models/quantize.py): GELU fused into fc2's input
+            y = gelu_tanh_linear(fc2, fc1(h))
         if next_norm is None:
             x = x + y
             return x, x

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from mmproc.layers.add_norm import Norm, apply_norm, make_norm
+from mmproc.layers.fp8 import gelu_tanh_linear
 from mmproc.layers.kernels import KernelOptions, LinearGeluFn, linear_gelu_tanh
 from mmproc.layers.pos_emb import Learnable2DInterpPosEmb
 from mmproc.layers.projector import PROJECTORS
@@ -59,6 +60,8 @@ class MLP(nn.Module):
         # x (L, D) -> (L, D). The towers use gelu_pytorch_tanh (the projectors use exact GELU).
         if self.exact_gelu:
             return self.fc1(F.gelu(self.fc0(x)))
+        if not isinstance(self.fc0, nn.Linear):  # quantized (mmproc/models/quantize.py): GELU fused into fc1's input
+            return gelu_tanh_linear(self.fc1, self.fc0(x))
         return self.fc1(fc0_gelu(x, self.fc0.weight, self.fc0.bias))
 
 

@@ -416,7 +416,7 @@ class KeyStoreInfo(_message.Message):
     def __init__(self, max_bytes: _Optional[int] = ..., ttl_s: _Optional[float] = ..., max_keys: _Optional[int] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("version", "model_name", "model_layout", "hidden_size", "vision_hidden_size", "dtype", "device", "device_uuid", "preprocess", "limits", "transports", "ipc_status", "max_message_bytes", "stream_chunk_bytes", "family", "prompt", "key_store", "cache", "transport_names", "video")
+    __slots__ = ("version", "model_name", "model_layout", "hidden_size", "vision_hidden_size", "dtype", "device", "device_uuid", "preprocess", "limits", "transports", "ipc_status", "max_message_bytes", "stream_chunk_bytes", "family", "prompt", "key_store", "cache", "transport_names", "quantization", "video")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_LAYOUT_FIELD_NUMBER: _ClassVar[int]
@@ -436,6 +436,7 @@ class ServerInfo(_message.Message):
     KEY_STORE_FIELD_NUMBER: _ClassVar[int]
     CACHE_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_NAMES_FIELD_NUMBER: _ClassVar[int]
+    QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
     VIDEO_FIELD_NUMBER: _ClassVar[int]
     version: str
     model_name: str
@@ -456,5 +457,6 @@ class ServerInfo(_message.Message):
     key_store: KeyStoreInfo
     cache: CacheInfo
     transport_names: _containers.RepeatedScalarFieldContainer[str]
+    quantization: str
     video: VideoInfo
-    def __init__(self, version: _Optional[str] = ..., model_name: _Optional[str] = ..., model_layout: _Optional[str] = ..., hidden_size: _Optional[int] = ..., vision_hidden_size: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., device: _Optional[str] = ..., device_uuid: _Optional[str] = ..., preprocess: _Optional[_Union[PreprocessInfo, _Mapping]] = ..., limits: _Optional[_Union[RequestLimits, _Mapping]] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., ipc_status: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., stream_chunk_bytes: _Optional[int] = ..., family: _Optional[str] = ..., prompt: _Optional[_Union[PromptFraming, _Mapping]] = ..., key_store: _Optional[_Union[KeyStoreInfo, _Mapping]] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., transport_names: _Optional[_Iterable[str]] = ..., video: _Optional[_Union[VideoInfo, _Mapping]] = ...) -> None: ...
+    def __init__(self, version: _Optional[str] = ..., model_name: _Optional[str] = ..., model_layout: _Optional[str] = ..., hidden_size: _Optional[int] = ..., vision_hidden_size: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., device: _Optional[str] = ..., device_uuid: _Optional[str] = ..., preprocess: _Optional[_Union[PreprocessInfo, _Mapping]] = ..., limits: _Optional[_Union[RequestLimits, _Mapping]] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., ipc_status: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., stream_chunk_bytes: _Optional[int] = ..., family: _Optional[str] = ..., prompt: _Optional[_Union[PromptFraming, _Mapping]] = ..., key_store: _Optional[_Union[KeyStoreInfo, _Mapping]] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., transport_names: _Optional[_Iterable[str]] = ..., quantization: _Optional[str] = ..., video: _Optional[_Union[VideoInfo, _Mapping]] = ...) -> None: ...

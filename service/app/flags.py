@@ -37,7 +37,7 @@ def _plain(annotation: object) -> object:
 # before it in ServerSettings, so that it still shows next to its neighbours.
 GROUPS: dict[str, tuple[str, ...]] = {
     "model": (
-        "model_path", "model", "device", "dtype", "cuda_graphs", "cuda_graph_max_patches",
+        "model_path", "model", "device", "dtype", "quantization", "cuda_graphs", "cuda_graph_max_patches",
         "cuda_graph_max_image_patches", "attention_backend", "torch_threads", "event_loop", "grpc_loop",
     ),
     "network": ("grpc_address", "http_address", "max_message_mb", "stream_chunk_mb", "max_connection_age_s"),

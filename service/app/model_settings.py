@@ -35,6 +35,11 @@ class ModelSettings(LimitSettings):
     dtype: Literal["float32", "bfloat16", "float16"] | None = Field(
         None, description="Weights and activations dtype; float32 on cpu and bfloat16 on cuda when not given"
     )
+    quantization: Literal["none", "fp8"] = Field(
+        "none",
+        description="fp8: the linear layers run FP8 e4m3 matmuls (weights per channel, activations per token), the "
+        "rest in dtype; needs a GPU of compute capability >= 8.9 and dtype bfloat16 (docs/benchmarks/fp8.md)",
+    )
     cuda_graphs: int = Field(
         8,
         ge=0,

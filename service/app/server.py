@@ -22,6 +22,7 @@ from mmproc import thread_roles
 from mmproc.errors import ConfigError
 from mmproc.models import PRESETS, VisionEncoder, load_encoder
 from mmproc.models.loader import read_config
+from mmproc.models.quantize import apply_quantization, check_fp8_device
 from mmproc.preprocess import PreprocessConfig, load_preprocess_config
 from mmproc.units import MiB
 from mmproc.v1 import encoder_pb2 as pb
@@ -49,6 +50,7 @@ logger = logging.getLogger(__name__)
 def load_model(settings: ServerSettings) -> tuple[VisionEncoder, PreprocessConfig]:
     dtype = getattr(torch, settings.torch_dtype_name)
     encoder = load_encoder(settings.model_path, preset=settings.model, device=settings.device, dtype=dtype)
+    apply_quantization(encoder, settings.quantization)  # before any CUDA graph is captured
     encoder.tower.set_options(attention_backend=settings.attention_backend)
     # Small batches are launch-bound on a GPU: replayed graphs (docs/benchmarks/encoder.md). A no-op on the CPU.
     encoder.use_cuda_graphs(
@@ -71,6 +73,7 @@ def build_pipeline(
         model=settings.model,
         model_path=settings.model_path,
         dtype=settings.torch_dtype_name,
+        quantization=settings.quantization,
         device_type=encoder.device.type,
         preprocess=preprocess,
         exif=settings.apply_exif_orientation,
@@ -117,6 +120,8 @@ def listening_address(address: str, port: int) -> str:
 def check_model_before_binding(settings: ServerSettings) -> None:
     """The model's configuration, read and checked before any port is bound (the weights load later): an unknown
     preset, a missing or unreadable checkpoint, or a config of no known family is a ConfigError at once."""
+    if settings.quantization != "none":  # a CPU or an older GPU: refused before the weights load
+        check_fp8_device(settings.device, getattr(torch, settings.torch_dtype_name))
     if settings.model_path is None:
         if settings.model not in PRESETS:
             raise ConfigError(f"unknown preset {settings.model!r} (--model); choose one of {sorted(PRESETS)}")
@@ -364,6 +369,7 @@ async def serve(settings: ServerSettings) -> int:
 def served_as(settings: ServerSettings) -> ServedAs:
     return ServedAs(
         dtype_name=settings.torch_dtype_name,
+        quantization=settings.quantization,
         max_message_bytes=settings.max_message_mb * MiB,
         stream_chunk_bytes=settings.stream_chunk_bytes,
         model_path=settings.model_path,

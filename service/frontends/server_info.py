@@ -23,6 +23,7 @@ class ServedAs:
     """What the settings decided about the reply that the pipeline does not know: handed down by the app."""
 
     dtype_name: str
+    quantization: str
     max_message_bytes: int
     stream_chunk_bytes: int
     model_path: Path | None
@@ -39,6 +40,7 @@ def build_server_info(served: ServedAs, pipeline: RequestPipeline) -> pb.ServerI
         hidden_size=encoder.output_dim,
         vision_hidden_size=cfg.hidden_size,
         dtype=NAME_TO_PB[served.dtype_name],
+        quantization=served.quantization,
         device=str(encoder.device),
         preprocess=pb.PreprocessInfo(
             family=pre.family,

@@ -270,6 +270,7 @@ class Metrics:
                 "family": info.family,
                 "layout": info.family,  # deprecated alias of family (existing dashboards group by it)
                 "dtype": pb.DType.Name(info.dtype).removeprefix("DTYPE_").lower(),
+                "quantization": info.quantization or "none",
                 "device": info.device,
                 "transport": info.transport_names[0] if info.transport_names else "serialized",
             }

@@ -54,8 +54,17 @@ class CacheKeys:
 
 
 def model_context(
-    *, model: str, model_path: Path | None, dtype: str, device_type: str, preprocess: object, exif: bool
+    *,
+    model: str,
+    model_path: Path | None,
+    dtype: str,
+    device_type: str,
+    preprocess: object,
+    exif: bool,
+    quantization: str = "none",
 ) -> str:
-    """Everything of the server configuration that changes an image's embedding, as one string."""
+    """Everything of the server configuration that changes an image's embedding, as one string (an fp8 server's
+    embeddings never answer a bf16 server's requests: quantization is part of it)."""
     identity = f"checkpoint:{checkpoint_fingerprint(model_path)}" if model_path is not None else f"preset:{model}"
-    return f"{identity}|dtype={dtype}|device={device_type}|preprocess={preprocess!r}|exif={exif}"
+    quant = f"|quantization={quantization}" if quantization != "none" else ""  # "none" keeps the keys it had
+    return f"{identity}|dtype={dtype}{quant}|device={device_type}|preprocess={preprocess!r}|exif={exif}"

@@ -38,7 +38,7 @@ def test_server_info_describes_model_and_limits(tiny_server) -> None:
         info = client.server_info()
     assert info.model_name == "tiny"
     assert info.hidden_size == 256
-    assert info.dtype == pb.DTYPE_FLOAT32
+    assert info.dtype == pb.DTYPE_FLOAT32 and info.quantization == "none"
     assert info.device == "cpu"
     assert info.preprocess.family == "kimi_vl"
     assert info.limits.max_images_per_request == 32

@@ -117,7 +117,7 @@ def test_build_info_names_the_version_and_the_model_served(tiny_server) -> None:
     (labels,) = [dict(labels) for name, labels in samples if name == "mmproc_build_info"]
     assert labels == {
         "version": mmproc.__version__, "model": "tiny", "family": "kimi_vl", "layout": "kimi_vl",
-        "dtype": "float32", "device": "cpu", "transport": "serialized",
+        "dtype": "float32", "quantization": "none", "device": "cpu", "transport": "serialized",
     }  # fmt: skip
     assert value(samples, "mmproc_build_info", **labels) == 1.0
     assert value(samples, "mmproc_decode_worker_crashes_total", pool="shared") == 0.0

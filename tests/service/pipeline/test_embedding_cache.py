@@ -33,6 +33,7 @@ def test_the_key_changes_with_model_dtype_preprocessing_and_exif_but_not_with_th
     changed = [
         context(model="other"),
         context(dtype="bfloat16"),
+        context(dtype="bfloat16", quantization="fp8"),
         context(device_type="cuda"),
         context(exif=False),
         context(preprocess=PreprocessConfig.default_for("kimi_k25")),
