@@ -85,7 +85,7 @@ def add_encode_route(app: FastAPI, state: ServingState, metrics: Metrics, *, def
 
     async def encode_request(
         body: EncodeBody, request_id: str, timeout: str | None
-    ) -> tuple[str, Response, dict[str, str]]:
+    ) -> tuple[str, Response, dict[str, object]]:
         try:
             deadline = time.monotonic() + request_budget_s(timeout, default_deadline_s)
             pipeline = state.pipeline()
@@ -105,5 +105,7 @@ def add_encode_route(app: FastAPI, state: ServingState, metrics: Metrics, *, def
                 mapped.http_body(request_id), status_code=mapped.http_status, headers=mapped.http_headers
             )
             return mapped.grpc_code.name, response, {"reason": mapped.reason}
-        fields = {"cache": ",".join(r.cache for r in results)} if any(r.cache for r in results) else {}
+        fields: dict[str, object] = {"tokens": sum(r.num_tokens for r in results), "transport": "json"}
+        if any(r.cache for r in results):
+            fields["cache"] = ",".join(r.cache for r in results)
         return "OK", response, fields
