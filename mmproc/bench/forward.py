@@ -76,8 +76,10 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None,
                    help="default: what the server uses on the device (bfloat16 on CUDA, float32 on the CPU)")  # fmt: skip
     p.add_argument("--device", default="cuda", help="cuda[:N], or cpu for a smoke test with the tiny preset")
-    p.add_argument("--workloads", nargs="+", type=workload_name, default=None,
-                   help=f"SIDExCOUNT | mixedN (default: {' '.join(GPU_WORKLOADS)}; on the CPU {' '.join(CPU_WORKLOADS)})")  # fmt: skip
+    workloads = f"default {' '.join(GPU_WORKLOADS)}; CPU {' '.join(CPU_WORKLOADS)}"
+    p.add_argument(
+        "--workloads", nargs="+", type=workload_name, default=None, help=f"SIDExCOUNT | mixedN ({workloads})"
+    )
     p.add_argument("--reps", type=int, default=None, help="default: 10 (3 on the CPU)")
     p.add_argument("--warmup", type=int, default=None, help="default: 3 (1 on the CPU)")
     p.add_argument("--seed", type=int, default=0)

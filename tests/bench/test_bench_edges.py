@@ -1,4 +1,4 @@
-"""Bench defaults a user meets first: CPU-sized workloads on the CPU, a bar that moves within a workload, square sizes."""
+"""Bench defaults a user meets first: CPU-sized workloads on the CPU, a bar that moves within a workload, squares."""
 
 from __future__ import annotations
 

@@ -49,8 +49,8 @@ def refusal(
     route: str | None = None,
 ) -> JSONResponse:
     """The error response for a request refused before its handler ran (auth, body size, body shape, the door):
-    mapped, counted (in the requests of `route`, else of its path when one of the app's routes), logged with the request's id, one
-    access line, the id echoed."""
+    mapped, counted (in the requests of `route`, else of its path if a route of the app), logged with the
+    request's id, one access line, the id echoed."""
     request_id = http_request_id(request)
     with request_context(request_id):
         mapped = map_error(exc, metrics=metrics)
