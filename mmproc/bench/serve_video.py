@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mmproc.bench.report import Progress
 from mmproc.bench.serve_stats import environment
 from mmproc.bench.videos import VideoSpec, make_video
 from mmproc.errors import ResourceExhaustedError
@@ -138,6 +139,7 @@ def serve(args: argparse.Namespace, videos: Sequence[bytes]) -> dict:
         refused: Counter[str] = Counter()  # by code, after --retries
         failed: Counter[str] = Counter()  # by code
         next_index, lock = [0], threading.Lock()
+        bar = Progress(args.requests, "video", unit="req", enabled=False if args.quiet else None)
 
         def encode(client: EncoderClient, i: int) -> VideoEmbedding:
             """The request, retried after a refusal as the server asks (else a jittered doubling back-off)."""
@@ -167,7 +169,9 @@ def serve(args: argparse.Namespace, videos: Sequence[bytes]) -> dict:
                     with lock:
                         (refused if isinstance(exc, ResourceExhaustedError) else failed)[code] += 1
                         errors.append(f"{code}: {str(exc)[:200]}")
+                    bar.tick()
                     continue
+                bar.tick()
                 with lock:
                     latencies.append(time.perf_counter() - start)
                     tokens[0] += video.num_tokens
@@ -175,10 +179,11 @@ def serve(args: argparse.Namespace, videos: Sequence[bytes]) -> dict:
 
         started = time.perf_counter()
         threads = [threading.Thread(target=loop, args=(c,)) for c in clients]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        with bar:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
         wall = time.perf_counter() - started
     finally:
         for client in clients:

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import mmproc.client
 from mmproc.bench import serve_video
+from mmproc.bench.report import Progress
 from mmproc.errors import InvalidMediaError, ResourceExhaustedError
 
 
@@ -36,10 +37,13 @@ class _BusyServer:
 
 def test_refusals_are_retried_and_reported_by_code(monkeypatch) -> None:
     monkeypatch.setattr(mmproc.client, "EncoderClient", _BusyServer)
+    ticks: list[int] = []
+    real_tick = Progress.tick
+    monkeypatch.setattr(Progress, "tick", lambda self, n=1: (ticks.append(n), real_tick(self, n)))
     args = serve_video._parse(["--workload", "video", "--requests", "8", "--warmup", "0", "--concurrency", "2"])
     run = serve_video.serve(args, [b"v0", b"v1", b"v2", b"bad"])
     assert run["completed"] == 6 and run["failed"] == {"INVALID_ARGUMENT": 2} and run["refused"] == {}
-    assert run["retries"] == 4
+    assert run["retries"] == 4 and len(ticks) == 8  # the bar moves per finished request, refused or not
     args.retries = 0
     _BusyServer.calls = 0
     run = serve_video.serve(args, [b"v0"])
