@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from mmproc.bench.report import Progress
 from mmproc.bench.serve_stats import environment
 from service.pipeline.cache.keys import content_hash
 from service.pipeline.cache.policy import POLICIES
@@ -38,6 +39,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="mmproc bench cache", description=__doc__.split("\n")[0])
     p.add_argument("--hash-sizes-kib", type=int, nargs="+", default=[64, 512, 4096])
     p.add_argument("--reps", type=int, default=20)
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--requests", type=int, default=200_000, help="trace length (image lookups)")
     p.add_argument("--popular", type=int, default=5000, help="distinct images in the popular set")
     p.add_argument("--zipf", type=float, default=0.9, help="skew of the popular set (weight of rank k: 1/k^zipf)")
@@ -103,6 +105,12 @@ def replay(policy: str, ids: np.ndarray, sizes: np.ndarray, capacity: int) -> di
 
 
 def policy_rows(args: argparse.Namespace) -> list[dict]:
+    bar = Progress(len(CAPACITY_SHARES) * len(POLICIES), "cache", unit="replay", enabled=False if args.quiet else None)
+    with bar:
+        return _policy_rows(args, bar)
+
+
+def _policy_rows(args: argparse.Namespace, bar: Progress) -> list[dict]:
     ids, sizes = trace(args)
     unique, first = np.unique(ids, return_index=True)
     popular_bytes = int(sizes[first[unique < args.popular]].sum())  # what caching every popular image would take
@@ -114,6 +122,7 @@ def policy_rows(args: argparse.Namespace) -> list[dict]:
             started = time.perf_counter()
             row[policy] = replay(policy, ids, sizes, capacity)
             row[policy]["us_per_lookup"] = (time.perf_counter() - started) / len(ids) * 1e6
+            bar.tick()
         rows.append(row)
     return rows
 

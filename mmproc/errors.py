@@ -101,7 +101,7 @@ class ResourceExhaustedError(MmprocError):
         self.cause = cause
 
 
-class UnavailableError(MmprocError):
+class UnavailableError(MmprocError, ConnectionError):
     """Not ready yet, or draining for shutdown: HTTP 503 / UNAVAILABLE. Retry elsewhere."""
 
     http_status = 503

@@ -18,6 +18,7 @@ import torch
 
 from mmproc.bench.images import ImageSpec, request_images
 from mmproc.bench.provenance import git_commit, git_dirty
+from mmproc.bench.report import Progress
 from mmproc.client import AsyncEncoderClient, EncoderClient
 
 MODES = ("sync", "async")
@@ -36,6 +37,7 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--profile", action="store_true", help="then profile each case (cProfile, calling thread)")
     parser.add_argument("--top", type=int, default=12, help="profile entries printed per case")
     parser.add_argument("--json", default=None, help="write the figures (and profiles) here")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     args.modes = [m for m in args.modes.split(",") if m]
     args.images = [int(n) for n in args.images.split(",") if n]
@@ -151,13 +153,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"mmproc bench client: {args.target}, {args.transport}, {args.size}x{args.size} JPEGs, "
           f"{args.requests} sequential requests per case (commit {record['commit'] or '?'})")  # fmt: skip
     print(f"{'mode':6} {'images':>6} {'process CPU ms/req':>19} {'thread CPU ms/req':>18} {'wall ms/req':>12}")
-    for count in args.images:
-        payloads = _payloads(count, args.size, args.warmup + args.requests)
-        for mode in args.modes:
-            figures = CASES[mode](args, payloads)
-            record["cases"].append({"mode": mode, "images": count, **figures})
-            print(f"{mode:6} {count:6d} {figures['process_cpu_ms']:19.3f} {figures['thread_cpu_ms']:18.3f} "
-                  f"{figures['wall_ms']:12.3f}")  # fmt: skip
+    per_case = args.warmup + args.requests * (2 if args.profile else 1)  # ticked per case: none inside a timing
+    progress = Progress(per_case * len(args.images) * len(args.modes), "client", unit="req",
+                        enabled=False if args.quiet else None)  # fmt: skip
+    with progress:
+        for count in args.images:
+            payloads = _payloads(count, args.size, args.warmup + args.requests)
+            for mode in args.modes:
+                figures = CASES[mode](args, payloads)
+                record["cases"].append({"mode": mode, "images": count, **figures})
+                progress.print(f"{mode:6} {count:6d} {figures['process_cpu_ms']:19.3f} "
+                               f"{figures['thread_cpu_ms']:18.3f} {figures['wall_ms']:12.3f}")  # fmt: skip
+                progress.tick(per_case)
     if args.profile:
         for case in record["cases"]:
             print(f"\n--- profile: {case['mode']}, {case['images']} image(s)/request, {args.requests} requests ---")

@@ -57,16 +57,32 @@ def workload_name(value: str) -> str:
     return value
 
 
+GPU_WORKLOADS = ("448x64", "1024x16", "mixed48")
+CPU_WORKLOADS = ("224x4", "448x2", "mixed2")  # a first number in seconds, not minutes
+
+
+def _cpu_sized(args: argparse.Namespace) -> argparse.Namespace:
+    """The defaults left unset, sized for the device: a CPU forward is ~1000x slower than a GPU one."""
+    cpu = args.device.startswith("cpu")
+    args.preset = args.preset or ("tiny" if cpu else "kimi-k2.5")
+    args.workloads = args.workloads or list(CPU_WORKLOADS if cpu else GPU_WORKLOADS)
+    args.reps = args.reps if args.reps is not None else (3 if cpu else 10)
+    args.warmup = args.warmup if args.warmup is not None else (1 if cpu else 3)
+    return args
+
+
 def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="mmproc bench encoder", description=__doc__.split("\n")[0])
-    p.add_argument("--preset", choices=sorted(PRESETS), default="kimi-k2.5")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None, help="default: kimi-k2.5 (tiny on the CPU)")
     p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None,
                    help="default: what the server uses on the device (bfloat16 on CUDA, float32 on the CPU)")  # fmt: skip
     p.add_argument("--device", default="cuda", help="cuda[:N], or cpu for a smoke test with the tiny preset")
-    p.add_argument("--workloads", nargs="+", type=workload_name, default=["448x64", "1024x16", "mixed48"],
-                   help="SIDExCOUNT | mixedN")  # fmt: skip
-    p.add_argument("--reps", type=int, default=10)
-    p.add_argument("--warmup", type=int, default=3)
+    workloads = f"default {' '.join(GPU_WORKLOADS)}; CPU {' '.join(CPU_WORKLOADS)}"
+    p.add_argument(
+        "--workloads", nargs="+", type=workload_name, default=None, help=f"SIDExCOUNT | mixedN ({workloads})"
+    )
+    p.add_argument("--reps", type=int, default=None, help="default: 10 (3 on the CPU)")
+    p.add_argument("--warmup", type=int, default=None, help="default: 3 (1 on the CPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--peak", type=float, default=None,
                    help="TFLOP/s for MFU (default: the peak measured on this device, none when unknown)")  # fmt: skip
@@ -258,7 +274,7 @@ def _profile(model: VisionEncoder, name: str, batch: PackedBatch, device: torch.
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parse(argv)
+    args = _cpu_sized(_parse(argv))
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         print("mmproc bench encoder: needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
@@ -299,7 +315,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[dict] = []
     checks: list[dict] = []
     profiles: list[dict] = []
-    progress = Progress(len(args.workloads), "encoder", unit="workload", enabled=False if args.quiet else None)
+    phases = (
+        2 + (baseline is not None) + (quantized is not None) + (args.variants is not None)
+    )  # the bar moves after each timed phase
+    progress = Progress(len(args.workloads) * phases, "encoder", unit="phase", enabled=False if args.quiet else None)
     with torch.inference_mode(), progress:
         for name in args.workloads:
             grids = workload_grids(name, args.seed, rules)
@@ -309,11 +328,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             flops = encoder_flops(config, grids)
             t = time_forward(model, batch, args.warmup, args.reps, device)
             ours = _row("mmproc", name, batch, flops, t, peak)
+            progress.tick()
             check = {"workload": name, "syncs_per_forward": count_syncs(model, batch, device)}
             pipelined = _row("mmproc-b2b", name, batch, flops, time_back_to_back(model, batch, args.reps, device),
                              peak)  # fmt: skip
             # An upper bound on the CPU's cost: once CUDA's launch queue is full the host waits for the GPU.
             check["host_ms_to_issue_forward"] = round(pipelined["host_ms"], 2)
+            progress.tick()
             group = [ours, pipelined]
             if baseline is not None:
                 t = time_forward(baseline, batch, 1, args.reps, device)
@@ -321,6 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 ours["vs_baseline"] = base["ms"] / ours["ms"]
                 check["rel_err_vs_baseline"] = _rel_err(model(batch), baseline(batch))
                 group.append(base)
+                progress.tick()
             if quantized is not None:
                 t = time_forward(quantized, batch, args.warmup, args.reps, device)
                 fp8 = _row("fp8", name, batch, flops, t, peak)
@@ -328,14 +350,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                 check["fp8_syncs_per_forward"] = count_syncs(quantized, batch, device)  # 0: graph-capturable
                 fp8["vs_default"] = check["fp8_speedup"]
                 group.append(fp8)
+                progress.tick()
             if args.variants is not None:
                 group += _variant_rows(model, name, batch, grids, flops, ours, args, device, peak)
+                progress.tick()
             for r in group:
                 progress.print(_format_row(r))
             progress.print(_format_checks(check, model.tower.kernels(model.device, model.dtype).names))
             if args.profile:
                 profiles.append(_profile(model, name, batch, device))
-            progress.tick()
             rows += group
             checks.append(check)
             del batch

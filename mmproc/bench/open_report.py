@@ -69,11 +69,11 @@ class Scraper:
 
 def server_codes(before: dict[str, float], after: dict[str, float]) -> Counter:
     """Finished encode requests by code, both front ends, between two scrapes."""
-    pattern = re.compile(r'mmproc_requests_total\{code="(\w+)",method="([^"]+)"\}')
+    pattern = re.compile(r'mmproc_requests_total\{code="(\w+)",front_end="\w+",method="([^"]+)"\}')
     out: Counter = Counter()
     for key, value in after.items():
         m = pattern.fullmatch(key)
-        if m and m.group(2) in ("EncodeImages", "EncodeImagesStream", "http:/v1/encode"):
+        if m and m.group(2) in ("EncodeImages", "EncodeImagesStream", "/v1/encode"):
             out[m.group(1)] += int(value - before.get(key, 0))
     return out
 

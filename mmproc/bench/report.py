@@ -106,7 +106,7 @@ def save_plot(path: Path | None, draw: Callable[[Any], None], *, note: Callable[
         matplotlib.use("Agg")  # files only: no display needed
         import matplotlib.pyplot as plt
     except ImportError:
-        (note or _stderr)(f"--plot {path}: matplotlib is not installed (pip install 'mmproc[plot]'); no plot written")
+        (note or _stderr)(f"--plot {path}: matplotlib is not installed (pip install matplotlib); no plot written")
         return False
     try:
         draw(plt)

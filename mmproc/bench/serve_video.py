@@ -8,16 +8,20 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import random
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from mmproc.bench.report import Progress
 from mmproc.bench.serve_stats import environment
 from mmproc.bench.videos import VideoSpec, make_video
+from mmproc.errors import ResourceExhaustedError
 
 
 def wants_video(argv: Sequence[str]) -> bool:
@@ -44,6 +48,7 @@ def _parse(argv: Sequence[str]) -> argparse.Namespace:
     add("--sample-fps", type=float, default=None, help="sampling override (default: the server's, 2 fps)")
     add("--device", default="cpu", help="consumer device")
     add("--transport", choices=["auto", "ipc", "serialized"], default="auto")
+    add("--retries", type=int, default=5, help="per request, after a RESOURCE_EXHAUSTED refusal (backing off)")
     add("--decode-reps", type=int, default=3)
     add("--skip-serve", action="store_true", help="decode cost only (no server needed)")
     add("--json", type=Path, default=None)
@@ -117,7 +122,7 @@ def decode_costs(videos: Sequence[bytes], sample_fps: float, reps: int) -> dict:
 
 
 def serve(args: argparse.Namespace, videos: Sequence[bytes]) -> dict:
-    from mmproc.client import EncoderClient, VideoInput
+    from mmproc.client import EncoderClient, VideoEmbedding, VideoInput
 
     def item(i: int) -> VideoInput:
         return VideoInput(videos[i % len(videos)], fps=args.sample_fps)
@@ -130,8 +135,24 @@ def serve(args: argparse.Namespace, videos: Sequence[bytes]) -> dict:
         for i in range(args.warmup):
             clients[0].encode_videos([item(i)])
         latencies: list[float] = []
-        tokens, frames, errors = [0], [0], []
+        tokens, frames, errors, retries = [0], [0], [], [0]
+        refused: Counter[str] = Counter()  # by code, after --retries
+        failed: Counter[str] = Counter()  # by code
         next_index, lock = [0], threading.Lock()
+        bar = Progress(args.requests, "video", unit="req", enabled=False if args.quiet else None)
+
+        def encode(client: EncoderClient, i: int) -> VideoEmbedding:
+            """The request, retried after a refusal as the server asks (else a jittered doubling back-off)."""
+            for attempt in range(args.retries + 1):
+                try:
+                    return client.encode_videos([item(i)])[0]
+                except ResourceExhaustedError as exc:
+                    if attempt == args.retries:
+                        raise
+                    with lock:
+                        retries[0] += 1
+                    time.sleep(exc.retry_after_s or random.uniform(0, min(2.0, 0.05 * 2**attempt)))
+            raise AssertionError("unreachable")
 
         def loop(client: EncoderClient) -> None:
             while True:
@@ -140,13 +161,17 @@ def serve(args: argparse.Namespace, videos: Sequence[bytes]) -> dict:
                     if i >= args.requests:
                         return
                     next_index[0] += 1
-                start = time.perf_counter()
+                start = time.perf_counter()  # latency includes the back-off of a refused request
                 try:
-                    (video,) = client.encode_videos([item(i)])
-                except Exception as exc:  # counted; one failure never stops the run
+                    video = encode(client, i)
+                except Exception as exc:  # counted by code; one failure never stops the run
+                    code = getattr(exc, "grpc_code", type(exc).__name__)
                     with lock:
-                        errors.append(f"{type(exc).__name__}: {str(exc)[:200]}")
+                        (refused if isinstance(exc, ResourceExhaustedError) else failed)[code] += 1
+                        errors.append(f"{code}: {str(exc)[:200]}")
+                    bar.tick()
                     continue
+                bar.tick()
                 with lock:
                     latencies.append(time.perf_counter() - start)
                     tokens[0] += video.num_tokens
@@ -154,10 +179,11 @@ def serve(args: argparse.Namespace, videos: Sequence[bytes]) -> dict:
 
         started = time.perf_counter()
         threads = [threading.Thread(target=loop, args=(c,)) for c in clients]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        with bar:
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
         wall = time.perf_counter() - started
     finally:
         for client in clients:
@@ -166,7 +192,9 @@ def serve(args: argparse.Namespace, videos: Sequence[bytes]) -> dict:
     lat = np.array(latencies) * 1000 if latencies else np.zeros(1)
     return {
         "completed": done,
-        "failed": len(errors),
+        "refused": dict(refused),  # RESOURCE_EXHAUSTED after every retry: the server's limits, not a fault
+        "retries": retries[0],
+        "failed": dict(failed),
         "errors": errors[:5],
         "wall_s": wall,
         "video_seconds_per_s": done * args.spec.seconds / wall,
@@ -204,12 +232,18 @@ def markdown(record: dict) -> str:
         lat = run["latency_ms"]
         lines += [
             "",
-            "| requests | failed | video s / s | sampled frames / s | tokens / s | latency p50 / p95 ms |",
-            "|---|---|---|---|---|---|",
-            f"| {run['completed']} | {run['failed']} | {run['video_seconds_per_s']:.2f} | "
+            "| completed | refused (retries) | failed | video s / s | sampled frames / s | tokens / s | latency p50 / "
+            "p95 ms |",
+            "|---|---|---|---|---|---|---|",
+            f"| {run['completed']} | {_by_code(run['refused'])} ({run['retries']}) | {_by_code(run['failed'])} | "
+            f"{run['video_seconds_per_s']:.2f} | "
             f"{run['sampled_frames_per_s']:.1f} | {run['tokens_per_s']:.0f} | {lat['p50']:.0f} / {lat['p95']:.0f} |",
         ]
     return "\n".join(lines)
+
+
+def _by_code(counts: dict[str, int]) -> str:
+    return ", ".join(f"{n} {code}" for code, n in sorted(counts.items())) or "0"
 
 
 def main(argv: Sequence[str]) -> int:
@@ -246,4 +280,4 @@ def main(argv: Sequence[str]) -> int:
     if args.json is not None:
         args.json.write_text(json.dumps(record, indent=2))
     run = record.get("serve")
-    return 0 if run is None or (run["failed"] == 0 and run["completed"] > 0) else 1
+    return 0 if run is None or run["completed"] == args.requests else 1

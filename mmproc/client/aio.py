@@ -12,7 +12,7 @@ from mmproc.client.call_headers import aio_headers, call_headers
 from mmproc.client.readers import AsyncSerializedReader, SerializedReader, ThreadedReader
 from mmproc.client.results import ImageEmbedding, from_header
 from mmproc.client.retry import RetryPolicy
-from mmproc.client.rpc import channel_options, check_images, check_keys, make_request
+from mmproc.client.rpc import channel_options, check_images, check_keys, client_device, make_request
 from mmproc.client.targets import Targets
 from mmproc.client.video import VideoEmbedding, VideoInput
 from mmproc.v1 import encoder_pb2 as pb
@@ -42,7 +42,7 @@ class AsyncEncoderClient:
         names = ("auto", *(transports or Table()).by_name)
         if transport not in names:
             raise ValueError(f"transport must be one of {sorted(names)}, got {transport!r}")
-        self.device = torch.device(device)
+        self.device = client_device(device)
         self.transport = transport
         self.timeout = timeout
         self._cache_bypass = not cache

@@ -14,7 +14,7 @@ from mmproc.client.ipc import IpcClient
 from mmproc.client.readers import IpcReader, Reader, Received, choose_reader
 from mmproc.client.results import ImageEmbedding, from_header
 from mmproc.client.retry import RetryPolicy
-from mmproc.client.rpc import channel_options, check_images, check_keys, make_request
+from mmproc.client.rpc import channel_options, check_images, check_keys, client_device, make_request
 from mmproc.client.shared_embeddings import SharedEmbeddings
 from mmproc.client.targets import Targets
 from mmproc.client.video import VideoEmbedding, VideoInput
@@ -52,7 +52,7 @@ class EncoderClient:
         handle_cache=False reopens the server's pool per request (A/B benchmarks only).
         token: the server's `auth_token`, sent as a bearer token. cache=False: the server encodes afresh.
         priority="batch": offline work, shed first under overload (docs/reliability.md)."""
-        self.device = torch.device(device)
+        self.device = client_device(device)
         self.transport = transport
         self.timeout = timeout
         self._cache_bypass = not cache

@@ -163,11 +163,23 @@ def check_keys(keys: Iterable[str]) -> list[str]:
 
 
 def check_images(images: Iterable[bytes]) -> list[bytes]:
+    if isinstance(images, (bytes, bytearray, memoryview, str)):
+        raise TypeError(f"pass a list of images (e.g. [data]), got one {type(images).__name__}")
     images = list(images)
     for i, data in enumerate(images):
         if not isinstance(data, (bytes, bytearray, memoryview)):
             raise TypeError(f"images[{i}] must be bytes, got {type(data).__name__}")
     return [bytes(data) for data in images]
+
+
+def client_device(device: str | torch.device) -> torch.device:
+    """The client's device, refused at construction if this host cannot use it (not at the first call)."""
+    device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={str(device)!r}, but CUDA is not available on this host: use device='cpu'")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"device={str(device)!r}, but this host has {torch.cuda.device_count()} CUDA device(s)")
+    return device
 
 
 def embedding_nbytes(header: pb.Embedding) -> int:

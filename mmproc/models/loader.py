@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import Tensor
 
 from mmproc.errors import ConfigError
@@ -157,7 +157,7 @@ def _weight_map(path: Path) -> dict[str, Path]:
     raise ConfigError(f"no model.safetensors or model.safetensors.index.json in {path}")
 
 
-def read_vision_tensors(path: Path, config: VisionConfig) -> Iterable[tuple[str, Tensor]]:
+def read_vision_tensors(path: Path, config: VisionConfig, *, read: bool = True) -> Iterable[tuple[str, Tensor]]:
     """Yield (internal name, CPU tensor) for every tower/projector tensor, checked against the expected shapes.
 
     Language-model tensors are never read, and shards holding none of the needed tensors are never opened.
@@ -190,8 +190,27 @@ def read_vision_tensors(path: Path, config: VisionConfig) -> Iterable[tuple[str,
                     raise ConfigError(f"tensor {key} in {file} is {info.get_dtype()} (FP8): {_UNQUANTIZED}")
                 if info.get_dtype() not in _FLOAT_DTYPES:
                     raise ConfigError(f"tensor {key} in {file} has unsupported dtype {info.get_dtype()}")
-            for key in keys:
+            for key in keys if read else ():
                 yield wanted[key], f.get_tensor(key)
+
+
+def check_checkpoint(path: Path, config: VisionConfig) -> None:
+    """Every vision tensor present, of its shape and dtype, from the safetensors headers alone (no tensor read)."""
+    try:
+        for _ in read_vision_tensors(path, config, read=False):
+            pass
+    except SafetensorError as exc:  # a truncated or foreign file: name it
+        files = sorted({*path.glob("*.safetensors")})
+        bad = next((f for f in files if not _opens(f)), path)
+        raise ConfigError(f"cannot read {bad}: {exc} (truncated?)") from None
+
+
+def _opens(file: Path) -> bool:
+    try:
+        with safe_open(file, framework="pt"):
+            return True
+    except SafetensorError:
+        return False
 
 
 def _pick_layout(

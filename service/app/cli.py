@@ -45,6 +45,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     settings = _settings(args)
+    if settings.model_path is None:  # what `serve` checks before binding (service/app/server.py)
+        from mmproc.models.registry import PRESETS
+
+        if settings.model not in PRESETS:
+            raise ConfigError(f"unknown preset {settings.model!r} (--model); choose one of {sorted(PRESETS)}")
     print(json.dumps(settings.model_dump(mode="json"), indent=2, sort_keys=True))
     return 0
 
@@ -60,14 +65,24 @@ def cmd_encode(args: argparse.Namespace) -> int:
         print(f"mmproc: cannot read {err.filename}: {err.strerror}", file=sys.stderr)
         return 2
     token = _client_token(args)
+    pending, bad = list(range(len(images))), {}
     with EncoderClient(_target(args), timeout=args.timeout, token=token, priority=args.priority) as client:
-        try:
-            results = client.encode(images)
-        except InvalidMediaError as err:
-            name = args.images[err.index] if 0 <= err.index < len(args.images) else "request"
-            print(f"invalid: {name}: {err.message} [{err.reason}]", file=sys.stderr)
-            return 2
-    for path, result in zip(args.images, results):
+        while pending:  # a bad image fails its request: set it aside and send the rest again
+            try:
+                results = dict(zip(pending, client.encode([images[i] for i in pending])))
+                break
+            except InvalidMediaError as err:
+                if not 0 <= err.index < len(pending):
+                    print(f"invalid: request: {err.message} [{err.reason}]", file=sys.stderr)
+                    return 2
+                bad[pending.pop(err.index)] = err
+        else:
+            results = {}
+    for i, path in enumerate(args.images):
+        if i in bad:
+            print(f"invalid: {path}: {bad[i].message} [{bad[i].reason}]", file=sys.stderr)
+            continue
+        result = results[i]
         emb = result.tensor
         digest = hashlib.sha256(tensor_to_bytes(emb.cpu())).hexdigest()[:16]
         dtype = str(emb.dtype).removeprefix("torch.")
@@ -77,7 +92,7 @@ def cmd_encode(args: argparse.Namespace) -> int:
             print(json.dumps(fields))
         else:
             print(f"{path}\ttokens={emb.shape[0]}\tshape={tuple(emb.shape)}\tdtype={dtype}\tsha256={digest}")
-    return 0
+    return 2 if bad else 0
 
 
 def _target(args: argparse.Namespace) -> str:
@@ -129,8 +144,12 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from mmproc.bench.catalog import run
+    from mmproc.bench.catalog import BENCHMARKS, run
 
+    if args.name is None:
+        print("mmproc bench NAME [flags]; `mmproc bench NAME --help` for a bench's flags. Benches:")
+        print("\n".join(f"  {name}" for name in BENCHMARKS))
+        return 0
     return run(args.name, args.args)
 
 
@@ -179,16 +198,24 @@ def build_parser() -> argparse.ArgumentParser:
     health.set_defaults(func=cmd_health)
 
     bench = sub.add_parser("bench", help=f"benchmarks: {' | '.join(BENCHMARKS)} (`mmproc bench NAME --help`)")
-    bench.add_argument("name", choices=BENCHMARKS)
+    bench.add_argument("name", nargs="?", choices=BENCHMARKS, help="a bench; none: list them")
     bench.add_argument("args", nargs=argparse.REMAINDER, help="the benchmark's own flags")
     bench.set_defaults(func=cmd_bench)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
-        return args.func(args)
+        args = build_parser().parse_args(argv)
+        code = args.func(args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler below, not at exit
+        return code
+    except KeyboardInterrupt:
+        _say_last("mmproc: interrupted")
+        return 130
+    except BrokenPipeError:  # `mmproc config | head`: the reader left; say nothing
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except ConfigError as err:
         _say_last(f"mmproc: configuration error: {err}")
         return 2

@@ -21,7 +21,7 @@ def resolve(choice: str) -> str:
     """ "asyncio" or "uvloop" for a setting of auto, asyncio or uvloop; ConfigError for uvloop when not installed."""
     installed = importlib.util.find_spec("uvloop") is not None
     if choice == "uvloop" and not installed:
-        raise ConfigError("event_loop=uvloop, but uvloop is not installed (pip install 'mmproc[cuda]' or uvloop)")
+        raise ConfigError("event_loop=uvloop, but uvloop is not installed (pip install uvloop)")
     return "uvloop" if choice == "uvloop" or (choice == "auto" and installed) else "asyncio"
 
 

@@ -21,7 +21,7 @@ import mmproc
 from mmproc import thread_roles
 from mmproc.errors import ConfigError
 from mmproc.models import PRESETS, VisionEncoder, load_encoder
-from mmproc.models.loader import read_config
+from mmproc.models.loader import check_checkpoint, read_config
 from mmproc.models.quantize import apply_quantization, check_fp8_device
 from mmproc.preprocess import PreprocessConfig, load_preprocess_config
 from mmproc.units import MiB
@@ -118,8 +118,9 @@ def listening_address(address: str, port: int) -> str:
 
 
 def check_model_before_binding(settings: ServerSettings) -> None:
-    """The model's configuration, read and checked before any port is bound (the weights load later): an unknown
-    preset, a missing or unreadable checkpoint, or a config of no known family is a ConfigError at once."""
+    """The model's configuration and tensor headers, checked before any port is bound (the weights load later): an
+    unknown preset, a missing, truncated or incomplete checkpoint, a config of no known family, or a quantization
+    this device cannot run fails at once."""
     if settings.quantization != "none":  # a CPU or an older GPU: refused before the weights load
         check_fp8_device(settings.device, getattr(torch, settings.torch_dtype_name))
     if settings.model_path is None:
@@ -128,6 +129,7 @@ def check_model_before_binding(settings: ServerSettings) -> None:
         return
     config = read_config(Path(settings.model_path))
     load_preprocess_config(settings.model_path, config.family)
+    check_checkpoint(Path(settings.model_path), config)  # headers only: a missing or truncated file fails here
 
 
 T = TypeVar("T")
@@ -261,8 +263,11 @@ class Service:
             self._before_serving()
         await self._grpc_loop.run(set_serving(self._health, True))
         info = self.info
+        s = self.settings
         logger.info(
-            "serving %s (%s, %s on %s) after %.1f s; transport %s",
+            "serving on gRPC %s, HTTP %s: %s (%s, %s on %s) after %.1f s; transport %s",
+            listening_address(s.grpc_address, self.grpc_port),
+            listening_address(s.http_address, self.http_port) if s.http_address else "off",
             info.model_name,
             info.family,
             self.settings.torch_dtype_name,
@@ -270,7 +275,6 @@ class Service:
             time.monotonic() - started,
             info.ipc_status,
         )
-        s = self.settings
         logger.info(
             "mmproc %s: auth %s; decode workers %d (%s); batches up to %d patches / %d images; queue %d images; "
             "requests up to %d images, %d MiB, %d patches; CUDA graphs %d; JPEG decode on the %s; "

@@ -20,7 +20,9 @@ def build_video_pipeline(settings: ServerSettings, pipeline: RequestPipeline) ->
     if pipeline.encoder.config.family not in VIDEO_FAMILIES or pipeline.encoder.config.pos_emb_time < 1:
         return None
     if importlib.util.find_spec("av") is None:
-        logger.warning("video input needs PyAV (pip install 'mmproc[video]'): EncodeVideos is off")
+        logger.warning(
+            "video input needs PyAV (pip install av, or pip install -e '.[video]' in a checkout): EncodeVideos is off"
+        )
         return None
     rules = load_video_rules(settings.model_path)
     if rules.temporal_patch_size > pipeline.encoder.config.pos_emb_time:

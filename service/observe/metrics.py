@@ -25,7 +25,7 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 import mmproc
 from mmproc.errors import Reason
@@ -122,10 +122,11 @@ class Metrics:
         PlatformCollector(registry=r)
 
         self.requests = Counter(
-            "mmproc_requests", "Finished requests by method and gRPC code.", ["method", "code"], registry=r
-        )
+            "mmproc_requests", "Finished requests (refusals included) by front end, gRPC method or HTTP route, and "
+            "gRPC code.", ["front_end", "method", "code"], registry=r,
+        )  # fmt: skip
         self.request_seconds = Histogram(
-            "mmproc_request_duration_seconds", "Request latency seen by the server.", ["method"],
+            "mmproc_request_duration_seconds", "Request latency seen by the server.", ["front_end", "method"],
             buckets=LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.rejections = Counter("mmproc_rejections", "Refused requests by reason.", ["reason"], registry=r)
@@ -236,8 +237,10 @@ class Metrics:
             self.stage_seconds.labels(name).observe(time.perf_counter() - started)
 
     def observe_request(self, method: str, code: str, seconds: float) -> None:
-        self.requests.labels(method, code).inc()
-        self.request_seconds.labels(method).observe(seconds)
+        """method: a gRPC method name, or "http:" and the HTTP route (front_end="http", method="/v1/encode")."""
+        labels = ("http", method.removeprefix("http:")) if method.startswith("http:") else ("grpc", method)
+        self.requests.labels(*labels, code).inc()
+        self.request_seconds.labels(*labels).observe(seconds)
 
     def observe_batch(self, stats: BatchStats) -> None:
         """Called on the runner thread after every forward."""
@@ -315,7 +318,20 @@ class Metrics:
 
     def render(self) -> tuple[bytes, str]:
         """(body, content type) of the text exposition format."""
-        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+        return generate_latest(_WithoutCreated(self.registry)), CONTENT_TYPE_LATEST
+
+
+class _WithoutCreated:
+    """The registry less each counter's and histogram's `_created` series (a second series per family that no
+    dashboard reads); per registry, not prometheus_client's process-wide switch."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self._registry = registry
+
+    def collect(self) -> Iterator[Metric]:
+        for family in self._registry.collect():
+            family.samples = [s for s in family.samples if s.name != f"{family.name}_created"]
+            yield family
 
 
 class _CacheCollector:

@@ -83,7 +83,7 @@ def test_baseline_target_runs_the_load_on_both_servers(tiny_server, second_serve
                                    "server_cpu_per_image_ratio"))  # fmt: skip
     for run, old, new in zip(record["runs"], before, after):  # each side's load went to its own server
         assert run["completed"] == 6 and run["server"]["images_encoded"] == 6
-        ok = 'mmproc_requests_total{code="OK",method="EncodeImagesStream"}'
+        ok = 'mmproc_requests_total{code="OK",front_end="grpc",method="EncodeImagesStream"}'
         assert grew(old, new, ok) == 6 + 1  # the measured requests and the warm-up
 
 

@@ -159,7 +159,7 @@ def test_a_starting_server_is_retried_until_it_serves() -> None:
 def test_invalid_argument_is_sent_exactly_once(tiny_server) -> None:
     def refused() -> float:
         text = httpx.get(f"{tiny_server.http_url}/metrics").text
-        line = 'mmproc_requests_total{code="INVALID_ARGUMENT",method="EncodeImagesStream"}'
+        line = 'mmproc_requests_total{code="INVALID_ARGUMENT",front_end="grpc",method="EncodeImagesStream"}'
         return sum(float(x.split()[-1]) for x in text.splitlines() if x.startswith(line))
 
     before = refused()

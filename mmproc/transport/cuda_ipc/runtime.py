@@ -27,7 +27,7 @@ def ipc_unavailable_reason() -> str | None:
     if not torch.cuda.is_available():
         return "CUDA is not available"
     if cupy_or_none() is None:
-        return "CuPy is not installed (pip install 'mmproc[cuda]')"
+        return "CuPy is not installed (pip install cupy-cuda13x, or pip install -e '.[cuda]' in a checkout)"
     return None
 
 

@@ -155,6 +155,7 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
                 raise InvalidRequestError("headers_only requests go to EncodeImages", reason=Reason.BAD_REQUEST)
             request_id, deadline, results = await self._run(request, context, in_memory=False)
             held = await self._hold_reply(results, deadline)
+            note_access(tokens=sum(r.num_tokens for r in results), transport="serialized")
             with self._state.metrics.time_stage("transport"):
                 chunk = self._info.stream_chunk_bytes
                 pinned = self._pipeline.delivery.pinned

@@ -5,7 +5,8 @@ GET /readyz    readiness: 200 once weights are loaded and warm-up ran, 503 befor
 GET /metrics   Prometheus text format (service/observe/metrics.py)
 GET /v1/info   the same facts as gRPC GetServerInfo, as JSON
 POST /v1/encode  (service/frontends/http/encode.py) {"images": ["<base64 or data: URI>", ...], "return_embeddings": false, "request_id": "..."}
-               (+ "keys": [...] to keep each result under its key for an engine, docs/engines.md)
+               (+ "keys": [...] to keep each result under its key for an engine, docs/engines.md), or one raw image
+               (content-type image/jpeg, image/png ...)
 POST /v1/encode_video  videos (service/frontends/http/video.py)
                -> 200 {"request_id", "embeddings": [{"index", "num_tokens", "grid_hw", "grid_thw", "image_size",
                   "shape", "dtype", "sha256", "key"?, "data"?}]} or 4xx/5xx {"request_id", "error": {"code", "reason", "message", "index"?}}

@@ -1,5 +1,5 @@
-"""POST /v1/encode: images as base64 or data: URIs in JSON, the reply's embeddings as JSON (data in base64 on
-request)."""
+"""POST /v1/encode: images as base64 or data: URIs in JSON, or one image as the raw body (content-type image/jpeg,
+image/png ...), the reply's embeddings as JSON (data in base64 on request)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import time
 from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from mmproc.transport.serialized.staging import DTYPE_NAMES
 from mmproc.wire.results import EncodedImage
@@ -65,32 +66,55 @@ def embedding_json(result: EncodedImage, data: bytes, with_data: bool) -> dict[s
     return item
 
 
+# A body of one of these types is one image, its bytes as they are (no base64); the same checks and limits.
+RAW_IMAGE_TYPES = frozenset({"image/jpeg", "image/png", "image/webp", "image/gif", "image/bmp", "image/tiff"})
+_JSON_OR_RAW = {"requestBody": {"content": {
+    "application/json": {"schema": EncodeBody.model_json_schema()},
+    **{t: {"schema": {"type": "string", "format": "binary"}} for t in sorted(RAW_IMAGE_TYPES)},
+}}}  # fmt: skip
+
+
+async def encode_body(request: Request) -> tuple[EncodeBody, bytes | None]:
+    """The JSON body, or (a raw image body) defaults and the image's bytes; a bad JSON body is FastAPI's
+    RequestValidationError, answered like any other malformed body."""
+    content_type = request.headers.get("content-type", "").partition(";")[0].strip().lower()
+    if content_type in RAW_IMAGE_TYPES:  # options in the query: ?return_embeddings=true
+        with_data = request.query_params.get("return_embeddings", "").lower() in ("1", "true")
+        return EncodeBody(images=[], return_embeddings=with_data), await request.body()
+    try:
+        return EncodeBody.model_validate_json(await request.body()), None
+    except ValidationError as exc:
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()]) from None
+
+
 def add_encode_route(app: FastAPI, state: ServingState, metrics: Metrics, *, default_deadline_s: float) -> None:
-    @app.post("/v1/encode")
-    async def encode(body: EncodeBody, request: Request) -> Response:
+    @app.post("/v1/encode", openapi_extra=_JSON_OR_RAW)
+    async def encode(request: Request) -> Response:
         started = mark_started(request)
+        body, raw = await encode_body(request)
         request_id = body.request_id or http_request_id(request)
+        images = len(body.images) if raw is None else 1
         with request_context(request_id):
-            work = encode_request(body, request_id, request.headers.get(TIMEOUT_HEADER))
+            work = encode_request(body, raw, request_id, request.headers.get(TIMEOUT_HEADER))
             outcome = await unless_disconnected(work, request.receive)
             if outcome is None:  # the client left: its work was cancelled
                 outcome = "CANCELLED", client_closed(metrics), {}
             code, response, fields = outcome
             elapsed = time.perf_counter() - started
-            log_access("http", "/v1/encode", code, elapsed, images=len(body.images), status=response.status_code,
+            log_access("http", "/v1/encode", code, elapsed, images=images, status=response.status_code,
                        **fields, **priority_fields(request))  # fmt: skip
         metrics.observe_request("http:/v1/encode", code, elapsed)
         response.headers[REQUEST_ID_HEADER] = request_id
         return response
 
     async def encode_request(
-        body: EncodeBody, request_id: str, timeout: str | None
-    ) -> tuple[str, Response, dict[str, str]]:
+        body: EncodeBody, raw: bytes | None, request_id: str, timeout: str | None
+    ) -> tuple[str, Response, dict[str, object]]:
         try:
             deadline = time.monotonic() + request_budget_s(timeout, default_deadline_s)
             pipeline = state.pipeline()
-            pipeline.check_image_count(len(body.images))  # before decoding any base64
-            images = [decode_image_field(value, i) for i, value in enumerate(body.images)]
+            pipeline.check_image_count(len(body.images) if raw is None else 1)  # before decoding any base64
+            images = [decode_image_field(value, i) for i, value in enumerate(body.images)] if raw is None else [raw]
             if body.keys is not None:
                 results = await pipeline.encode_keyed(images, body.keys, request_id, deadline)
             else:
@@ -105,5 +129,7 @@ def add_encode_route(app: FastAPI, state: ServingState, metrics: Metrics, *, def
                 mapped.http_body(request_id), status_code=mapped.http_status, headers=mapped.http_headers
             )
             return mapped.grpc_code.name, response, {"reason": mapped.reason}
-        fields = {"cache": ",".join(r.cache for r in results)} if any(r.cache for r in results) else {}
+        fields: dict[str, object] = {"tokens": sum(r.num_tokens for r in results), "transport": "json"}
+        if any(r.cache for r in results):
+            fields["cache"] = ",".join(r.cache for r in results)
         return "OK", response, fields

@@ -10,6 +10,9 @@ from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.json_format import MessageToDict
 from google.protobuf.message import Message
 
+from mmproc.v1 import encoder_pb2 as pb
+from mmproc.wire.dtypes import PB_TO_NAME
+
 _INT64 = frozenset({FieldDescriptor.CPPTYPE_INT64, FieldDescriptor.CPPTYPE_UINT64})
 
 
@@ -33,6 +36,10 @@ def _numbers(message: Message, data: dict[str, object]) -> dict[str, object]:
                 data[field.name] = _numbers(value, data[field.name])  # type: ignore[arg-type]
             else:  # a repeated field of messages
                 data[field.name] = [_numbers(m, d) for m, d in zip(value, data[field.name])]  # type: ignore[arg-type]
+        elif field.enum_type is not None and field.enum_type.name == "DType":  # "float32", as /v1/encode says
+            value = data[field.name]
+            names = [PB_TO_NAME.get(getattr(pb.DType, v), v) for v in (value if isinstance(value, list) else [value])]
+            data[field.name] = names if isinstance(value, list) else names[0]
         elif field.cpp_type in _INT64:
             value = data[field.name]
             data[field.name] = [int(v) for v in value] if isinstance(value, list) else int(value)  # type: ignore[arg-type]

@@ -49,8 +49,8 @@ def refusal(
     route: str | None = None,
 ) -> JSONResponse:
     """The error response for a request refused before its handler ran (auth, body size, body shape, the door):
-    mapped, counted (in the requests of `route` too, one of the app's own), logged with the request's id, one
-    access line, the id echoed."""
+    mapped, counted (in the requests of `route`, else of its path if a route of the app), logged with the
+    request's id, one access line, the id echoed."""
     request_id = http_request_id(request)
     with request_context(request_id):
         mapped = map_error(exc, metrics=metrics)
@@ -59,7 +59,9 @@ def refusal(
             "http", request.url.path[:200], mapped.grpc_code.name, elapsed, status=mapped.http_status,
             reason=mapped.reason,
         )  # fmt: skip
-    if metrics is not None and route is not None:
+    if metrics is not None:  # every refusal is a finished request too, on its route (paths outside the app: one)
+        routes = {getattr(r, "path", None) for r in request.app.routes}
+        route = route or (request.url.path if request.url.path in routes else "unmatched")
         metrics.observe_request(f"http:{route}", mapped.grpc_code.name, elapsed)
     headers = {**mapped.http_headers, **(headers or {}), REQUEST_ID_HEADER: request_id}
     return JSONResponse(mapped.http_body(request_id), status_code=mapped.http_status, headers=headers)

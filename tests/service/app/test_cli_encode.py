@@ -68,3 +68,14 @@ def test_encode_reads_the_token_from_a_file(tmp_path, capsys) -> None:
     finally:
         server.stop()
     assert "UnauthenticatedError" in capsys.readouterr().err
+
+
+def test_encode_prints_the_good_files_when_one_is_bad(tiny_server, tmp_path, capsys) -> None:
+    paths = [tmp_path / n for n in ("a.png", "bad.png", "c.png")]
+    paths[0].write_bytes(make_image_bytes(64, 64, fmt="PNG"))
+    paths[1].write_bytes(b"not an image at all")
+    paths[2].write_bytes(make_image_bytes(96, 64, fmt="PNG"))
+    assert main(["encode", *map(str, paths), "--target", tiny_server.grpc_target]) == 2
+    out, err = capsys.readouterr()
+    assert [line.split("\t")[0] for line in out.splitlines()] == [str(paths[0]), str(paths[2])]
+    assert err.strip().startswith(f"invalid: {paths[1]}: ") and "unsupported_format" in err

@@ -41,6 +41,7 @@ def test_info_prints_numbers_as_numbers_and_rules_as_values(tiny_server) -> None
     rules = info["preprocess"]["rules"]
     assert rules["patch_size"] == 14 and rules["merge_kernel_size"] == [2, 2] and rules["family"] == "kimi_vl"
     assert rules["image_mean"] == [0.5, 0.5, 0.5]
+    assert info["dtype"] == "float32"  # the spelling of /v1/encode's replies, not the proto's DTYPE_FLOAT32
 
 
 def test_429_and_503_tell_the_client_when_to_retry() -> None:

@@ -77,10 +77,10 @@ def test_counters_and_histograms_move_under_load(tiny_server) -> None:
         return value(after, name, **labels) - value(before, name, **labels)
 
     tokens = sum(t.shape[0] for result in results for t in result)
-    assert moved("mmproc_requests_total", method="EncodeImagesStream", code="OK") == 8
-    assert moved("mmproc_requests_total", method="EncodeImagesStream", code="INVALID_ARGUMENT") == 1
-    assert moved("mmproc_requests_total", method="http:/v1/encode", code="INVALID_ARGUMENT") == 1
-    assert moved("mmproc_request_duration_seconds_count", method="EncodeImagesStream") == 9
+    assert moved("mmproc_requests_total", front_end="grpc", method="EncodeImagesStream", code="OK") == 8
+    assert moved("mmproc_requests_total", front_end="grpc", method="EncodeImagesStream", code="INVALID_ARGUMENT") == 1
+    assert moved("mmproc_requests_total", front_end="http", method="/v1/encode", code="INVALID_ARGUMENT") == 1
+    assert moved("mmproc_request_duration_seconds_count", front_end="grpc", method="EncodeImagesStream") == 9
     assert moved("mmproc_rejections_total", reason="unsupported_format") == 1
     assert moved("mmproc_rejections_total", reason="bad_request") == 1
     assert moved("mmproc_images_encoded_total") >= 8 * len(good)
@@ -108,7 +108,7 @@ def test_servers_in_one_process_keep_separate_registries(tiny_server) -> None:
         theirs, _ = scrape(other)
     finally:
         other.stop()
-    assert value(theirs, "mmproc_requests_total", method="EncodeImagesStream", code="OK") == 2
+    assert value(theirs, "mmproc_requests_total", front_end="grpc", method="EncodeImagesStream", code="OK") == 2
     assert value(after, "mmproc_images_encoded_total") == value(before, "mmproc_images_encoded_total")
 
 
@@ -133,3 +133,18 @@ def test_a_stalled_event_loop_shows_in_the_loop_lag_histogram(tiny_server) -> No
     before = slow_bucket_count()
     tiny_server.on_loop(lambda: time.sleep(0.3))
     assert wait_until(lambda: slow_bucket_count() > before, timeout=10)
+
+
+def test_refusals_before_the_handler_are_requests_too_and_no_created_series(tiny_server) -> None:
+    body = httpx.get(f"{tiny_server.http_url}/metrics", timeout=10).text
+    assert "_created" not in body  # a second series per family, read by no dashboard
+    before, _ = scrape(tiny_server)
+    for _ in range(3):  # refused from its headers, before the handler: no Content-Length on a POST
+        reply = httpx.post(f"{tiny_server.http_url}/v1/encode", content=iter([b"{}"]), timeout=10)
+        assert reply.status_code == 400
+    after, _ = scrape(tiny_server)
+    labels = {"front_end": "http", "method": "/v1/encode", "code": "INVALID_ARGUMENT"}
+    moved = value(after, "mmproc_requests_total", **labels) - value(before, "mmproc_requests_total", **labels)
+    rejected = value(after, "mmproc_rejections_total", reason="bad_request")
+    assert moved == 3 == rejected - value(before, "mmproc_rejections_total", reason="bad_request")
+    assert not any(dict(labels_).get("method", "").startswith("http:") for _, labels_ in after)

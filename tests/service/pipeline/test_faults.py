@@ -91,7 +91,7 @@ def test_an_http_client_that_disconnects_has_its_work_cancelled(server: ServiceT
 
     def cancelled() -> float:
         text = httpx.get(f"{server.http_url}/metrics", timeout=10).text
-        line = 'mmproc_requests_total{code="CANCELLED",method="http:/v1/encode"} '
+        line = 'mmproc_requests_total{code="CANCELLED",front_end="http",method="/v1/encode"} '
         return float(next((row.removeprefix(line) for row in text.splitlines() if row.startswith(line)), 0))
 
     before = cancelled()

@@ -283,7 +283,7 @@ def test_a_queue_in_front_of_the_decoders_is_refused_like_one_in_front_of_the_en
             assert refused.value.cause == "queue_delay" and refused.value.retry_after_s > 0
             # HTTP is refused from its headers: the body is dropped unparsed (parsed, this one would be a 400),
             # counted as the route's request, and the connection is kept
-            counted = 'mmproc_requests_total{code="RESOURCE_EXHAUSTED",method="http:/v1/encode"}'
+            counted = 'mmproc_requests_total{code="RESOURCE_EXHAUSTED",front_end="http",method="/v1/encode"}'
             before = scrape(server).get(counted, 0)
             with httpx.Client(base_url=server.http_url) as http:
                 answer = http.post("/v1/encode", content=b"{not json", headers={"content-type": "application/json"})
@@ -524,7 +524,7 @@ def scrape(server: ServiceThread) -> dict[str, float]:
 
 
 def requests_by_code(values: dict[str, float]) -> Counter:
-    pattern = re.compile(r'mmproc_requests_total\{code="(\w+)",method="([^"]+)"\}')
+    pattern = re.compile(r'mmproc_requests_total\{code="(\w+)",front_end="\w+",method="([^"]+)"\}')
     out: Counter = Counter()
     for key, value in values.items():
         if (m := pattern.fullmatch(key)) is not None:
