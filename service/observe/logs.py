@@ -26,7 +26,7 @@ TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
 REQUEST_ID_HEADER = "x-request-id"  # read and echoed by both front ends (HTTP header, gRPC metadata)
 MAX_REQUEST_ID = 128  # a client's id longer than this (or with odd characters) is replaced by ours
 # Chatty libraries stay at WARNING whatever --log-level says: their DEBUG lines drown a request's.
-QUIET_LOGGERS = ("grpc", "PIL", "asyncio", "urllib3", "httpx", "httpcore", "uvicorn.access", "multipart")
+QUIET_LOGGERS = ("grpc", "PIL", "asyncio", "urllib3", "httpx", "httpcore", "uvicorn.access", "multipart", "torch")
 ACCESS = logging.getLogger("mmproc.access")
 
 
