@@ -162,7 +162,7 @@ class NixlSession:
 
     def _wait(self, tags: list[int], deadline: float) -> None:
         """Until every tag's bytes landed; progresses the agent (NIXL's progress thread is off) meanwhile."""
-        waiting = set(tags)
+        waiting, pause = set(tags), 20e-6
         while True:
             with self._lock:
                 self._collect()
@@ -177,7 +177,8 @@ class NixlSession:
                 raise ReadRefusedError("the NIXL session ended before the read completed")
             if time.monotonic() > deadline:
                 raise DeadlineExceededError(f"{len(waiting)} NIXL reads did not complete in time")
-            time.sleep(20e-6)
+            time.sleep(pause)
+            pause = min(pause * 2, 1e-3)  # a short read is seen at once, a long one costs little CPU
 
     def _collect(self) -> None:
         """Take the agent's notifications (lock held): each is a landed read's tag."""

@@ -134,7 +134,7 @@ def transport_configs(s: ServerSettings) -> dict[str, object]:
 
 def nixl_config(s: ServerSettings) -> NixlConfig:
     return NixlConfig(
-        enabled=s.nixl or s.transport == NIXL, net_devices=s.nixl_net_devices, ucx_tls=s.nixl_ucx_tls,
+        enabled=s.nixl or s.transport == NIXL, net_devices=s.nixl_net_devices, ucx_tls=s.nixl_ucx_tls, port_range=s.nixl_port_range,
         pool_bytes=s.nixl_pool_mb * MiB, ttl_s=s.nixl_ttl_s, transfer_timeout_s=s.nixl_transfer_timeout_s,
     )  # fmt: skip
 

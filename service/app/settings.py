@@ -63,6 +63,9 @@ class ServerSettings(ModelSettings):
         NixlConfig.net_devices, description="Interfaces the NIXL (UCX) endpoint listens on: 'lo' (default), 'eth0', ..."
     )
     nixl_ucx_tls: str = Field(NixlConfig.ucx_tls, description="UCX transports for NIXL ('tcp'; empty: UCX picks)")
+    nixl_port_range: str = Field(
+        NixlConfig.port_range, description="TCP ports the NIXL endpoint may listen on, 'LOW-HIGH' (empty: any)"
+    )
     nixl_pool_mb: int = Field(
         NixlConfig.pool_bytes // MiB, ge=1, le=1 << 20, description="Size of the one registered NIXL pool"
     )

@@ -26,8 +26,8 @@ def images(count: int = len(SIZES)) -> list[bytes]:
     return [make_image_bytes(w, h, fmt="PNG", seed=i) for i, (w, h) in enumerate(SIZES[:count])]
 
 
-def nixl_client(target: str) -> tuple[EncoderClient, NixlReader]:
-    client = EncoderClient(target, transport="nixl")
+def nixl_client(target: str, device: str = "cpu") -> tuple[EncoderClient, NixlReader]:
+    client = EncoderClient(target, transport="nixl", device=device)
     reader = client._reader
     assert isinstance(reader, NixlReader), f"no NIXL reader: {type(reader).__name__}"
     return client, reader
@@ -44,13 +44,16 @@ def refused(reader: NixlReader, ask: ReadAsk) -> str:
     return "read"
 
 
-def compare(target: str) -> None:
-    with EncoderClient(target, transport="serialized") as plain:
+def compare(target: str, device: str = "cpu") -> None:
+    """NIXL's embeddings against serialized ones, on `device` (cuda:N: read into GPU memory)."""
+    with EncoderClient(target, transport="serialized", device=device) as plain:
         want = plain.encode_images(images())
-    client, reader = nixl_client(target)
+    client, reader = nixl_client(target, device)
     got = client.encode_images(images())
+    arena = reader.session.arena
     equal = all(g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w) for g, w in zip(got, want, strict=True))
-    say(equal=equal, fallbacks=reader.fallbacks, shapes=[list(g.shape) for g in got], dtype=str(got[0].dtype))
+    say(equal=equal, fallbacks=reader.fallbacks, shapes=[list(g.shape) for g in got], dtype=str(got[0].dtype),
+        arena=str(arena.device), device=str(got[0].device))  # fmt: skip
     client.close()
 
 

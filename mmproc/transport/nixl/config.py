@@ -12,6 +12,7 @@ class NixlConfig:
     enabled: bool = False  # the transfer endpoint exists only where configured
     net_devices: str = "lo"  # UCX_NET_DEVICES: the interfaces UCX listens and connects on (loopback by default)
     ucx_tls: str = ""  # UCX_TLS: "" lets UCX choose (RDMA where present); "tcp" forces TCP
+    port_range: str = ""  # UCX_TCP_PORT_RANGE, "40000-40063": the ports a NetworkPolicy opens ("": any)
     pool_bytes: int = 256 << 20
     alignment: int = 4096
     max_leases: int = 1024  # bound on leases in flight

@@ -28,13 +28,13 @@ def unavailable_reason() -> str | None:
     return None if _module() is not None and hasattr(_module(), "nixl_agent") else "NIXL is not installed"
 
 
-def make_agent(role: str, net_devices: str = "", ucx_tls: str = "") -> Any:
+def make_agent(role: str, net_devices: str = "", ucx_tls: str = "", port_range: str = "") -> Any:
     """A NIXL agent with the UCX backend, named uniquely. UCX reads its interfaces and transports from the
     environment when the agent is made: the configured values are put there first (the consumer keeps its own)."""
     nixl = _module()
     if nixl is None:
         raise RuntimeError("NIXL is not installed")
-    for key, value in (("UCX_NET_DEVICES", net_devices), ("UCX_TLS", ucx_tls)):
+    for key, value in (("UCX_NET_DEVICES", net_devices), ("UCX_TLS", ucx_tls), ("UCX_TCP_PORT_RANGE", port_range)):
         if value:
             os.environ[key] = value
     config = nixl.nixl_agent_config(enable_prog_thread=False, enable_listen_thread=False, backends=["UCX"])

@@ -60,7 +60,7 @@ class NixlPool:
         self._writing: dict[int, _Write] = {}  # lease id -> its write in flight (one per lease)
         self._lock = threading.Lock()
         self._commands: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self.agent = engine.make_agent("producer", config.net_devices, config.ucx_tls)
+        self.agent = engine.make_agent("producer", config.net_devices, config.ucx_tls, config.port_range)
         self._registered = engine.register(self.agent, self.memory)  # once: the pool never grows
         self.writes_done = 0
         self.writes_failed = 0
@@ -205,7 +205,7 @@ class NixlPool:
         while not self._stopping:
             busy = bool(self._writing)
             try:
-                command = self._commands.get(timeout=50e-6 if busy else 0.5)
+                command = self._commands.get(timeout=200e-6 if busy else 0.5)
             except queue.Empty:
                 command = None
             try:
