@@ -17,7 +17,9 @@ import time
 
 import numpy as np
 
-SIZES = {4: (896, 896), 20: (1792, 2240)}  # MB per request of 4 float32 images of the tiny preset -> W x H
+# MB per request -> images of W x H: the tiny preset (float32, 256 wide) caps an image near 1024 rows (1 MB), so
+# 20 MB replies take 20 images, not 4 of 5 MB (those need a checkpoint's width: scripts/gpu_xnode_check.sh).
+SIZES = {4: (4, 896, 896), 20: (20, 896, 896)}
 
 
 def client_main(target: str, mb: int, requests: int) -> None:
@@ -28,15 +30,15 @@ def client_main(target: str, mb: int, requests: int) -> None:
     from mmproc.client.nixl_reader import NixlReader
     from tests.support.media_samples import make_image_bytes
 
-    w, h = SIZES[mb]
-    images = [make_image_bytes(w, h, fmt="PNG", seed=i) for i in range(4)]
-    keys = [f"k{mb}-{i}" for i in range(4)]
+    count, w, h = SIZES[mb]
+    images = [make_image_bytes(w, h, fmt="PNG", seed=i) for i in range(count)]
+    keys = [f"k{mb}-{i}" for i in range(count)]
     plain = EncoderClient(target, transport="serialized", timeout=600)
     fast = EncoderClient(target, transport="nixl", timeout=600)
     reader = fast._reader
     assert isinstance(reader, NixlReader)
     plain.keep(images, keys, timeout=600)
-    want = plain.fetch(keys)
+    want = [e.tensor for e in plain.fetch(keys)]
     nbytes = sum(t.numel() * t.element_size() for t in want)
     times: dict[str, list[float]] = {"serialized": [], "nixl": [], "nixl_send_to_reply": [], "nixl_reply_to_ready": []}
     cpu = {"serialized": 0.0, "nixl": 0.0}
@@ -79,7 +81,9 @@ def ms(values: list[float], q: float) -> float:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[4, 20], choices=sorted(SIZES))
-    p.add_argument("--requests", type=int, default=40, help="measured requests per transport, interleaved")
+    p.add_argument(
+        "--requests", type=int, default=40, help="measured requests per transport (serialized first, then NIXL)"
+    )
     p.add_argument("--client", nargs=3, metavar=("TARGET", "MB", "REQUESTS"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.client:
@@ -114,9 +118,12 @@ def main() -> int:
                 return 1
             got = json.loads(line)
             t, n, size = got["times"], args.requests, got["bytes"] / 1e6
-            print(f"\n## {size:.1f} MB per request (4 images), {n} requests per transport, interleaved")
             print(
-                "| transport | req/s | GB/s | latency p50 / p99 (ms) | reply->ready p50 / p99 (ms) | client CPU/image (ms) |"
+                f"\n## {size:.1f} MB per request ({SIZES[mb][0]} images), {n} requests per transport, one after the other"
+            )
+            print(
+                "| transport | req/s | GB/s | latency p50 / p99 (ms) | reply->ready p50 / p99 (ms) | client CPU/image (ms) "
+                "| server CPU/image (ms) |"
             )
             print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
             for name in ("serialized", "nixl"):
@@ -124,8 +131,8 @@ def main() -> int:
                 ready = (f"{ms(t['nixl_reply_to_ready'], 50):.1f} / {ms(t['nixl_reply_to_ready'], 99):.1f}"
                          if name == "nixl" else "- (in the stream)")  # fmt: skip
                 print(f"| {name} | {n / wall:.1f} | {n * size / 1e3 / wall:.2f} | {ms(t[name], 50):.1f} / "
-                      f"{ms(t[name], 99):.1f} | {ready} | {got['client_cpu_s'][name] / (4 * n) * 1e3:.2f} | "
-                      f"{server_cpu[name] / (4 * n) * 1e3:.2f} |")  # fmt: skip
+                      f"{ms(t[name], 99):.1f} | {ready} | {got['client_cpu_s'][name] / (SIZES[mb][0] * n) * 1e3:.2f} | "
+                      f"{server_cpu[name] / (SIZES[mb][0] * n) * 1e3:.2f} |")  # fmt: skip
             print("raw: " + json.dumps({"mb": mb, "server_cpu_s": server_cpu, **got}))
     finally:
         server.stop()

@@ -162,7 +162,7 @@ class NixlSession:
 
     def _wait(self, tags: list[int], deadline: float) -> None:
         """Until every tag's bytes landed; progresses the agent (NIXL's progress thread is off) meanwhile."""
-        waiting, pause = set(tags), 20e-6
+        waiting, pause, spin_until = set(tags), 20e-6, time.monotonic() + 1.0
         while True:
             with self._lock:
                 self._collect()
@@ -177,8 +177,10 @@ class NixlSession:
                 raise ReadRefusedError("the NIXL session ended before the read completed")
             if time.monotonic() > deadline:
                 raise DeadlineExceededError(f"{len(waiting)} NIXL reads did not complete in time")
-            time.sleep(pause)
-            pause = min(pause * 2, 1e-3)  # a short read is seen at once, a long one costs little CPU
+            # Over TCP the bytes move only while this agent progresses: poll at once for the first second (a read
+            # of 20 MB takes milliseconds), then back off so that a stuck one costs little CPU.
+            time.sleep(0 if time.monotonic() < spin_until else pause)
+            pause = min(pause * 2, 1e-3) if time.monotonic() >= spin_until else pause
 
     def _collect(self) -> None:
         """Take the agent's notifications (lock held): each is a landed read's tag."""

@@ -358,7 +358,8 @@ class RequestPipeline:
             whole = output(sum(rows))
             torch.cat([r.embedding.to(whole.device) for r in results], out=whole)  # host cache hits: H2D
             on_written()
-            torch.cuda.current_stream(self.encoder.device).synchronize()
+            if whole.is_cuda:  # a host destination (NIXL on a CPU server) is written once cat returns
+                torch.cuda.current_stream(self.encoder.device).synchronize()
             return whole
 
         try:

@@ -1,5 +1,5 @@
 """A NIXL consumer in a process of its own (tests/transport/test_nixl.py): one JSON line per event on stdout,
-commands on stdin. Modes: compare, hold, restart, hostile, slow, auto."""
+commands on stdin. Modes: compare, hold, restart, hostile, slow, auto, keys."""
 
 from __future__ import annotations
 
@@ -115,6 +115,18 @@ def slow(target: str, seconds: str) -> None:
     client.close()
 
 
+def keys(target: str) -> None:
+    """Keep results under keys, then fetch them over NIXL (the server copies them into a lease)."""
+    names = ["a", "b", "c"]
+    with EncoderClient(target, transport="serialized") as plain:
+        plain.keep(images(3), names)
+        want = [e.tensor for e in plain.fetch(names)]
+    client, reader = nixl_client(target)
+    got = [e.tensor for e in client.fetch(names)]
+    say(equal=all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), fallbacks=reader.fallbacks)
+    client.close()
+
+
 def auto(target: str) -> None:
     with EncoderClient(target, transport="auto") as client:
         say(reader=type(client._reader).__name__, got=len(client.encode_images(images(1))))
@@ -122,4 +134,4 @@ def auto(target: str) -> None:
 
 if __name__ == "__main__":
     mode, *args = sys.argv[1:]
-    {"compare": compare, "hold": hold, "restart": restart, "hostile": hostile, "slow": slow, "auto": auto}[mode](*args)
+    {"compare": compare, "hold": hold, "restart": restart, "hostile": hostile, "slow": slow, "auto": auto, "keys": keys}[mode](*args)

@@ -76,6 +76,12 @@ def test_bytes_equal_serialized_for_every_dtype_and_shape(dtype: str, server: Se
             srv.stop()
 
 
+def test_kept_results_are_fetched_over_nixl(server: ServiceThread) -> None:
+    before = pool(server).writes_done
+    got = run("keys", server.grpc_target)
+    assert got == {"equal": True, "fallbacks": 0} and pool(server).writes_done == before + 1
+
+
 def test_server_info_and_auto_choose_nixl_where_both_sides_have_it(server: ServiceThread) -> None:
     with EncoderClient(server.grpc_target, transport="serialized") as client:
         info = client.server_info()

@@ -72,9 +72,9 @@ class NixlDestination:
     def output(self) -> Callable[[int], torch.Tensor]:
         return lambda rows: self._rows[:rows]  # (rows, hidden) in the pool, on the encoder's device
 
-    def on_written(self) -> Callable[[], None] | None:
+    def on_written(self) -> Callable[[], None]:
         if not self._rows.is_cuda:
-            return None
+            return lambda: None  # host memory: written when the runner's ops return
         written = self._written
 
         def on_written() -> None:  # runner thread: the reply waits for the rows, the consumer never does

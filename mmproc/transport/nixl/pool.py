@@ -203,11 +203,11 @@ class NixlPool:
     def _run(self) -> None:
         last_expire = time.monotonic()
         while not self._stopping:
-            busy = bool(self._writing)
-            try:
-                command = self._commands.get(timeout=200e-6 if busy else 0.5)
+            try:  # writes in flight: poll them at once (over TCP they move only while polled), else sleep
+                command = self._commands.get_nowait() if self._writing else self._commands.get(timeout=0.5)
             except queue.Empty:
                 command = None
+                time.sleep(0)  # let the other threads run between polls
             try:
                 for _ in range(self._commands.qsize() + 1):  # those queued now: one put back waits a round
                     if command is None:
