@@ -358,7 +358,7 @@ class RequestPipeline:
             whole = output(sum(rows))
             torch.cat([r.embedding.to(whole.device) for r in results], out=whole)  # host cache hits: H2D
             on_written()
-            if whole.is_cuda:  # a host destination (NIXL on a CPU server) is written once cat returns
+            if whole.is_cuda:  # a destination in host memory is written once cat returns
                 torch.cuda.current_stream(self.encoder.device).synchronize()
             return whole
 
