@@ -23,7 +23,7 @@ LOOPBACK_TCP = {"UCX_TLS": "tcp", "UCX_NET_DEVICES": "lo", "PYTHONUNBUFFERED": "
 
 
 def start(**overrides: object) -> ServiceThread:
-    settings = dict(nixl=True, nixl_ucx_tls="tcp", http_address="", cache_mb=0, nixl_ttl_s=4.0,
+    settings = dict(nixl=True, nixl_ucx_tls="tcp", http_address="", cache_mb=0, nixl_ttl_s=8.0,
                     nixl_transfer_timeout_s=2.0)  # fmt: skip
     return ServiceThread(test_settings(**{**settings, **overrides})).start()
 
@@ -121,7 +121,7 @@ def test_old_descriptors_are_refused_after_a_producer_restart(server: ServiceThr
 
 
 def test_a_slow_consumer_blocks_nobody_and_a_read_past_the_ttl_is_refused(server: ServiceThread) -> None:
-    late = consumer("slow", server.grpc_target, "7")  # past the 4 s TTL
+    late = consumer("slow", server.grpc_target, "12")  # past the 8 s TTL
     prompt = consumer("slow", server.grpc_target, "0.2")
     try:
         assert next_event(late)["waiting"] and next_event(prompt)["waiting"]

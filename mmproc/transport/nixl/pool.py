@@ -133,6 +133,8 @@ class NixlPool:
                 return f"lease {ask.lease_id} is of generation {lease.generation}, not {ask.generation}", None
             if not (lease.offset <= ask.offset and ask.offset + ask.nbytes <= lease.offset + lease.nbytes):
                 return "the range lies outside the lease", None
+            if time.monotonic() - lease.created_at > self.config.ttl_s - self.config.transfer_timeout_s:
+                return f"lease {ask.lease_id} is too close to its TTL for a write to end before it", None
             if ask.nbytes <= 0 or ask.lease_id in self._writing:
                 return f"lease {ask.lease_id} is empty or being read already", None
             self._writing[ask.lease_id] = _Write(ask, lease, "", lambda t, r: None)  # placeholder until posted
@@ -160,6 +162,12 @@ class NixlPool:
         write.deadline = time.monotonic() + self.config.transfer_timeout_s
         with self._lock:
             self._writing[ask.lease_id] = write
+
+    def _fresh(self) -> bool:
+        """Whether a write in flight was posted in the last 50 ms (mover thread)."""
+        now = time.monotonic() + 0.05 - self.config.transfer_timeout_s
+        with self._lock:
+            return any(w.deadline > now for w in self._writing.values() if w.handle is not None)
 
     def _poll(self) -> None:
         with self._lock:
@@ -207,7 +215,7 @@ class NixlPool:
                 command = self._commands.get_nowait() if self._writing else self._commands.get(timeout=0.5)
             except queue.Empty:
                 command = None
-                time.sleep(0)  # let the other threads run between polls
+                time.sleep(0 if self._fresh() else 1e-3)  # a write stuck past 50 ms is polled each ms, not spun on
             try:
                 for _ in range(self._commands.qsize() + 1):  # those queued now: one put back waits a round
                     if command is None:
