@@ -95,6 +95,15 @@ class NixlSession:
             threading.Thread(target=self._watch, args=(call,), name="mmproc-nixl-session", daemon=True).start()
             return self.session_id
 
+    def reset(self) -> None:
+        """Forget the session (the server no longer holds it); the next `open` makes a new one."""
+        with self._lock:
+            if self._outbox is not None:
+                self._outbox.put(None)
+            if self._call is not None:
+                self._call.cancel()
+            self._outbox = self._call = self.session_id = None
+
     def _watch(self, call) -> None:  # noqa: ANN001
         with contextlib.suppress(grpc.RpcError):
             for event in call:

@@ -42,7 +42,7 @@ class NixlReader:
                 error = error_from_rpc(err)
                 if not isinstance(error, StaleSessionError) or attempt == 2:
                     raise error from None
-                self.session.session_id = None  # the server restarted or dropped our session: open a new one
+                self.session.reset()  # the server restarted or dropped our session: open a new one, once
         raise AssertionError("unreachable")
 
     @contextlib.contextmanager

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from mmproc.client.readers import on_another_node
+from mmproc.transport.cuda_ipc.node import node_identity
 from mmproc.transport.nixl.config import NixlConfig
 from mmproc.transport.nixl.messages import Handle, ReadAsk, opened, opened_info, refusal, refused
 from mmproc.v1 import encoder_pb2 as pb
@@ -52,3 +54,9 @@ def test_messages_round_trip_and_refuse_garbage() -> None:
             ReadAsk.unpack(bad)
     with pytest.raises(ValueError):
         Handle.unpack(b"\0" * 39)
+
+
+def test_auto_skips_ipc_only_for_a_server_that_says_it_is_on_another_node() -> None:
+    assert on_another_node(pb.ServerInfo(node_boot_id="another-boot-id"))
+    assert not on_another_node(pb.ServerInfo(node_boot_id=node_identity()[1]))
+    assert not on_another_node(pb.ServerInfo()) and not on_another_node(None)  # an older server, or no answer
