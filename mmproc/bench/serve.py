@@ -29,6 +29,7 @@ from mmproc.bench.serve_stats import (
     environment,
     markdown,
 )
+from mmproc.wire.transports import Table
 
 COMPARES: dict[str, tuple[tuple[str, dict[str, object]], ...]] = {
     "handle-cache": (("cache-on", {"handle_cache": True}), ("cache-off", {"handle_cache": False})),
@@ -81,7 +82,8 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     add("--quality", type=int, default=90, help="JPEG/WebP quality")
     add("--seed", type=int, default=0)
     add("--max-payload-mb", type=int, default=2048, help="bound on the pre-generated request bytes")
-    add("--transport", choices=["auto", "ipc", "serialized"], default="auto")
+    add("--transport", choices=["auto", *Table().by_name], default="auto",
+        help="--compare transport: this one (ipc for auto) against serialized")  # fmt: skip
     add("--handle-cache", choices=["on", "off"], default="on")
     add("--server-cache", choices=["on", "off"], default="on",
         help="off: every request bypasses the server's embedding cache (a repeated pass is encoded again)")  # fmt: skip
@@ -217,7 +219,10 @@ def _plan(args: argparse.Namespace) -> list[tuple[str, ClientConfig]]:
         return [(f"{base.transport}", base)]
     if args.compare == "handle-cache" and (base.transport == "serialized" or torch.device(base.device).type != "cuda"):
         _note(args, "the handle cache only matters with --transport ipc|auto and a CUDA --device")
-    return [(label, dataclasses.replace(base, **change)) for label, change in COMPARES[args.compare]]  # type: ignore[arg-type]
+    sides = COMPARES[args.compare]
+    if args.compare == "transport" and base.transport not in ("auto", "ipc", "serialized"):
+        sides = ((base.transport, {"transport": base.transport}), sides[1])  # a transport of the table vs bytes
+    return [(label, dataclasses.replace(base, **change)) for label, change in sides]  # type: ignore[arg-type]
 
 
 def _workload(args: argparse.Namespace, mean_kib: float) -> dict:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import importlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -23,6 +24,7 @@ from mmproc.client.shared_embeddings import SharedEmbeddings
 from mmproc.client.targets import Targets
 from mmproc.client.video import VideoEmbedding, VideoInput, encode_over_ipc, make_video_request, read_serialized
 from mmproc.errors import StaleSessionError, UnavailableError
+from mmproc.transport.cuda_ipc.node import node_identity
 from mmproc.transport.cuda_ipc.runtime import ipc_unavailable_reason
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
@@ -190,6 +192,11 @@ def ipc_wanted(transport: str, device: torch.device) -> bool:
     return True
 
 
+def on_another_node(info: pb.ServerInfo | None) -> bool:
+    """Whether the server says it runs on another node than this process (False when it does not say)."""
+    return info is not None and bool(info.node_boot_id) and info.node_boot_id != node_identity()[1]
+
+
 @dataclass(frozen=True)
 class ReaderContext:
     """What a transport's reader factory is handed."""
@@ -199,6 +206,22 @@ class ReaderContext:
     handle_cache: bool
     asked: str  # the transport the user asked for: "auto" or a name
     fallback: SerializedReader  # for requests the transport cannot serve
+    server_info: Callable[[], pb.ServerInfo | None] = lambda: None  # asked once, by the factories that need it
+
+
+def server_info_once(targets: Targets, timeout: float = 5.0) -> Callable[[], pb.ServerInfo | None]:
+    """The first target's ServerInfo, asked at most once; None when it does not answer (then `auto` decides
+    without it, as before)."""
+
+    @functools.cache
+    def ask() -> pb.ServerInfo | None:
+        try:
+            return targets.stubs[0].GetServerInfo(pb.GetServerInfoRequest(), timeout=timeout)
+        except grpc.RpcError as err:
+            logger.debug("server info unavailable for the transport choice: %s", err.code())
+            return None
+
+    return ask
 
 
 def serialized(context: ReaderContext) -> SerializedReader:
@@ -208,6 +231,8 @@ def serialized(context: ReaderContext) -> SerializedReader:
 def ipc(context: ReaderContext) -> IpcReader | None:
     if not ipc_wanted(context.asked, context.device):
         return None
+    if context.asked == "auto" and on_another_node(context.server_info()):
+        return None  # the next transport of the table (across nodes), not IPC's refusal and bytes
     return IpcReader(IpcClient(context.targets.stubs[0], context.device, context.handle_cache), context.fallback)
 
 
@@ -225,7 +250,8 @@ def choose_reader(
     fallback = SerializedReader(targets, device, cache_bypass, transport)
     if transport not in ("auto", *table.by_name):
         raise ValueError(f"transport must be one of {sorted(['auto', *table.by_name])}, got {transport!r}")
-    context = ReaderContext(targets, device, handle_cache, transport, fallback)
+    ask = server_info_once(targets) if transport == "auto" else (lambda: None)
+    context = ReaderContext(targets, device, handle_cache, transport, fallback, ask)
     for candidate in table.ordered if transport == "auto" else (table.by_name[transport],):
         module, _, factory = candidate.reader.partition(":")
         reader = getattr(importlib.import_module(module), factory)(context)

@@ -49,18 +49,22 @@ class ConsumerInfo(_message.Message):
     def __init__(self, session_id: _Optional[str] = ..., device_uuid: _Optional[str] = ...) -> None: ...
 
 class SessionHello(_message.Message):
-    __slots__ = ("pid", "hostname", "boot_id", "pid_namespace", "device_uuid")
+    __slots__ = ("pid", "hostname", "boot_id", "pid_namespace", "device_uuid", "transport", "transport_info")
     PID_FIELD_NUMBER: _ClassVar[int]
     HOSTNAME_FIELD_NUMBER: _ClassVar[int]
     BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     PID_NAMESPACE_FIELD_NUMBER: _ClassVar[int]
     DEVICE_UUID_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_INFO_FIELD_NUMBER: _ClassVar[int]
     pid: int
     hostname: str
     boot_id: str
     pid_namespace: int
     device_uuid: str
-    def __init__(self, pid: _Optional[int] = ..., hostname: _Optional[str] = ..., boot_id: _Optional[str] = ..., pid_namespace: _Optional[int] = ..., device_uuid: _Optional[str] = ...) -> None: ...
+    transport: str
+    transport_info: bytes
+    def __init__(self, pid: _Optional[int] = ..., hostname: _Optional[str] = ..., boot_id: _Optional[str] = ..., pid_namespace: _Optional[int] = ..., device_uuid: _Optional[str] = ..., transport: _Optional[str] = ..., transport_info: _Optional[bytes] = ...) -> None: ...
 
 class LeaseRelease(_message.Message):
     __slots__ = ("lease_ids", "unread")
@@ -71,12 +75,14 @@ class LeaseRelease(_message.Message):
     def __init__(self, lease_ids: _Optional[_Iterable[int]] = ..., unread: _Optional[bool] = ...) -> None: ...
 
 class SessionRequest(_message.Message):
-    __slots__ = ("hello", "release")
+    __slots__ = ("hello", "release", "transport_message")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     RELEASE_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     hello: SessionHello
     release: LeaseRelease
-    def __init__(self, hello: _Optional[_Union[SessionHello, _Mapping]] = ..., release: _Optional[_Union[LeaseRelease, _Mapping]] = ...) -> None: ...
+    transport_message: bytes
+    def __init__(self, hello: _Optional[_Union[SessionHello, _Mapping]] = ..., release: _Optional[_Union[LeaseRelease, _Mapping]] = ..., transport_message: _Optional[bytes] = ...) -> None: ...
 
 class PoolInfo(_message.Message):
     __slots__ = ("pool_id", "epoch", "device_uuid", "ipc_handle", "pool_bytes", "num_word_slots")
@@ -95,12 +101,14 @@ class PoolInfo(_message.Message):
     def __init__(self, pool_id: _Optional[str] = ..., epoch: _Optional[int] = ..., device_uuid: _Optional[str] = ..., ipc_handle: _Optional[bytes] = ..., pool_bytes: _Optional[int] = ..., num_word_slots: _Optional[int] = ...) -> None: ...
 
 class SessionOpened(_message.Message):
-    __slots__ = ("session_id", "pool")
+    __slots__ = ("session_id", "pool", "transport_info")
     SESSION_ID_FIELD_NUMBER: _ClassVar[int]
     POOL_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_INFO_FIELD_NUMBER: _ClassVar[int]
     session_id: str
     pool: PoolInfo
-    def __init__(self, session_id: _Optional[str] = ..., pool: _Optional[_Union[PoolInfo, _Mapping]] = ...) -> None: ...
+    transport_info: bytes
+    def __init__(self, session_id: _Optional[str] = ..., pool: _Optional[_Union[PoolInfo, _Mapping]] = ..., transport_info: _Optional[bytes] = ...) -> None: ...
 
 class SessionRefused(_message.Message):
     __slots__ = ("reason",)
@@ -109,12 +117,14 @@ class SessionRefused(_message.Message):
     def __init__(self, reason: _Optional[str] = ...) -> None: ...
 
 class SessionEvent(_message.Message):
-    __slots__ = ("opened", "refused")
+    __slots__ = ("opened", "refused", "transport_message")
     OPENED_FIELD_NUMBER: _ClassVar[int]
     REFUSED_FIELD_NUMBER: _ClassVar[int]
+    TRANSPORT_MESSAGE_FIELD_NUMBER: _ClassVar[int]
     opened: SessionOpened
     refused: SessionRefused
-    def __init__(self, opened: _Optional[_Union[SessionOpened, _Mapping]] = ..., refused: _Optional[_Union[SessionRefused, _Mapping]] = ...) -> None: ...
+    transport_message: bytes
+    def __init__(self, opened: _Optional[_Union[SessionOpened, _Mapping]] = ..., refused: _Optional[_Union[SessionRefused, _Mapping]] = ..., transport_message: _Optional[bytes] = ...) -> None: ...
 
 class EncodeImagesRequest(_message.Message):
     __slots__ = ("images", "request_id", "transport", "consumer", "readers", "keys", "headers_only", "mm_hashes", "cache_bypass", "transport_name")
@@ -416,7 +426,7 @@ class KeyStoreInfo(_message.Message):
     def __init__(self, max_bytes: _Optional[int] = ..., ttl_s: _Optional[float] = ..., max_keys: _Optional[int] = ...) -> None: ...
 
 class ServerInfo(_message.Message):
-    __slots__ = ("version", "model_name", "model_layout", "hidden_size", "vision_hidden_size", "dtype", "device", "device_uuid", "preprocess", "limits", "transports", "ipc_status", "max_message_bytes", "stream_chunk_bytes", "family", "prompt", "key_store", "cache", "transport_names", "quantization", "video")
+    __slots__ = ("version", "model_name", "model_layout", "hidden_size", "vision_hidden_size", "dtype", "device", "device_uuid", "preprocess", "limits", "transports", "ipc_status", "max_message_bytes", "stream_chunk_bytes", "family", "prompt", "key_store", "cache", "transport_names", "quantization", "node_boot_id", "video")
     VERSION_FIELD_NUMBER: _ClassVar[int]
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MODEL_LAYOUT_FIELD_NUMBER: _ClassVar[int]
@@ -437,6 +447,7 @@ class ServerInfo(_message.Message):
     CACHE_FIELD_NUMBER: _ClassVar[int]
     TRANSPORT_NAMES_FIELD_NUMBER: _ClassVar[int]
     QUANTIZATION_FIELD_NUMBER: _ClassVar[int]
+    NODE_BOOT_ID_FIELD_NUMBER: _ClassVar[int]
     VIDEO_FIELD_NUMBER: _ClassVar[int]
     version: str
     model_name: str
@@ -458,5 +469,6 @@ class ServerInfo(_message.Message):
     cache: CacheInfo
     transport_names: _containers.RepeatedScalarFieldContainer[str]
     quantization: str
+    node_boot_id: str
     video: VideoInfo
-    def __init__(self, version: _Optional[str] = ..., model_name: _Optional[str] = ..., model_layout: _Optional[str] = ..., hidden_size: _Optional[int] = ..., vision_hidden_size: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., device: _Optional[str] = ..., device_uuid: _Optional[str] = ..., preprocess: _Optional[_Union[PreprocessInfo, _Mapping]] = ..., limits: _Optional[_Union[RequestLimits, _Mapping]] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., ipc_status: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., stream_chunk_bytes: _Optional[int] = ..., family: _Optional[str] = ..., prompt: _Optional[_Union[PromptFraming, _Mapping]] = ..., key_store: _Optional[_Union[KeyStoreInfo, _Mapping]] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., transport_names: _Optional[_Iterable[str]] = ..., quantization: _Optional[str] = ..., video: _Optional[_Union[VideoInfo, _Mapping]] = ...) -> None: ...
+    def __init__(self, version: _Optional[str] = ..., model_name: _Optional[str] = ..., model_layout: _Optional[str] = ..., hidden_size: _Optional[int] = ..., vision_hidden_size: _Optional[int] = ..., dtype: _Optional[_Union[DType, str]] = ..., device: _Optional[str] = ..., device_uuid: _Optional[str] = ..., preprocess: _Optional[_Union[PreprocessInfo, _Mapping]] = ..., limits: _Optional[_Union[RequestLimits, _Mapping]] = ..., transports: _Optional[_Iterable[_Union[Transport, str]]] = ..., ipc_status: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., stream_chunk_bytes: _Optional[int] = ..., family: _Optional[str] = ..., prompt: _Optional[_Union[PromptFraming, _Mapping]] = ..., key_store: _Optional[_Union[KeyStoreInfo, _Mapping]] = ..., cache: _Optional[_Union[CacheInfo, _Mapping]] = ..., transport_names: _Optional[_Iterable[str]] = ..., quantization: _Optional[str] = ..., node_boot_id: _Optional[str] = ..., video: _Optional[_Union[VideoInfo, _Mapping]] = ...) -> None: ...

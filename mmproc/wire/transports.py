@@ -9,7 +9,7 @@ from typing import Any
 
 from mmproc.transport.producer import Producer, StartContext
 from mmproc.v1 import encoder_pb2 as pb
-from mmproc.wire import cuda_ipc
+from mmproc.wire import cuda_ipc, nixl
 from mmproc.wire.results import SERIALIZED, EncodedImage, embedding_header
 
 
@@ -33,13 +33,25 @@ class Transport:
     # a result's handle into its reply header; None: the payload travels in the reply
     describe: Callable[[pb.Embedding, Any], None] | None
     reader: str  # the client's reader factory, "module:function", imported lazily: the table sits below the client
+    # its consumer session's server side (the Session RPC whose hello names it), "module:function" taking
+    # (producer or None, hello, the later requests, the call) and yielding SessionEvents; None: no sessions
+    session: str | None = None
 
 
 SERIALIZED_TRANSPORT = Transport(SERIALIZED, pb.TRANSPORT_SERIALIZED, None, None, "mmproc.client.readers:serialized")
 CUDA_IPC = Transport(
-    cuda_ipc.NAME, pb.TRANSPORT_IPC, cuda_ipc.start_producer, cuda_ipc.describe, "mmproc.client.readers:ipc"
+    cuda_ipc.NAME, pb.TRANSPORT_IPC, cuda_ipc.start_producer, cuda_ipc.describe, "mmproc.client.readers:ipc",
+    "service.frontends.grpc.session:ipc_session",
+)  # fmt: skip
+NIXL = Transport(
+    nixl.NAME,
+    pb.TRANSPORT_AUTO,
+    nixl.start_producer,
+    nixl.describe,
+    "mmproc.client.nixl_reader:reader",
+    "mmproc.wire.nixl:session",
 )
-TRANSPORTS: tuple[Transport, ...] = (CUDA_IPC, SERIALIZED_TRANSPORT)  # `auto` takes the first a client can read
+TRANSPORTS: tuple[Transport, ...] = (CUDA_IPC, NIXL, SERIALIZED_TRANSPORT)  # `auto` takes the first a client can read
 
 
 class Table:

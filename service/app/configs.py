@@ -8,6 +8,8 @@ from mmproc.media.limits import MediaLimits
 from mmproc.media.video_limits import VideoLimits
 from mmproc.runner_config import RunnerConfig
 from mmproc.transport.cuda_ipc.config import PoolConfig
+from mmproc.transport.nixl.config import NAME as NIXL
+from mmproc.transport.nixl.config import NixlConfig
 from mmproc.units import MiB
 from service.app.model_settings import image_sizes
 from service.app.settings import ServerSettings
@@ -127,7 +129,14 @@ def ipc_pool_config(s: ServerSettings) -> PoolConfig:
 
 def transport_configs(s: ServerSettings) -> dict[str, object]:
     """Each transport's own config, by its name in the table (mmproc/wire/transports.py)."""
-    return {"ipc": ipc_pool_config(s)}
+    return {"ipc": ipc_pool_config(s), NIXL: nixl_config(s)}
+
+
+def nixl_config(s: ServerSettings) -> NixlConfig:
+    return NixlConfig(
+        enabled=s.nixl or s.transport == NIXL, net_devices=s.nixl_net_devices, ucx_tls=s.nixl_ucx_tls, port_range=s.nixl_port_range,
+        pool_bytes=s.nixl_pool_mb * MiB, ttl_s=s.nixl_ttl_s, transfer_timeout_s=s.nixl_transfer_timeout_s,
+    )  # fmt: skip
 
 
 def pipeline_config(s: ServerSettings, *, cache_context: str) -> PipelineConfig:

@@ -14,6 +14,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 
 from mmproc.runner_config import RunnerConfig
 from mmproc.transport.cuda_ipc.config import PoolConfig
+from mmproc.transport.nixl.config import NixlConfig
 from mmproc.units import MiB
 from service.app.model_settings import ModelSettings
 from service.pipeline.cache.store import CacheConfig
@@ -52,9 +53,25 @@ class ServerSettings(ModelSettings):
     )
 
     # Transport
-    transport: Literal["auto", "ipc", "serialized"] = Field(
+    transport: Literal["auto", "ipc", "nixl", "serialized"] = Field(
         "auto",
-        description="How embeddings reach a client: CUDA IPC on the same node, serialized bytes, or auto (IPC when it works)",
+        description="How embeddings reach a client: CUDA IPC on the same node, NIXL across nodes, serialized bytes, "
+        "or auto (every one that works here)",
+    )
+    nixl: bool = Field(NixlConfig.enabled, description="Serve the NIXL transport (embeddings across nodes)")
+    nixl_net_devices: str = Field(
+        NixlConfig.net_devices, description="Interfaces the NIXL (UCX) endpoint listens on: 'lo' (default), 'eth0', ..."
+    )
+    nixl_ucx_tls: str = Field(NixlConfig.ucx_tls, description="UCX transports for NIXL ('tcp'; empty: UCX picks)")
+    nixl_port_range: str = Field(
+        NixlConfig.port_range, description="TCP ports the NIXL endpoint may listen on, 'LOW-HIGH' (empty: any)"
+    )
+    nixl_pool_mb: int = Field(
+        NixlConfig.pool_bytes // MiB, ge=1, le=1 << 20, description="Size of the one registered NIXL pool"
+    )
+    nixl_ttl_s: float = Field(NixlConfig.ttl_s, gt=0, description="A NIXL lease never read is reclaimed after this")
+    nixl_transfer_timeout_s: float = Field(
+        NixlConfig.transfer_timeout_s, gt=0, description="A NIXL write that does not complete in this long is dropped"
     )
     ipc_pool_mb: int = Field(
         PoolConfig.pool_bytes // MiB,

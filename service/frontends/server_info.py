@@ -10,6 +10,7 @@ from pathlib import Path
 
 import mmproc
 from mmproc.prompt import FRAMINGS, VIDEO_FRAMINGS, framing, placeholder_token_id
+from mmproc.transport.cuda_ipc.node import node_identity
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire.dtypes import NAME_TO_PB
 from service.pipeline.requests import RequestPipeline
@@ -61,6 +62,7 @@ def build_server_info(served: ServedAs, pipeline: RequestPipeline) -> pb.ServerI
         ),
         transports=[by_name[t].wire for t in names if by_name[t].wire != pb.TRANSPORT_AUTO],
         transport_names=names,
+        node_boot_id=node_identity()[1],
         ipc_status=pipeline.ipc_status,
         max_message_bytes=served.max_message_bytes,
         stream_chunk_bytes=served.stream_chunk_bytes,

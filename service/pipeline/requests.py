@@ -337,7 +337,8 @@ class RequestPipeline:
             whole = output(sum(rows))
             torch.cat([r.embedding.to(whole.device) for r in results], out=whole)  # host cache hits: H2D
             on_written()
-            torch.cuda.current_stream(self.encoder.device).synchronize()
+            if whole.is_cuda:  # a destination in host memory is written once cat returns
+                torch.cuda.current_stream(self.encoder.device).synchronize()
             return whole
 
         try:

@@ -324,3 +324,21 @@ def test_the_renderer_refuses_what_it_does_not_implement(tmp_path: Path) -> None
     (overlay / "kustomization.yaml").write_text("resources: [../base/cm.yaml]\n")
     with pytest.raises(KustomizeError, match="outside"):
         render(overlay)
+
+
+def test_the_two_node_nixl_layout_opens_exactly_the_ports_it_listens_on() -> None:
+    """deploy/k8s/xnode: the pool serves NIXL on its pod interface within a port range, and the NetworkPolicies
+    open that range both ways (pool <- workers, workers <- pool) and gRPC only to the workers."""
+    mmproc = containers(pod_spec(load("xnode/deployment.yaml", "Deployment")))["mmproc"]
+    values = env(mmproc)
+    assert values["MMPROC_NIXL"] == "true" and values["MMPROC_NIXL_NET_DEVICES"] == "eth0"
+    low, high = (int(p) for p in values["MMPROC_NIXL_PORT_RANGE"].split("-"))
+    policies = {d["metadata"]["name"]: d for d in documents(DEPLOY / "k8s" / "xnode" / "networkpolicy.yaml")}
+    ranges = []
+    for policy in policies.values():
+        for rule in policy["spec"]["ingress"]:
+            ranges += [(p["port"], p.get("endPort")) for p in rule["ports"] if p.get("endPort")]
+    assert ranges == [(low, high), (low, high)]
+    pool_ingress = policies["mmproc-pool-nixl"]["spec"]["ingress"][0]
+    assert pool_ingress["from"][0]["podSelector"]["matchLabels"] == {"mmproc.io/client": "true"}
+    assert {p["port"] for p in pool_ingress["ports"]} == {50051, low}

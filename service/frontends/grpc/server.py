@@ -26,7 +26,7 @@ from service.frontends.auth import BearerToken, TokenInterceptor
 from service.frontends.error_mapping import end_call, map_error, to_grpc_status
 from service.frontends.grpc.loop_hop import run_on
 from service.frontends.grpc.observe import ObserveInterceptor, call_metadata, note_access
-from service.frontends.grpc.session import run_session
+from service.frontends.grpc.session import serve_session
 from service.frontends.grpc.video import VideoServicerMixin
 from service.pipeline.reply_budget import ReplyHold
 from service.pipeline.requests import RequestPipeline
@@ -177,11 +177,12 @@ class GrpcServicer(VideoServicerMixin, pb_grpc.EncoderServicer):  # EncodeVideos
 
     async def Session(self, requests, context: grpc.aio.ServicerContext):
         try:
-            pool = self._pipeline.pool
+            pipeline = self._pipeline
+            table, producers = pipeline.transports, pipeline.delivery.producers
         except Exception as exc:  # the model is still loading: UNAVAILABLE, not UNKNOWN
             self._fail(context, None, exc)
             return
-        async for event in run_session(pool, requests, context):
+        async for event in serve_session(table, producers, requests, context):
             if event.HasField("opened"):
                 self._state.metrics.ipc_sessions_opened.inc()
             yield event

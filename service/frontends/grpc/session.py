@@ -1,18 +1,23 @@
-"""The IPC consumer-session stream: hello -> pool identity, releases, and reclaim of every lease when it ends
-(docs/ipc.md)."""
+"""The consumer-session stream (gRPC `Session`): its hello names a transport of the table, whose session serves it
+(`serve_session`). CUDA IPC's (`ipc_session`): hello -> pool identity, releases, and reclaim of every lease of the
+session when its stream ends (the consumer exited or was killed).
+Who owns, acks and releases a tensor-parallel group's shared leases: docs/ipc.md."""
 
 from __future__ import annotations
 
+import importlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 
 import grpc
 
 from mmproc.transport.cuda_ipc.node import node_identity
 from mmproc.transport.cuda_ipc.pool import IpcPool
 from mmproc.transport.leases.records import LeaseNotOwnedError, UnknownLeaseError
+from mmproc.transport.producer import Producer
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire.cuda_ipc import pool_info_pb
+from mmproc.wire.transports import Table
 
 logger = logging.getLogger(__name__)
 
@@ -28,14 +33,52 @@ def refusal(hello: pb.SessionHello) -> str | None:
     return None
 
 
-async def run_session(
-    pool: IpcPool | None, requests: AsyncIterator[pb.SessionRequest], context: grpc.aio.ServicerContext
+async def serve_session(
+    table: Table,
+    producers: Mapping[str, Producer],
+    requests: AsyncIterator[pb.SessionRequest],
+    context: grpc.aio.ServicerContext,
 ) -> AsyncIterator[pb.SessionEvent]:
+    """A consumer session of the transport its hello names (empty: the first of the table with sessions, IPC)."""
     first = await anext(requests, None)
     if first is None or first.WhichOneof("kind") != "hello":
         await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first Session message must be a hello")
         return
     hello = first.hello
+    with_sessions = [t for t in table.ordered if t.session is not None]
+    chosen = table.by_name.get(hello.transport) if hello.transport else (with_sessions or [None])[0]
+    if chosen is None or chosen.session is None:
+        yield pb.SessionEvent(refused=pb.SessionRefused(reason=f"no sessions of transport {hello.transport!r}"))
+        return
+    module, _, name = chosen.session.partition(":")
+    serve = getattr(importlib.import_module(module), name)
+    async for event in serve(producers.get(chosen.name), hello, requests, context):
+        yield event
+
+
+async def run_session(
+    pool: IpcPool | None, requests: AsyncIterator[pb.SessionRequest], context: grpc.aio.ServicerContext
+) -> AsyncIterator[pb.SessionEvent]:
+    """CUDA IPC's session on `pool`, hello included (what tests drive directly)."""
+    first = await anext(requests, None)
+    if first is None or first.WhichOneof("kind") != "hello":
+        await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the first Session message must be a hello")
+        return
+    async for event in _ipc(pool, first.hello, requests):
+        yield event
+
+
+async def ipc_session(
+    producer: Producer | None, hello: pb.SessionHello, requests: AsyncIterator[pb.SessionRequest], context: object
+) -> AsyncIterator[pb.SessionEvent]:
+    """The table's session of CUDA IPC: its producer's pool."""
+    async for event in _ipc(getattr(producer, "pool", None), hello, requests):
+        yield event
+
+
+async def _ipc(
+    pool: IpcPool | None, hello: pb.SessionHello, requests: AsyncIterator[pb.SessionRequest]
+) -> AsyncIterator[pb.SessionEvent]:
     reason = "this server has no IPC pool" if pool is None else refusal(hello)
     if reason is not None:
         logger.info("IPC session from pid %d@%s refused: %s", hello.pid, hello.hostname, reason)
