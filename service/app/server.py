@@ -175,6 +175,8 @@ class Service:
         self._http_task: asyncio.Task | None = None
         self._loop_lag: asyncio.Task | None = None
         self._grpc_loop: GrpcLoop | None = None
+        self.sglang_port = 0
+        self._sglang = None  # service.app.sglang_setup.SglangServer
 
     @property
     def engine(self) -> Engine:
@@ -225,6 +227,8 @@ class Service:
             self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]))
             while not self._http.started and not self._http_task.done():
                 await asyncio.sleep(0.005)
+        if s.sglang_address:
+            await self._start_sglang()
         logger.info(
             "listening: gRPC %s, HTTP %s; NOT_SERVING until the model is loaded and warmed up",
             listening_address(s.grpc_address, self.grpc_port),
@@ -232,6 +236,13 @@ class Service:
         )
         self._loading = asyncio.create_task(self._load())
         self._loop_lag = asyncio.create_task(watch_loop_lag(self.metrics.loop_lag.observe))
+
+    async def _start_sglang(self) -> None:
+        """SGLang's encoder protocol on its own port (service/app/sglang_setup.py)."""
+        from service.app.sglang_setup import start_sglang
+
+        self._sglang = await start_sglang(self.settings, self.state, _EmbeddedUvicorn, _http_socket)
+        self.sglang_port = self._sglang.port
 
     async def _load(self) -> None:
         def build_and_warm_up() -> Engine:
@@ -329,6 +340,8 @@ class Service:
         if self._http is not None and self._http_task is not None:
             self._http.should_exit = True
             await self._http_task
+        if self._sglang is not None:
+            await self._sglang.stop()
         if self._loop_lag is not None:
             self._loop_lag.cancel()
         if engine is not None:  # a forward still running past the grace period is left to the process exit

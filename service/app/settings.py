@@ -16,6 +16,7 @@ from mmproc.runner_config import RunnerConfig
 from mmproc.transport.pool_config import PoolConfig
 from mmproc.units import MiB
 from service.app.limit_settings import LimitSettings
+from service.app.sglang_settings import SglangSettings
 from service.pipeline.cache.store import CacheConfig
 from service.pipeline.config import EngineConfig
 from service.pipeline.decode.config import DecodePoolConfig
@@ -52,7 +53,7 @@ def _check_host_port(name: str, value: str, form: str) -> str:
     return value
 
 
-class ServerSettings(LimitSettings):
+class ServerSettings(LimitSettings, SglangSettings):
     """Every setting; the request, media and video limits are declared in `LimitSettings` (limit_settings.py)."""
 
     # Model
