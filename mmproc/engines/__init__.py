@@ -1,2 +1,2 @@
-"""Engine adapters: `mmproc.engines.vllm` (an EC connector for vLLM) and `mmproc.engines.sglang` (SGLang's
-precomputed-embedding items). Each imports its engine only when imported itself; see docs/engines.md."""
+"""Engine adapters: `mmproc.engines.vllm` (an EC connector for vLLM; it imports vLLM only when imported itself).
+SGLang needs none: mmproc serves its encoder protocol (service/frontends/sglang/). See docs/engines.md."""

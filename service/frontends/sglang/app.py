@@ -26,7 +26,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import Counter
 
-from mmproc.errors import DeadlineExceededError, InvalidRequestError, Reason
+from mmproc.errors import DeadlineExceededError, InvalidRequestError, Reason, ResourceExhaustedError
 from mmproc.prompt import FRAMINGS
 from service.frontends.error_mapping import map_error
 from service.frontends.sglang.header import PartHeader, encode_header
@@ -45,6 +45,7 @@ class SglangConfig:
     push_timeout_s: float = 10.0  # one destination's push
     register_wait_s: float = 30.0  # how long /encode waits for the TP ranks' receive URLs
     max_registrations: int = 4096  # receive URLs kept for parts not yet encoded (oldest dropped)
+    max_parts: int = 256  # /encode calls in progress (encoded rows wait here for registrations); past it: 429
     deadline_s: float = 60.0  # an /encode's budget in the pipeline
     fetch: FetchConfig = field(default_factory=FetchConfig)
 
@@ -100,6 +101,7 @@ class SglangEncoder:
         self.config = config
         self.registrations = Registrations(config.max_registrations, ttl_s=config.register_wait_s + config.deadline_s)
         self.pusher = Pusher(config.push_timeout_s)
+        self.parts = 0  # /encode calls in progress
         # on the service's registry, beside its own metrics (/metrics shows it)
         self.pushes = Counter(
             "mmproc_sglang_pushes", "Pushes of a part to one SGLang receiver, by outcome (ok | failed).",
@@ -108,6 +110,15 @@ class SglangEncoder:
 
     async def encode(self, body: dict) -> None:
         part = check_part(body)
+        if self.parts >= self.config.max_parts:
+            raise ResourceExhaustedError(f"{self.parts} parts in progress", retry_after_s=1.0, cause="sglang_parts")
+        self.parts += 1
+        try:
+            await self._encode(part)
+        finally:
+            self.parts -= 1
+
+    async def _encode(self, part: dict) -> None:
         engine = self.state.engine()
         items = part["mm_items"]
         engine.check_image_count(len(items))
