@@ -49,7 +49,7 @@ async def start_sglang(
     )  # fmt: skip
     config = SglangConfig(
         push_timeout_s=s.sglang_push_timeout_s, register_wait_s=s.sglang_register_wait_s,
-        deadline_s=s.default_deadline_s, fetch=fetch,
+        deadline_s=s.default_deadline_s, max_body_bytes=s.max_message_mb * MiB, fetch=fetch,
     )  # fmt: skip
     sock = bind(s.sglang_address)
     port = sock.getsockname()[1]

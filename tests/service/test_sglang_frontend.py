@@ -10,6 +10,7 @@ import contextlib
 import http.server
 import io
 import pickle
+import socket
 import threading
 import time
 
@@ -250,3 +251,12 @@ def test_fetching_refuses(image_host, path, config, says) -> None:
         fetch(image_host + path, **config)
     assert says in str(caught.value)
     assert time.monotonic() - started < 3  # the slow one ends at the timeout (1 s)
+
+
+def test_bodies_over_the_limit_or_not_json_are_refused(url) -> None:
+    host, port = url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:  # declares 1 TiB, sends 2 bytes
+        sock.sendall(b"POST /encode HTTP/1.1\r\nhost: x\r\ncontent-length: 1099511627776\r\n\r\n{}")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 413")  # refused unread
+    for content in (b"not json", b"null"):
+        assert httpx.post(url + "/encode", content=content).status_code == 400

@@ -17,6 +17,7 @@ of them; an int (or list) -> `prefill_host:port` (zmq_to_tokenizer). No auth: bi
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from dataclasses import dataclass, field
@@ -46,6 +47,7 @@ class SglangConfig:
     register_wait_s: float = 30.0  # how long /encode waits for the TP ranks' receive URLs
     max_registrations: int = 4096  # receive URLs kept for parts not yet encoded (oldest dropped)
     max_parts: int = 256  # /encode calls in progress (encoded rows wait here for registrations); past it: 429
+    max_body_bytes: int = 64 << 20  # an /encode body (base64 media inflates by 4/3); past it: 413, unread
     deadline_s: float = 60.0  # an /encode's budget in the pipeline
     fetch: FetchConfig = field(default_factory=FetchConfig)
 
@@ -79,6 +81,23 @@ def check_part(body: object) -> dict:
     if type(part_idx) is not int or not 0 <= part_idx < num_parts:
         raise bad(f"part_idx must be in [0, {num_parts})")
     return body
+
+
+async def read_json(request: Request, limit: int) -> object:
+    """The body as JSON, read only up to `limit` bytes (413 past it, 400 if it is not JSON)."""
+    length = request.headers.get("content-length")
+    too_large = InvalidRequestError(f"request body over {limit} bytes", reason=Reason.REQUEST_TOO_LARGE)
+    if length is not None and length.isdigit() and int(length) > limit:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise too_large
+    try:
+        return json.loads(body)
+    except ValueError:
+        raise InvalidRequestError("the body is not JSON", reason=Reason.BAD_REQUEST) from None
 
 
 def direct_endpoints(body: dict) -> list[str] | None:
@@ -214,8 +233,8 @@ def create_sglang_app(state: ServingState, config: SglangConfig) -> tuple[FastAP
     @app.post("/scheduler_receive_url")
     async def scheduler_receive_url(request: Request) -> JSONResponse:
         try:
-            body = await request.json()
-        except ValueError:
+            body = await read_json(request, 64 << 10)
+        except InvalidRequestError:
             body = None
         encoder.register(body)
         return JSONResponse(None)
@@ -224,12 +243,14 @@ def create_sglang_app(state: ServingState, config: SglangConfig) -> tuple[FastAP
     async def encode(request: Request) -> JSONResponse:
         started = time.perf_counter()
         try:
-            body = await request.json()
-        except ValueError:
-            body = "not JSON"
+            body = await read_json(request, config.max_body_bytes)
+        except InvalidRequestError as exc:
+            body = exc  # answered below, in the request's log context
         req_id = body.get("req_id") if isinstance(body, dict) else None
         with request_context(req_id if isinstance(req_id, str) else "-"):
             try:
+                if isinstance(body, Exception):
+                    raise body
                 await encoder.encode(body)  # type: ignore[arg-type]
                 code, response = "OK", JSONResponse(None)
             except Exception as exc:
