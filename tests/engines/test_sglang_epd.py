@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import importlib.util
 import io
 import multiprocessing
 import os
@@ -23,13 +24,13 @@ from pathlib import Path
 
 import pytest
 
+if os.environ.get("MMPROC_REQUIRE_SGLANG") != "1" and importlib.util.find_spec("sglang") is None:
+    pytest.skip("sglang 0.5.23 is not installed here", allow_module_level=True)
 STUBS = str(Path(__file__).resolve().parent / "sglang_stubs")
-if STUBS not in sys.path:
-    sys.path.insert(0, STUBS)  # import-only torchvision (sglang_side.py says why); the ranks inherit sys.path
-if os.environ.get("MMPROC_REQUIRE_SGLANG") == "1":  # .ci/run's venv: a broken install fails, never skips
-    import sglang.srt.disaggregation.encoder.receiver  # noqa: F401
-pytest.importorskip("sglang.srt.disaggregation.encoder.receiver", reason="sglang 0.5.23 is not installed here")
-
+if importlib.util.find_spec("torchvision") is None and STUBS not in sys.path:
+    # import-only torchvision (sglang_side.py says why), only where sglang runs; the ranks inherit sys.path
+    sys.path.insert(0, STUBS)
+import sglang.srt.disaggregation.encoder.receiver  # noqa: E402, F401  (a broken install fails here, never skips)
 import torch  # noqa: E402
 from PIL import Image  # noqa: E402
 
