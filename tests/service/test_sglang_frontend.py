@@ -179,8 +179,11 @@ def test_bad_media_is_400_in_sglangs_error_body(url, pull, items, says) -> None:
 
 @pytest.mark.parametrize(
     "body",
-    [{"req_id": ""}, part("x", []), part("x", [URIS[0]], modality="AUDIO"), {**part("x", [URIS[0]]), "part_idx": 1}],
-)
+    [
+        {"req_id": ""}, part("x", []), part("x", [URIS[0]], modality="AUDIO"), {**part("x", [URIS[0]]), "part_idx": 1},
+        part("x", [URIS[0]], 0), part("x", [URIS[0]], "5555"), part("x", [URIS[0]], 5555, prefill_host=None),
+    ],
+)  # fmt: skip
 def test_malformed_parts_are_400(url, body) -> None:
     assert httpx.post(url + "/encode", json=body, timeout=30).status_code == 400
 

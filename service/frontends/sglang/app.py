@@ -107,9 +107,12 @@ def direct_endpoints(body: dict) -> list[str] | None:
         return None
     ports = ports if isinstance(ports, list) else [ports]
     host = body.get("prefill_host")
-    if not isinstance(host, str) or not ports or not all(type(p) is int for p in ports):
-        raise InvalidRequestError("embedding_port needs prefill_host and integer ports", reason=Reason.BAD_REQUEST)
-    return [tcp_endpoint(f"{host}:{port}") for port in ports]
+    try:
+        if not isinstance(host, str) or not ports or not all(type(p) is int for p in ports):
+            raise ValueError("embedding_port needs prefill_host and integer ports")
+        return [tcp_endpoint(f"{host}:{port}") for port in ports]
+    except ValueError as exc:
+        raise InvalidRequestError(str(exc), reason=Reason.BAD_REQUEST) from None
 
 
 class SglangEncoder:
