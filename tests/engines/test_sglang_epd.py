@@ -71,13 +71,13 @@ def http_get(url: str, timeout: float = 2.0) -> tuple[int, bytes]:
 class Mmproc:
     """`mmproc serve` in a subprocess, with the SGLang front end on its own port."""
 
-    def __init__(self, family: str) -> None:
+    def __init__(self, family: str, *extra: str) -> None:
         self.grpc, self.http, self.port = free_port(), free_port(), free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         args = [
             "--model", PRESETS[family], "--grpc-address", f"127.0.0.1:{self.grpc}",
             "--http-address", f"127.0.0.1:{self.http}", "--sglang-address", f"127.0.0.1:{self.port}",
-            "--sglang-push-timeout-s", str(PUSH_TIMEOUT_S), "--sglang-register-wait-s", str(REGISTER_WAIT_S),
+            "--sglang-push-timeout-s", str(PUSH_TIMEOUT_S), "--sglang-register-wait-s", str(REGISTER_WAIT_S), *extra,
         ]  # fmt: skip
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
         self.proc = subprocess.Popen([sys.executable, "-m", "service.app.cli", "serve", *args], cwd=REPO, env=env)
@@ -358,3 +358,20 @@ def test_the_documented_commands_parse() -> None:
     settings = _settings(parser.parse_args(documented_command("mmproc serve")))
     port = args.encoder_urls[0].rpartition(":")[2]
     assert settings.sglang_address.endswith(f":{port}")
+
+
+def test_bfloat16_rows_arrive_bit_for_bit() -> None:
+    """bfloat16, the GPU default: the header names it and SGLang reads the rows back unchanged (K2.5, tokenizer path)."""
+    server = Mmproc("kimi_k25", "--dtype", "bfloat16")
+    try:
+        server_args, receiver = sglang_side.tokenizer_receiver("zmq_to_tokenizer", [server.url])
+        proc = sglang_side.processor("kimi_k25", server_args, WORDS)
+        own = server.own_rows(IMAGES[:2])
+        assert own[0].tensor.dtype == torch.bfloat16
+        tok = sglang_side.tokenizer(WORDS)
+        request = sglang_side.generate_request("bf16", URIS[:2])
+        prompt = tok.encode(prompts("kimi_k25", own)[0])
+        mm_inputs = asyncio.run(receiver.recv_mm_data(request_obj=request, mm_processor=proc, prompt=prompt))
+        check_outcome(sglang_side.outcome_of(mm_inputs), "kimi_k25", own, tok)
+    finally:
+        server.stop()
