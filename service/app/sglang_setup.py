@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import uvicorn
@@ -36,12 +35,14 @@ async def start_sglang(
     s: ServerSettings,
     state: ServingState,
     server_class: type[uvicorn.Server],
-    bind: Callable[[str], socket.socket],
+    sock: socket.socket,
 ) -> SglangServer:
+    """Serve on `sock` (bound by `Service.start` with the other listeners, so a bad address fails before any)."""
     try:
         from service.frontends.sglang.app import SglangConfig, create_sglang_app
         from service.frontends.sglang.media import FetchConfig
     except ImportError as exc:  # pyzmq: the [sglang] extra
+        sock.close()
         raise ConfigError(f"--sglang-address needs pyzmq (pip install 'mmproc[sglang]'): {exc}") from None
     fetch = FetchConfig(
         enabled=bool(s.sglang_fetch_host_list), allow_hosts=s.sglang_fetch_host_list,
@@ -51,7 +52,6 @@ async def start_sglang(
         push_timeout_s=s.sglang_push_timeout_s, register_wait_s=s.sglang_register_wait_s,
         deadline_s=s.default_deadline_s, max_body_bytes=s.max_message_mb * MiB, fetch=fetch,
     )  # fmt: skip
-    sock = bind(s.sglang_address)
     port = sock.getsockname()[1]
     app, encoder = create_sglang_app(state, config)
     server = server_class(uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False, log_config=None))

@@ -21,11 +21,11 @@ import zmq
 from PIL import Image
 
 from mmproc.client import EncoderClient
-from mmproc.errors import InvalidRequestError
+from mmproc.errors import ConfigError, InvalidRequestError
 from service.frontends.sglang.header import EMBEDDING_DATA, MODALITY
 from service.frontends.sglang.media import FetchConfig, media_bytes
 from tests.support.common import free_port
-from tests.support.server import serving, test_settings
+from tests.support.server import ServiceThread, serving, test_settings
 
 PUSH_TIMEOUT_S = 1.0
 
@@ -263,3 +263,12 @@ def test_bodies_over_the_limit_or_not_json_are_refused(url) -> None:
         assert sock.recv(4096).startswith(b"HTTP/1.1 413")  # refused unread
     for content in (b"not json", b"null"):
         assert httpx.post(url + "/encode", content=content).status_code == 400
+
+
+def test_a_taken_sglang_address_fails_the_start_naming_it() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        settings = test_settings(sglang_address=f"127.0.0.1:{taken.getsockname()[1]}")
+        with pytest.raises(ConfigError, match="--sglang-address"):
+            ServiceThread(settings).start()
