@@ -13,12 +13,12 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 
 from mmproc.runner_config import RunnerConfig
-from mmproc.transport.pool_config import PoolConfig
+from mmproc.transport.cuda_ipc.config import PoolConfig
 from mmproc.units import MiB
 from service.app.limit_settings import LimitSettings
 from service.app.sglang_settings import SglangSettings
 from service.pipeline.cache.store import CacheConfig
-from service.pipeline.config import EngineConfig
+from service.pipeline.config import PipelineConfig
 from service.pipeline.decode.config import DecodePoolConfig
 from service.pipeline.key_store import KeyStoreConfig
 from service.pipeline.overload import OverloadConfig
@@ -104,7 +104,7 @@ class ServerSettings(LimitSettings, SglangSettings):
         "the float32 bytes, and skip their costliest pass (docs/benchmarks/preprocess.md)",
     )
     gpu_decode: Literal["auto", "on", "off"] = Field(
-        EngineConfig.gpu_decode,
+        PipelineConfig.gpu_decode,
         description="With a CUDA model and gpu_preprocess, decode JPEGs on the GPU (nvImageCodec; auto: when it "
         "loads, on: refuse to start without it); other images and GPU failures take the decode workers",
     )

@@ -141,16 +141,16 @@ class SglangEncoder:
             self.parts -= 1
 
     async def _encode(self, part: dict) -> None:
-        engine = self.state.engine()
+        pipeline = self.state.pipeline()
         items = part["mm_items"]
-        engine.check_image_count(len(items))
+        pipeline.check_image_count(len(items))
         direct = direct_endpoints(part)  # a bad destination is a 400 before any work
         images = list(await asyncio.gather(*(media_bytes(x, i, self.config.fetch) for i, x in enumerate(items))))
         deadline = time.monotonic() + self.config.deadline_s
-        results = await engine.encode(images, part["req_id"], deadline)
+        results = await pipeline.encode(images, part["req_id"], deadline)
         # (sum tokens_i, hidden) in item order, row-major on the CPU; off the loop (a device-to-host copy)
         rows = await asyncio.to_thread(lambda: torch.cat([r.embedding for r in results]).to("cpu").contiguous())
-        family = engine.encoder.config.family
+        family = pipeline.encoder.config.family
         frame = FRAMINGS.get(family)
         sized = frame is not None and "{width}" in frame.image_header  # K3 frames each image with its size
         header = PartHeader(
