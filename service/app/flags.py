@@ -59,6 +59,10 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "decode_budget_base_s", "decode_budget_per_mp_s",
     ),
     "security": ("auth_token", "auth_token_file"),
+    "SGLang encoder (docs/engines.md)": (
+        "sglang_address", "sglang_push_timeout_s", "sglang_register_wait_s", "sglang_fetch_hosts",
+        "sglang_fetch_max_mb", "sglang_fetch_timeout_s", "sglang_fetch_private",
+    ),
     "shutdown (docs/deploy.md)": ("grace_period_s", "drain_delay_s"),
     "logging": ("log_level", "log_json"),
 }  # fmt: skip

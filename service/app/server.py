@@ -95,7 +95,7 @@ class _EmbeddedUvicorn(uvicorn.Server):
         yield
 
 
-def _http_socket(address: str) -> socket.socket:
+def _http_socket(address: str, setting: str = "http_address") -> socket.socket:
     host, _, port = address.rpartition(":")
     host = host.strip("[]") or "127.0.0.1"
     address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -105,7 +105,8 @@ def _http_socket(address: str) -> socket.socket:
         sock.bind((host, int(port)))
     except OSError as exc:
         sock.close()
-        raise ConfigError(f"cannot listen on http_address {address} (--http-address): {exc.strerror or exc}") from None
+        flag = "--" + setting.replace("_", "-")
+        raise ConfigError(f"cannot listen on {setting} {address} ({flag}): {exc.strerror or exc}") from None
     return sock
 
 
@@ -189,6 +190,8 @@ class Service:
         self._http_task: asyncio.Task | None = None
         self._loop_lag: asyncio.Task | None = None
         self._grpc_loop: GrpcLoop | None = None
+        self.sglang_port = 0
+        self._sglang = None  # service.app.sglang_setup.SglangServer
 
     @property
     def pipeline(self) -> RequestPipeline:
@@ -204,6 +207,14 @@ class Service:
         token = BearerToken(s.auth_token.get_secret_value()) if s.auth_token is not None else None
         # The HTTP socket first: a failure to bind either address then leaves nothing half started behind.
         sock = _http_socket(s.http_address) if s.http_address else None
+        sglang_sock = None
+        if s.sglang_address:
+            try:
+                sglang_sock = _http_socket(s.sglang_address, "sglang_address")
+            except BaseException:
+                if sock is not None:
+                    sock.close()
+                raise
         self._grpc_loop = grpc_loop = GrpcLoop(s.grpc_loop, s.event_loop)
         try:
             making = create_server(
@@ -220,8 +231,9 @@ class Service:
             self._grpc, self.grpc_port, self._health = await grpc_loop.run(making)
         except BaseException:
             grpc_loop.close()
-            if sock is not None:
-                sock.close()
+            for bound in (sock, sglang_sock):
+                if bound is not None:
+                    bound.close()
             raise
         if sock is not None:
             self.http_port = sock.getsockname()[1]
@@ -239,6 +251,8 @@ class Service:
             self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]))
             while not self._http.started and not self._http_task.done():
                 await asyncio.sleep(0.005)
+        if sglang_sock is not None:
+            await self._start_sglang(sglang_sock)
         logger.info(
             "listening: gRPC %s, HTTP %s; NOT_SERVING until the model is loaded and warmed up",
             listening_address(s.grpc_address, self.grpc_port),
@@ -246,6 +260,13 @@ class Service:
         )
         self._loading = asyncio.create_task(self._load())
         self._loop_lag = asyncio.create_task(watch_loop_lag(self.metrics.loop_lag.observe))
+
+    async def _start_sglang(self, sock: socket.socket) -> None:
+        """SGLang's encoder protocol on its own port (service/app/sglang_setup.py)."""
+        from service.app.sglang_setup import start_sglang
+
+        self._sglang = await start_sglang(self.settings, self.state, _EmbeddedUvicorn, sock)
+        self.sglang_port = self._sglang.port
 
     async def _load(self) -> None:
         def build_and_warm_up() -> RequestPipeline:
@@ -345,6 +366,8 @@ class Service:
         if self._http is not None and self._http_task is not None:
             self._http.should_exit = True
             await self._http_task
+        if self._sglang is not None:
+            await self._sglang.stop()
         if self._loop_lag is not None:
             self._loop_lag.cancel()
         if pipeline is not None:  # a forward still running past the grace period is left to the process exit

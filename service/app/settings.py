@@ -17,6 +17,7 @@ from mmproc.transport.cuda_ipc.config import PoolConfig
 from mmproc.transport.nixl.config import NixlConfig
 from mmproc.units import MiB
 from service.app.model_settings import ModelSettings
+from service.app.sglang_settings import SglangSettings
 from service.pipeline.cache.store import CacheConfig
 from service.pipeline.decode.config import DecodePoolConfig
 from service.pipeline.key_store import KeyStoreConfig
@@ -40,9 +41,9 @@ def _check_host_port(name: str, value: str, form: str) -> str:
     return value
 
 
-class ServerSettings(ModelSettings):
+class ServerSettings(ModelSettings, SglangSettings):
     """Every setting; the model's in `ModelSettings` (model_settings.py), the request, media and video limits in
-    `LimitSettings` (limit_settings.py)."""
+    `LimitSettings` (limit_settings.py), SGLang's encoder protocol's in `SglangSettings`."""
 
     # Addresses
     grpc_address: str = Field(

@@ -1,6 +1,6 @@
 """Engine tests skip where the engine is not installed, except under MMPROC_REQUIRE_VLLM=1 (.ci/run's vLLM venv),
-where a vLLM that fails to import is a failure, not a silent skip. The SGLang adapter's test shares the in-process
-tiny server (tests/support/server.py)."""
+where a vLLM that fails to import is a failure, not a silent skip (MMPROC_REQUIRE_SGLANG=1 does the same for
+test_sglang_epd.py). `tiny_server` is the shared in-process tiny server (tests/support/server.py)."""
 
 from __future__ import annotations
 
