@@ -38,7 +38,8 @@ from service.frontends.http.gate import BodyDropped, add_header_gate
 from service.frontends.http.info_json import server_info_json
 from service.frontends.http.reply import held_reply
 from service.frontends.replies import serialized_payloads
-from service.observe.logs import REQUEST_ID_HEADER, client_request_id, log_access, request_context
+from service.frontends.request_ids import request_id_from
+from service.observe.logs import REQUEST_ID_HEADER, log_access, request_context
 from service.pipeline.encoded import EncodedImage
 from service.pipeline.state import ServingState
 
@@ -104,7 +105,7 @@ def http_request_id(request: Request) -> str:
     """The request's id, the same for the middlewares, handlers and error handlers: the client's x-request-id
     when it is a sane one, else a new one."""
     if REQUEST_ID_KEY not in request.scope:
-        request.scope[REQUEST_ID_KEY] = client_request_id(request.headers.get(REQUEST_ID_HEADER))
+        request.scope[REQUEST_ID_KEY] = request_id_from(header=request.headers.get(REQUEST_ID_HEADER))
     return request.scope[REQUEST_ID_KEY]
 
 
@@ -236,7 +237,7 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
     @app.post("/v1/encode")
     async def encode(body: EncodeBody, request: Request) -> Response:
         started = mark_started(request)
-        request_id = body.request_id or http_request_id(request)
+        request_id = request_id_from(body.request_id) if body.request_id else http_request_id(request)
         with request_context(request_id):
             work = encode_request(body, request_id, request.headers.get(TIMEOUT_HEADER))
             outcome = await unless_disconnected(work, request.receive)
