@@ -157,7 +157,7 @@ def _index(handle, container: str, limits: VideoLimits) -> VideoIndex:
                     f"more than {limits.max_stream_frames} frames in the stream", reason=Reason.VIDEO_TOO_LONG
                 )
     except av.FFmpegError as exc:
-        raise InvalidMediaError(f"the container is damaged: {exc}", reason=Reason.TRUNCATED) from None
+        raise _damaged("the container", exc) from None
     if not pts:
         raise InvalidMediaError("the video stream has no frames", reason=Reason.EMPTY)
     if stream.frames and len(pts) < stream.frames:  # MP4's sample table counts the frames the file should hold
@@ -193,6 +193,14 @@ def _index(handle, container: str, limits: VideoLimits) -> VideoIndex:
         keyframe_pts=tuple(sorted(set(keys))),
         time_base=time_base,
     )
+
+
+def _damaged(what: str, exc: Exception) -> InvalidMediaError:
+    """FFmpeg's error while reading: ENOMEM (PyAV's MemoryError) is a file that needs more room than a worker has,
+    not a cut one."""
+    if isinstance(exc, MemoryError):
+        return InvalidMediaError(f"{what} needs more memory than a decode worker has", reason=Reason.UNDECODABLE)
+    return InvalidMediaError(f"{what} is damaged: {exc}", reason=Reason.TRUNCATED)
 
 
 def plan_decode(index: VideoIndex, wanted: list[int]) -> tuple[list[bool], int]:
@@ -303,5 +311,5 @@ def _decode(handle, index: VideoIndex, wanted: list[int], seeks: list[bool], lim
                     out.append(frame.to_ndarray(format="rgb24"))
                     break
     except av.FFmpegError as exc:
-        raise InvalidMediaError(f"the video stream is damaged: {exc}", reason=Reason.TRUNCATED) from None
+        raise _damaged("the video stream", exc) from None
     return out, count

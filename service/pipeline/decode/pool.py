@@ -58,7 +58,7 @@ from service.pipeline.decode.config import DecodePoolConfig
 from service.pipeline.decode.jobs import VideoJob, _ImageJob
 from service.pipeline.decode.transfer import Shipped, make_transfer_dir, remove_transfer_dir
 from service.pipeline.decode.video_worker import ShippedVideo
-from service.pipeline.decode.worker import Prepared, init_worker, run_task, warm_up
+from service.pipeline.decode.worker import Prepared, init_worker, resident_bytes, run_task, warm_up
 from service.pipeline.fair_share import FairShare
 from service.pipeline.wait_clock import WaitClock
 
@@ -197,6 +197,8 @@ class DecodePool:
                 if exc.reason == Reason.DECODE_TIME:
                     self._retire(executor)
                 raise
+            finally:
+                self._recycle_if_worn(executor)
         finally:
             self._release_when_done(future)
         self.quarantined += 1  # outside the fair share: the quarantine is its own one-worker executor
@@ -273,7 +275,15 @@ class DecodePool:
         logger.warning("decode pool: a worker died; replaced the workers, retrying their images one at a time")
         broken.shutdown(wait=False, cancel_futures=True)
 
-    def _retire(self, worn: Executor) -> None:
+    def _recycle_if_worn(self, executor: Executor) -> None:
+        """After a task: a worker whose resident size stayed over `worker_recycle_mb` (memory a decoder kept, or
+        a heap that did not shrink) gets its executor retired, so the next image meets a worker at its idle size."""
+        limit = self.config.worker_recycle_mb * MiB
+        processes = getattr(executor, "_processes", None) or {}
+        if limit and any(resident_bytes(p.pid) > limit for p in list(processes.values())):
+            self._retire(executor, "a worker stayed over its resident size limit after a task")
+
+    def _retire(self, worn: Executor, why: str = "an image ran out of its time budget") -> None:
         """After an image ran out of its time budget: replace the workers that ran it, without a gap.
 
         Starting workers can take seconds (a forkserver child re-imports `__main__`), so fresh ones are started
@@ -285,7 +295,7 @@ class DecodePool:
             if self._executor is not worn or self._closed or self._respawning:
                 return
             self._respawning = True
-        logger.info("decode pool: an image ran out of its time budget; replacing its workers")
+        logger.info("decode pool: %s; replacing its workers", why)
         self._respawner.submit(self._respawn, worn)
 
     def _respawn(self, worn: Executor) -> None:

@@ -23,7 +23,14 @@ from mmproc.preprocess.video_config import VideoRules
 from mmproc.types import PreprocessedImage, PreprocessedVideo
 from service.observe.logs import request_context
 from service.pipeline.decode.transfer import Shipped, ship
-from service.pipeline.decode.worker import cpu_budget
+from service.pipeline.decode.worker import cpu_budget, detached, out_of_room, release_memory
+
+try:  # what PyAV imports only on its first subtitle stream: here, in the forkserver, not under a worker's cap
+    import av.subtitles.codeccontext
+    import av.subtitles.stream
+    import av.subtitles.subtitle  # noqa: F401
+except ImportError:  # no `video` extra: videos are refused before PyAV is needed
+    pass
 
 
 @dataclass
@@ -88,5 +95,12 @@ def run_video_task(
 ) -> ShippedVideo:
     """The worker's entry point for one video, within its CPU budget and wall-clock cap."""
     seconds = limits.decode_cpu_s
-    with request_context(request_id), cpu_budget(seconds, 2 * seconds + 1.0, 2 * seconds + 10.0, "video"):
-        return prepare_video(data, limits, rules, sampling, out_dir)
+    error: BaseException | None = None
+    try:
+        with request_context(request_id), cpu_budget(seconds, 2 * seconds + 1.0, 2 * seconds + 10.0, "video"):
+            return prepare_video(data, limits, rules, sampling, out_dir)
+    except BaseException as exc:  # noqa: BLE001 - every error leaves, detached, below
+        error = detached(out_of_room(exc))
+    finally:
+        release_memory(error is not None)
+    raise error

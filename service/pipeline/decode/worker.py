@@ -9,6 +9,8 @@ worker costs no imports.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import gc
 import os
 import resource
@@ -34,6 +36,8 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 # done here, in the forkserver that preloads this module, so that no worker pays it inside an image's budget.
 Image.init()
 MEMORY_EXIT_CODE = 75  # a worker that ran out of its memory budget exits with this (see run_task)
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c") or None)
+_MALLOC_TRIM = getattr(_LIBC, "malloc_trim", None)  # glibc only
 
 
 class Prepared(NamedTuple):
@@ -138,11 +142,56 @@ def run_task(
     stuck without using CPU): the parent sees a dead worker, exactly as for a crash or running out of memory.
     """
     seconds = budget.for_image(data)
-    with request_context(request_id), cpu_budget(seconds, seconds + max(1.0, seconds), budget.cap_s, "image"):
-        prepared = task(data, limits, config)
-    image = prepared.image
-    lut = None if image.lut is None else image.lut.numpy()
-    return ship(image.patches.numpy(), image.grid_hw, image.num_tokens, out_dir, prepared[1:], image.image_size, lut)
+    error: BaseException | None = None
+    try:
+        with request_context(request_id), cpu_budget(seconds, seconds + max(1.0, seconds), budget.cap_s, "image"):
+            prepared = task(data, limits, config)
+        image = prepared.image
+        lut = None if image.lut is None else image.lut.numpy()
+        return ship(
+            image.patches.numpy(), image.grid_hw, image.num_tokens, out_dir, prepared[1:], image.image_size, lut
+        )
+    except BaseException as exc:  # noqa: BLE001 - every error leaves, detached, below
+        error = detached(out_of_room(exc))
+    finally:
+        release_memory(error is not None)
+    raise error
+
+
+def out_of_room(exc: BaseException) -> BaseException:
+    """An allocator's failure inside a media task as the media's fault (400 UNDECODABLE), never a 500: torch's
+    `RuntimeError: ... can't allocate memory`, and an import a library does lazily that failed under the
+    address-space cap (the forkserver preloads what it can)."""
+    text = str(exc).lower() if isinstance(exc, RuntimeError | ImportError) else ""
+    if isinstance(exc, ImportError) or "alloc" in text or "memory" in text:
+        return InvalidMediaError("the decoder ran out of room on this item", reason=Reason.UNDECODABLE)
+    return exc
+
+
+def detached(exc: BaseException) -> BaseException:
+    """`exc` without its traceback, cause and context: their frames hold the task's decoded pixels, and
+    concurrent.futures keeps the exception a task raised until that worker's next task fails."""
+    exc.__traceback__ = exc.__cause__ = exc.__context__ = None
+    exc.__suppress_context__ = True
+    return exc
+
+
+def release_memory(failed: bool) -> None:
+    """After a task: collect what a failure's frames left in cycles, and give freed heap back to the kernel
+    (glibc otherwise keeps a freed raster in its arenas, and the worker's RSS at rest stays at its peak)."""
+    if failed:
+        gc.collect()
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def resident_bytes(pid: int) -> int:
+    """A process's resident set size, from /proc/PID/statm (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm") as statm:
+            return int(statm.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 @contextlib.contextmanager
