@@ -25,6 +25,7 @@ def media_limits(s: ServerSettings) -> MediaLimits:
         max_pixels=s.max_pixels,
         max_aspect_ratio=s.max_aspect_ratio,
         max_jpeg_scans=s.max_jpeg_scans,
+        max_jpeg_passes=s.max_jpeg_passes,
         max_chunks=s.max_chunks,
         max_rle_ratio=s.max_rle_ratio,
         apply_exif_orientation=s.apply_exif_orientation,

@@ -48,7 +48,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "key store (results kept for engines)": ("key_store_mb", "key_store_ttl_s", "key_store_max_keys"),
     "request limits (checked before decoding)": (
         "max_images_per_request", "max_request_mb", "max_image_mb", "max_pixels", "max_aspect_ratio",
-        "max_patches_per_request", "max_jpeg_scans", "max_chunks", "max_rle_ratio", "apply_exif_orientation",
+        "max_patches_per_request", "max_jpeg_scans", "max_jpeg_passes", "max_chunks", "max_rle_ratio", "apply_exif_orientation",
     ),
     "admission and batching": (
         "max_inflight_requests", "max_inflight_patches", "max_batch_patches", "max_batch_images", "max_wait_ms",

@@ -45,6 +45,12 @@ class LimitSettings(BaseSettings):
         le=1 << 20,
         description="Most scans (SOS segments) in a JPEG; progressive libjpeg files have 10",
     )
+    max_jpeg_passes: int = Field(
+        MediaLimits.max_jpeg_passes,
+        ge=1,
+        le=1 << 20,
+        description="Most passes a JPEG's scans make over its blocks in all; libjpeg's progression makes 5.3-6",
+    )
     max_chunks: int = Field(
         MediaLimits.max_chunks,
         ge=1,
