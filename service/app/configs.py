@@ -76,6 +76,8 @@ def decode_config(s: ServerSettings) -> DecodePoolConfig:
         timeout_s=s.decode_timeout_s,
         budget_base_s=s.decode_budget_base_s,
         budget_per_mp_s=s.decode_budget_per_mp_s,
+        request_cpu_s=s.decode_request_cpu_s,
+        request_megapixels=s.decode_request_megapixels,
         log_level=s.log_level,
         log_json=s.log_json,
         normalize=not (s.gpu_preprocess and s.device.startswith("cuda")),

@@ -56,7 +56,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "decoding (docs/reliability.md)": (
         "preprocess_workers", "decode_isolation", "decode_worker_memory_mb", "decode_timeout_s",
-        "decode_budget_base_s", "decode_budget_per_mp_s",
+        "decode_budget_base_s", "decode_budget_per_mp_s", "decode_request_cpu_s", "decode_request_megapixels",
     ),
     "security": ("auth_token", "auth_token_file"),
     "shutdown (docs/deploy.md)": ("grace_period_s", "drain_delay_s"),

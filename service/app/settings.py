@@ -312,6 +312,18 @@ class ServerSettings(LimitSettings):
         le=3600,
         description="Budget added per declared megapixel; past the budget: 400 decode_time",
     )
+    decode_request_cpu_s: float = Field(
+        DecodePoolConfig.request_cpu_s,
+        ge=0,
+        le=3600,
+        description="Decode CPU time one request may use over all its images (0: only each image's own budget)",
+    )
+    decode_request_megapixels: float = Field(
+        DecodePoolConfig.request_megapixels,
+        ge=0,
+        le=1e6,
+        description="Megapixels one request's image headers may declare in all (0: no bound); past it: 400 decode_cost",
+    )
 
     # Security
     auth_token: SecretStr | None = Field(

@@ -26,6 +26,8 @@ HOLD = b"HOLD-300-MB-THEN-FAIL"  # fail, chained, from a frame that holds 300 MB
 LEAK = b"LEAK-300-MB"  # keep 300 MB for good (a decoder that leaks), then decode normally
 NO_ROOM = b"TORCH-CANNOT-ALLOCATE"  # torch's allocator RuntimeError
 LAZY_IMPORT = b"LAZY-IMPORT-FAILS"  # an import a library does lazily fails (under the address-space cap)
+BURN = b"BURN-0.2-S-OF-CPU:"  # use 0.2 s of CPU time, then decode the image that follows the magic
+SLOW_TAIL = b"SLOW-AFTER-IEND"  # at the end of a real image (its header still sizes it): take 0.3 s first
 _LEAKED: list = []
 
 
@@ -46,6 +48,13 @@ def misbehaving_task(data: bytes, limits: MediaLimits, config: PreprocessConfig)
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGVTALRM})  # as deaf to the budget as a C loop
         while True:
             pass
+    if data.startswith(BURN):
+        until = time.process_time() + 0.2
+        while time.process_time() < until:
+            pass
+        data = data[len(BURN) :]
+    if data.endswith(SLOW_TAIL):
+        time.sleep(0.3)
     if data.startswith(SLOW):
         time.sleep(0.2)
         data = data[len(SLOW) :]

@@ -16,10 +16,12 @@ from service.pipeline.decode.worker import Prepared
 @dataclass(frozen=True)
 class _ImageJob:
     data: bytes
+    seconds: float = 0.0  # its own CPU budget (from its header)
+    heavy: bool = False  # a long budget: it takes the heavy lane (service/pipeline/fair_share.py)
 
     @staticmethod
     def unship(result: Shipped | Prepared) -> Prepared:
-        return result if isinstance(result, Prepared) else Prepared(result.to_image(), *result.timings)
+        return result if isinstance(result, Prepared) else Prepared(result.to_image(), *result.timings[:2])
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,7 @@ class VideoJob:
     limits: VideoLimits
     rules: VideoRules
     sampling: VideoSampling
+    heavy = True  # a video holds its worker for seconds: never in the light lane
 
     @property
     def args(self) -> tuple:

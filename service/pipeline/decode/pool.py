@@ -46,6 +46,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import replace
 
 from mmproc.errors import ConfigError, DeadlineExceededError, InvalidMediaError, Reason, UnavailableError
 from mmproc.media import MediaLimits
@@ -56,9 +57,10 @@ from service.pipeline.decode import video_worker as decode_video_worker
 from service.pipeline.decode import worker as decode_worker
 from service.pipeline.decode.config import DecodePoolConfig
 from service.pipeline.decode.jobs import VideoJob, _ImageJob
+from service.pipeline.decode.request_budget import RequestSpend, check_megapixels
 from service.pipeline.decode.transfer import Shipped, make_transfer_dir, remove_transfer_dir
 from service.pipeline.decode.video_worker import ShippedVideo
-from service.pipeline.decode.worker import Prepared, init_worker, resident_bytes, run_task, warm_up
+from service.pipeline.decode.worker import Prepared, declared_pixels, init_worker, resident_bytes, run_task, warm_up
 from service.pipeline.fair_share import FairShare
 from service.pipeline.wait_clock import WaitClock
 
@@ -157,7 +159,14 @@ class DecodePool:
         the answer) while images before i still finish, so the error reported is deterministic. `deadline`
         (time.monotonic()) ends the wait with DeadlineExceededError; cancelling the caller cancels the rest.
         """
-        return await self._prepare_many([_ImageJob(data) for data in images], deadline, "images")
+        budget = self.config.budget
+        pixels = [declared_pixels(data) for data in images]
+        check_megapixels(pixels, self.config.request_megapixels)
+        jobs = []
+        for data, declared in zip(images, pixels, strict=True):
+            seconds = budget.seconds(declared)
+            jobs.append(_ImageJob(data, seconds, heavy=seconds > self.config.heavy_s))
+        return await self._prepare_many(jobs, deadline, "images")
 
     async def prepare_videos(self, jobs: Sequence[VideoJob], deadline: float | None = None) -> list[ShippedVideo]:
         """Every video of one request (`VideoJob`s), in order, as `decode_video_worker.ShippedVideo`s: the same
@@ -167,7 +176,8 @@ class DecodePool:
     async def _prepare_many(self, jobs: Sequence, deadline: float | None, what: str) -> list:
         key = next(self._request_keys)  # this request's turn in the fair share
         token = self.waits.enter()
-        tasks = [asyncio.ensure_future(self._prepare_one(job, key, deadline, token)) for job in jobs]
+        spend = RequestSpend(self.config.request_cpu_s) if self.config.request_cpu_s else None
+        tasks = [asyncio.ensure_future(self._prepare_one(job, key, deadline, token, spend)) for job in jobs]
         try:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
             return await asyncio.wait_for(_first_error_in_order(tasks), timeout)
@@ -178,8 +188,10 @@ class DecodePool:
             for task in tasks:
                 task.cancel()
 
-    async def _prepare_one(self, job: _ImageJob | VideoJob, key: object, deadline: float | None, waiting: int):
-        await self._share.acquire(key)
+    async def _prepare_one(
+        self, job: _ImageJob | VideoJob, key: object, deadline: float | None, waiting: int, spend: RequestSpend | None
+    ):
+        await self._share.acquire(key, job.heavy)
         self.waits.leave(waiting)  # the request has a slot: no longer waiting for its first
         future: Future | None = None
         try:
@@ -188,9 +200,13 @@ class DecodePool:
             if self.config.isolation == "thread":
                 future = self._submit_thread(job)
                 return job.unship(await asyncio.wrap_future(future))
-            executor, future = self._submit_process(job)
+            granted = spend.grant(job.seconds) if spend is not None and isinstance(job, _ImageJob) else None
+            executor, future = self._submit_process(job, granted)
             try:
-                return job.unship(await asyncio.wrap_future(future))
+                result = await asyncio.wrap_future(future)
+                if granted is not None:
+                    spend.charge(result.cpu_s)
+                return job.unship(result)
             except BrokenProcessPool:
                 self._replace(executor)
             except InvalidMediaError as exc:
@@ -200,20 +216,20 @@ class DecodePool:
             finally:
                 self._recycle_if_worn(executor)
         finally:
-            self._release_when_done(future)
+            self._release_when_done(future, job.heavy)
         self.quarantined += 1  # outside the fair share: the quarantine is its own one-worker executor
         loop = asyncio.get_running_loop()
         run = contextvars.copy_context().run  # keeps the request id for the worker's log lines
         return job.unship(await loop.run_in_executor(self._quarantine_thread, run, self._run_alone, job))
 
-    def _release_when_done(self, future: Future | None) -> None:
+    def _release_when_done(self, future: Future | None, heavy: bool) -> None:
         """Give the slot back once the image has left its worker: a cancelled request's image that is already
         running keeps its worker busy, so its slot stays taken until it ends (else the executor's own queue,
         first come first served, would fill up behind it)."""
         if future is None or future.done() or future.cancel():
-            self._share.release()
+            self._share.release(heavy)
         else:
-            future.add_done_callback(lambda _: self._share.release())  # on an executor thread
+            future.add_done_callback(lambda _: self._share.release(heavy))  # on an executor thread
 
     def _submit_thread(self, job: _ImageJob | VideoJob) -> Future:
         run = contextvars.copy_context().run  # the decode thread's log lines carry the request id
@@ -225,25 +241,26 @@ class DecodePool:
         except RuntimeError:  # shut down
             raise UnavailableError("decoder pool is shut down") from None
 
-    def _submit_process(self, job: _ImageJob | VideoJob) -> tuple[Executor, Future]:
+    def _submit_process(self, job: _ImageJob | VideoJob, granted: float | None = None) -> tuple[Executor, Future]:
         with self._lock:
             if self._closed:
                 raise UnavailableError("decoder pool is shut down")
             executor = self._executor
         try:
-            return executor, self._submit_task(executor, job)
+            return executor, self._submit_task(executor, job, granted)
         except BrokenProcessPool:  # broken by another image's crash before this one ever ran: not a suspect
             self._replace(executor)
-            return self._submit_process(job)
+            return self._submit_process(job, granted)
 
-    def _submit_task(self, executor: Executor, job: _ImageJob | VideoJob) -> Future:
+    def _submit_task(self, executor: Executor, job: _ImageJob | VideoJob, granted: float | None = None) -> Future:
         request_id = REQUEST_ID.get()
         if isinstance(job, VideoJob):
             future = executor.submit(decode_video_worker.run_video_task, request_id, self._transfer(), *job.args[:4])
         else:
             task = self._task or self._prepare
+            budget = self.config.budget if granted is None else replace(self.config.budget, granted_s=granted)
             future = executor.submit(
-                run_task, task, self.config.budget, self._transfer(), request_id, job.data, self.limits, self.preprocess
+                run_task, task, budget, self._transfer(), request_id, job.data, self.limits, self.preprocess
             )
         future.add_done_callback(_materialize)  # before anyone waits: maps and unlinks even if nobody does
         return future

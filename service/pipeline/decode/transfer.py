@@ -49,6 +49,7 @@ class Shipped:
     image_size: tuple[int, int] = (0, 0)  # (width, height) as decoded
     dtype: str = "float32"  # of the patches: float32, or uint8 bytes that `lut` normalizes (on the device)
     lut: np.ndarray | None = None
+    cpu_s: float = 0.0  # CPU time the worker's task used (the request's decode budget is charged with it)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __getstate__(self) -> dict:

@@ -58,14 +58,21 @@ class DecodeBudget:
     base_s: float = 0.5
     per_megapixel_s: float = 0.2
     cap_s: float = 30.0
+    granted_s: float | None = None  # what the request's budget granted this image, when less (request_budget.py)
 
     def seconds(self, pixels: int) -> float:
-        return min(self.cap_s, self.base_s + self.per_megapixel_s * pixels / 1e6)
+        own = min(self.cap_s, self.base_s + self.per_megapixel_s * pixels / 1e6)
+        return own if self.granted_s is None else min(own, self.granted_s)
 
     def for_image(self, data: bytes) -> float:
-        fmt = sniff_format(data)
-        size = None if fmt is None else peek_size(fmt, data)
-        return self.seconds(0 if size is None else max(0, size[0]) * max(0, size[1]))
+        return self.seconds(declared_pixels(data))
+
+
+def declared_pixels(data: bytes) -> int:
+    """Width x height from the image's header peek; 0 when it does not say."""
+    fmt = sniff_format(data)
+    size = None if fmt is None else peek_size(fmt, data)
+    return 0 if size is None else max(0, size[0]) * max(0, size[1])
 
 
 class _OverBudget(BaseException):
@@ -143,14 +150,17 @@ def run_task(
     """
     seconds = budget.for_image(data)
     error: BaseException | None = None
+    started = time.process_time()
     try:
         with request_context(request_id), cpu_budget(seconds, seconds + max(1.0, seconds), budget.cap_s, "image"):
             prepared = task(data, limits, config)
         image = prepared.image
         lut = None if image.lut is None else image.lut.numpy()
-        return ship(
+        shipped = ship(
             image.patches.numpy(), image.grid_hw, image.num_tokens, out_dir, prepared[1:], image.image_size, lut
         )
+        shipped.cpu_s = time.process_time() - started
+        return shipped
     except BaseException as exc:  # noqa: BLE001 - every error leaves, detached, below
         error = detached(out_of_room(exc))
     finally:
