@@ -40,7 +40,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "model_path", "model", "device", "dtype", "cuda_graphs", "cuda_graph_max_patches",
         "cuda_graph_max_image_patches", "attention_backend", "torch_threads", "event_loop", "grpc_loop",
     ),
-    "network": ("grpc_address", "http_address", "max_message_mb", "stream_chunk_mb", "max_connection_age_s"),
+    "network": ("grpc_address", "http_address", "http_max_connections", "max_message_mb", "stream_chunk_mb", "max_connection_age_s"),
     "transport (CUDA IPC and serialized replies)": (
         "transport", "ipc_pool_mb", "ipc_word_slots", "ipc_ttl_s", "ipc_fallback", "host_malloc_reuse_mb",
         "malloc_arena_max", "max_reply_mb", "pinned_reply_mb",

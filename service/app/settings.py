@@ -115,6 +115,9 @@ class ServerSettings(LimitSettings):
     http_address: str = Field(
         "127.0.0.1:8080", description="Where HTTP (probes, /metrics, /v1/*) listens: HOST:PORT; empty turns HTTP off"
     )
+    http_max_connections: int = Field(
+        1024, ge=1, le=1 << 20, description="HTTP connections and requests served at once; past it: 503"
+    )
 
     # Transport
     transport: Literal["auto", "ipc", "serialized"] = Field(

@@ -161,7 +161,8 @@ class DecodePool:
         """
         budget = self.config.budget
         pixels = [declared_pixels(data) for data in images]
-        check_megapixels(pixels, self.config.request_megapixels)
+        # An image over max_pixels is its own refusal (with its index): it counts at most that here.
+        check_megapixels([min(p, self.limits.max_pixels) for p in pixels], self.config.request_megapixels)
         jobs = []
         for data, declared in zip(images, pixels, strict=True):
             seconds = budget.seconds(declared)
