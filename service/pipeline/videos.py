@@ -103,9 +103,11 @@ class VideoService:
         check_readers(readers)
         self.check_request(items)
         # Patches are known only once decoded, and chunks only then take queue slots (the runner's own bound).
+        max_patches = engine.request_limits.max_patches  # each video alone, at its first frame; all, once decoded
         with admission.admit(0, len(items), deadline, reserve=0) as admitted:
             jobs = [
-                VideoJob(item.data, self.limits, self.rules, VideoSampling(item.fps, item.num_frames)) for item in items
+                VideoJob(item.data, self.limits, self.rules, VideoSampling(item.fps, item.num_frames), max_patches)
+                for item in items
             ]
             videos = await engine.decode.videos(jobs, deadline)
             chunks = self._check_decoded(videos)

@@ -32,11 +32,12 @@ class VideoJob:
     limits: VideoLimits
     rules: VideoRules
     sampling: VideoSampling
+    max_patches: int = 0  # the request's patch budget, checked at the first decoded frame (0: none)
     heavy = True  # a video holds its worker for seconds: never in the light lane
 
     @property
     def args(self) -> tuple:
-        return (self.data, self.limits, self.rules, self.sampling)
+        return (self.data, self.limits, self.rules, self.sampling, self.max_patches)
 
     @staticmethod
     def unship(result: ShippedVideo) -> ShippedVideo:

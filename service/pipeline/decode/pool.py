@@ -41,6 +41,7 @@ import contextvars
 import itertools
 import logging
 import multiprocessing
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -56,6 +57,7 @@ from service.observe.logs import REQUEST_ID
 from service.pipeline.decode import video_worker as decode_video_worker
 from service.pipeline.decode import worker as decode_worker
 from service.pipeline.decode.config import DecodePoolConfig
+from service.pipeline.decode.futures import cancel_running, first_error_in_order, materialize
 from service.pipeline.decode.jobs import VideoJob, _ImageJob
 from service.pipeline.decode.request_budget import RequestSpend, check_megapixels
 from service.pipeline.decode.transfer import Shipped, make_transfer_dir, remove_transfer_dir
@@ -181,7 +183,7 @@ class DecodePool:
         tasks = [asyncio.ensure_future(self._prepare_one(job, key, deadline, token, spend)) for job in jobs]
         try:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            return await asyncio.wait_for(_first_error_in_order(tasks), timeout)
+            return await asyncio.wait_for(first_error_in_order(tasks), timeout)
         except asyncio.TimeoutError:
             raise DeadlineExceededError(f"deadline passed while decoding the {what}") from None
         finally:
@@ -231,6 +233,7 @@ class DecodePool:
             self._share.release(heavy)
         else:
             future.add_done_callback(lambda _: self._share.release(heavy))  # on an executor thread
+            cancel_running(future)
 
     def _submit_thread(self, job: _ImageJob | VideoJob) -> Future:
         run = contextvars.copy_context().run  # the decode thread's log lines carry the request id
@@ -255,15 +258,18 @@ class DecodePool:
 
     def _submit_task(self, executor: Executor, job: _ImageJob | VideoJob, granted: float | None = None) -> Future:
         request_id = REQUEST_ID.get()
-        if isinstance(job, VideoJob):
-            future = executor.submit(decode_video_worker.run_video_task, request_id, self._transfer(), *job.args[:4])
+        if isinstance(job, VideoJob):  # a file at cancel_path ends it when its request is gone (_release_when_done)
+            out = self._transfer()
+            cancel = None if out is None else os.path.join(out, f"cancel-{next(self._request_keys)}")
+            future = executor.submit(decode_video_worker.run_video_task, request_id, out, *job.args, cancel)
+            future.cancel_path = cancel  # type: ignore[attr-defined]
         else:
             task = self._task or self._prepare
             budget = self.config.budget if granted is None else replace(self.config.budget, granted_s=granted)
             future = executor.submit(
                 run_task, task, budget, self._transfer(), request_id, job.data, self.limits, self.preprocess
             )
-        future.add_done_callback(_materialize)  # before anyone waits: maps and unlinks even if nobody does
+        future.add_done_callback(materialize)  # before anyone waits: maps and unlinks even if nobody does
         return future
 
     @property
@@ -366,35 +372,3 @@ class DecodePool:
             initializer=init_worker,
             initargs=(self.config.worker_memory_mb * MiB, self.config.log_level, self.config.log_json),
         )
-
-
-async def _first_error_in_order(tasks: list[asyncio.Future]) -> list[Prepared]:
-    """Results of `tasks` in order, or the exception of the lowest-indexed failed task (see prepare_all)."""
-    first_bad = len(tasks)
-    pending = set(tasks)
-    while pending:
-        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
-        for task in done:
-            if not task.cancelled() and task.exception() is not None:
-                first_bad = min(first_bad, tasks.index(task))
-        if first_bad < len(tasks):
-            for task in tasks[first_bad + 1 :]:
-                task.cancel()
-            pending = {task for task in pending if tasks.index(task) < first_bad}
-    if first_bad < len(tasks):
-        exc = tasks[first_bad].exception()
-        assert exc is not None
-        if isinstance(exc, InvalidMediaError):
-            raise exc.at_index(first_bad)
-        raise exc
-    return [task.result() for task in tasks]
-
-
-def _materialize(future: Future) -> None:
-    """Done-callback (executor thread): turn a shipped file into a mapping now, so that no file outlives it."""
-    if future.cancelled() or future.exception() is not None:
-        return
-    try:
-        future.result().materialize()
-    except OSError:
-        logger.exception("decode pool: could not map a worker's result")  # to_image() raises it to the request
