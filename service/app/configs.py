@@ -1,17 +1,17 @@
 """Settings -> the frozen configs the core takes. Every core config the server uses is built here, once, at the
 edge; the defaults live in the dataclasses themselves and the settings take theirs from them (service/app/settings.py,
-tests/service/test_config_defaults.py)."""
+tests/service/app/test_config_defaults.py)."""
 
 from __future__ import annotations
 
 from mmproc.media.limits import MediaLimits
 from mmproc.media.video_limits import VideoLimits
 from mmproc.runner_config import RunnerConfig
-from mmproc.transport.pool_config import PoolConfig
+from mmproc.transport.cuda_ipc.config import PoolConfig
 from mmproc.units import MiB
 from service.app.settings import ServerSettings, image_sizes
 from service.pipeline.cache.store import CacheConfig
-from service.pipeline.config import EngineConfig
+from service.pipeline.config import PipelineConfig
 from service.pipeline.decode.config import DecodePoolConfig
 from service.pipeline.key_store import KeyStoreConfig
 from service.pipeline.overload import CPU_BATCH_SHARE, OverloadConfig
@@ -127,9 +127,9 @@ def ipc_pool_config(s: ServerSettings) -> PoolConfig:
     return PoolConfig(pool_bytes=s.ipc_pool_mb * MiB, num_word_slots=s.ipc_word_slots, ttl_s=s.ipc_ttl_s)
 
 
-def engine_config(s: ServerSettings, *, cache_context: str) -> EngineConfig:
+def pipeline_config(s: ServerSettings, *, cache_context: str) -> PipelineConfig:
     """Everything the engine takes besides its model; `cache_context` needs the loaded model (service/app/server.py)."""
-    return EngineConfig(
+    return PipelineConfig(
         media=media_limits(s),
         request=request_limits(s),
         inflight=inflight_limits(s),

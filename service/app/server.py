@@ -28,9 +28,9 @@ from mmproc.v1 import encoder_pb2 as pb
 from service.app import configs
 from service.app.grpc_loop import GrpcLoop
 from service.app.host_memory import limit_malloc_arenas, reuse_freed_host_memory, set_torch_threads
-from service.app.ipc_setup import setup_ipc
+from service.app.transports import setup_ipc
 from service.app.settings import ServerSettings
-from service.app.video_setup import build_video_service
+from service.app.video_setup import build_video_pipeline
 from service.frontends.auth import BearerToken, require_bearer_token
 from service.frontends.grpc.server import create_server, set_serving
 from service.frontends.http.app import create_http_app
@@ -40,7 +40,7 @@ from service.observe.gc_pauses import freeze_start_up_objects
 from service.observe.loop_lag import watch_loop_lag
 from service.observe.metrics import Metrics
 from service.pipeline.cache.keys import model_context
-from service.pipeline.images import Engine
+from service.pipeline.requests import RequestPipeline
 from service.pipeline.state import ServingState
 
 logger = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ def load_model(settings: ServerSettings) -> tuple[VisionEncoder, PreprocessConfi
     return encoder, preprocess
 
 
-def build_engine(settings: ServerSettings, metrics: Metrics | None = None) -> Engine:
+def build_pipeline(settings: ServerSettings, metrics: Metrics | None = None) -> RequestPipeline:
     encoder, preprocess = load_model(settings)
     context = model_context(
         model=settings.model,
@@ -72,10 +72,10 @@ def build_engine(settings: ServerSettings, metrics: Metrics | None = None) -> En
         preprocess=preprocess,
         exif=settings.apply_exif_orientation,
     )
-    engine = Engine(encoder, preprocess, configs.engine_config(settings, cache_context=context), metrics)
-    engine.ipc_status = setup_ipc(settings, engine)
-    engine.videos = build_video_service(settings, engine)
-    return engine
+    pipeline = RequestPipeline(encoder, preprocess, configs.pipeline_config(settings, cache_context=context), metrics)
+    pipeline.ipc_status = setup_ipc(settings, pipeline)
+    pipeline.videos = build_video_pipeline(settings, pipeline)
+    return pipeline
 
 
 class _EmbeddedUvicorn(uvicorn.Server):
@@ -120,7 +120,7 @@ def check_model_before_binding(settings: ServerSettings) -> None:
 
 
 T = TypeVar("T")
-EngineFactory = Callable[[ServerSettings, Metrics], Engine]
+PipelineFactory = Callable[[ServerSettings, Metrics], RequestPipeline]
 
 
 async def _in_daemon_thread(fn: Callable[[], T], name: str) -> T:
@@ -156,7 +156,7 @@ class Service:
         self,
         settings: ServerSettings,
         *,
-        engine_factory: EngineFactory = build_engine,
+        pipeline_factory: PipelineFactory = build_pipeline,
         before_serving: Callable[[], object] | None = None,
     ) -> None:
         self.settings = settings
@@ -167,7 +167,7 @@ class Service:
         self.metrics.track_cpu(
             lambda: [] if self.state.current is None else self.state.current.decode_pool.worker_pids()
         )
-        self._engine_factory = engine_factory
+        self._pipeline_factory = pipeline_factory
         self.grpc_port = 0
         self.http_port = 0
         self._stop = asyncio.Event()
@@ -178,8 +178,8 @@ class Service:
         self._grpc_loop: GrpcLoop | None = None
 
     @property
-    def engine(self) -> Engine:
-        return self.state.engine()
+    def pipeline(self) -> RequestPipeline:
+        return self.state.pipeline()
 
     @property
     def info(self) -> pb.ServerInfo:
@@ -240,14 +240,14 @@ class Service:
         self._loop_lag = asyncio.create_task(watch_loop_lag(self.metrics.loop_lag.observe))
 
     async def _load(self) -> None:
-        def build_and_warm_up() -> Engine:
-            engine = self._engine_factory(self.settings, self.metrics)
-            engine.start()
-            return engine
+        def build_and_warm_up() -> RequestPipeline:
+            pipeline = self._pipeline_factory(self.settings, self.metrics)
+            pipeline.start()
+            return pipeline
 
         started = time.monotonic()
-        engine = await _in_daemon_thread(build_and_warm_up, "mmproc-load")
-        self.state.publish(engine, build_server_info(served_as(self.settings), engine))
+        pipeline = await _in_daemon_thread(build_and_warm_up, "mmproc-load")
+        self.state.publish(pipeline, build_server_info(served_as(self.settings), pipeline))
         self.metrics.describe(self.info)
         if self.state.draining:  # stopped while loading: never report SERVING
             return
@@ -280,7 +280,7 @@ class Service:
             s.max_request_mb,
             s.max_patches_per_request,
             s.cuda_graphs,
-            "CPU" if engine.decode.gpu is None else "GPU",
+            "CPU" if pipeline.decode.gpu is None else "GPU",
             s.drain_delay_s,
             s.grace_period_s,
         )
@@ -314,10 +314,10 @@ class Service:
         started = time.monotonic()
         self.state.draining = True
         await self._grpc_loop.run(self._health.enter_graceful_shutdown())
-        engine = self.state.current
-        if engine is not None:
-            engine.begin_drain()
-            idle = await engine.wait_idle(grace)
+        pipeline = self.state.current
+        if pipeline is not None:
+            pipeline.begin_drain()
+            idle = await pipeline.wait_idle(grace)
             logger.info("drained in %.2f s (%s)", time.monotonic() - started, "clean" if idle else "grace period over")
         elif self._loading is not None and not self._loading.done():
             logger.info("stopping while the model is still loading")
@@ -337,10 +337,10 @@ class Service:
             await self._http_task
         if self._loop_lag is not None:
             self._loop_lag.cancel()
-        if engine is not None:  # a forward still running past the grace period is left to the process exit
+        if pipeline is not None:  # a forward still running past the grace period is left to the process exit
             left = max(0.5, grace - (time.monotonic() - started))
             with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(_in_daemon_thread(engine.close, "mmproc-close"), left)
+                await asyncio.wait_for(_in_daemon_thread(pipeline.close, "mmproc-close"), left)
 
 
 async def serve(settings: ServerSettings) -> int:

@@ -2,7 +2,7 @@
 
 The request id lives in a ContextVar set at the gRPC/HTTP entry (`request_context`). asyncio tasks
 inherit it; work handed to threads carries it with `contextvars.copy_context().run` (see
-`service.pipeline.images`). `RequestIdFilter` copies it onto every record the handler writes, so library
+`service.pipeline.requests`). `RequestIdFilter` copies it onto every record the handler writes, so library
 code just logs with `logging.getLogger(__name__)` and never passes ids around.
 """
 

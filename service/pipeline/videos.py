@@ -19,8 +19,8 @@ from mmproc.preprocess.video_config import VideoRules
 from mmproc.types import PreprocessedImage, PreprocessedVideo
 from service.pipeline.admission import check_readers
 from service.pipeline.decode.pool import VideoJob
-from service.pipeline.encoded import EncodedImage
-from service.pipeline.images import Engine
+from mmproc.wire.results import EncodedImage
+from service.pipeline.requests import RequestPipeline
 from service.pipeline.request_limits import VideoRequestLimits
 
 
@@ -51,9 +51,11 @@ class EncodedVideo:
         return sum(chunk.num_tokens for chunk in self.chunks)
 
 
-class VideoService:
-    def __init__(self, engine: Engine, rules: VideoRules, limits: VideoLimits, request_limits: VideoRequestLimits):
-        self.engine = engine
+class VideoPipeline:
+    def __init__(
+        self, pipeline: RequestPipeline, rules: VideoRules, limits: VideoLimits, request_limits: VideoRequestLimits
+    ):
+        self.pipeline = pipeline
         self.rules = rules
         self.limits = limits
         self.request_limits = request_limits
@@ -97,25 +99,25 @@ class VideoService:
         readers: int = 1,
     ) -> list[EncodedVideo]:
         """Encode every video of one request, or raise a typed mmproc error (InvalidMediaError naming the video).
-        The image pipeline's steps (service/pipeline/images.py), with the video's own checks around decoding."""
-        engine, admission = self.engine, self.engine.admission
+        The image pipeline's steps (service/pipeline/requests.py), with the video's own checks around decoding."""
+        pipeline, admission = self.pipeline, self.pipeline.admission
         admission.check_open()
         check_readers(readers)
         self.check_request(items)
         # Patches are known only once decoded, and chunks only then take queue slots (the runner's own bound).
-        max_patches = engine.request_limits.max_patches  # each video alone, at its first frame; all, once decoded
+        max_patches = pipeline.request_limits.max_patches  # each video alone, at its first frame; all, once decoded
         with admission.admit(0, len(items), deadline, reserve=0) as admitted:
             jobs = [
                 VideoJob(item.data, self.limits, self.rules, VideoSampling(item.fps, item.num_frames), max_patches)
                 for item in items
             ]
-            videos = await engine.decode.videos(jobs, deadline)
+            videos = await pipeline.decode.videos(jobs, deadline)
             chunks = self._check_decoded(videos)
             admission.decoded(admitted, chunks)
             rows = sum(chunk.num_tokens for chunk in chunks)
-            destination = await engine.delivery.destination(ipc_session, rows, deadline, readers)
+            destination = await pipeline.delivery.destination(ipc_session, rows, deadline, readers)
             admission.handed_over(admitted)  # the run step submits next, with no await in between
-            embeddings = await engine.run(chunks, deadline, request_id, destination)
+            embeddings = await pipeline.run(chunks, deadline, request_id, destination)
             return self._results(videos, destination.deliver(chunks, embeddings))
 
     def _check_decoded(self, videos: list[PreprocessedVideo]) -> list[PreprocessedImage]:
@@ -127,7 +129,7 @@ class VideoService:
             )
         chunks = [chunk for video in videos for chunk in video.chunks]
         patches = sum(chunk.num_patches for chunk in chunks)
-        limit = self.engine.request_limits.max_patches
+        limit = self.pipeline.request_limits.max_patches
         if patches > limit:
             raise InvalidRequestError(
                 f"request needs {patches} patches ({frames} frames), limit {limit}", reason=Reason.TOO_MANY_PATCHES

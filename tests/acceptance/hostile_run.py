@@ -34,7 +34,7 @@ def main() -> None:
     ]
     videos = [(case.name, case.data) for case in valid_controls() + hostile() if case.limits == type(case.limits)()]
     with serving(test_settings(model="tiny-k2.5")) as server:
-        pool = server.service.engine.decode_pool
+        pool = server.service.pipeline.decode_pool
         time.sleep(1)
         idle = {pid: resident_bytes(pid) >> 20 for pid in pool.worker_pids()}
         channel = grpc.insecure_channel(server.grpc_target, options=[("grpc.max_receive_message_length", 256 << 20)])

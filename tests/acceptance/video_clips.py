@@ -47,7 +47,7 @@ def main() -> None:
     which, overrides = sys.argv[1], {k: int(v) for k, v in (a.split("=") for a in sys.argv[2:])}
     data = clip(1920, 1080, 60) if which == "1080p" else clip(3840, 2160, 30)
     with serving(test_settings(model="tiny-k2.5", **overrides)) as server:
-        pool = server.service.engine.decode_pool
+        pool = server.service.pipeline.decode_pool
         pids = pool.worker_pids()
         idle = {pid: status_mb(pid, "VmRSS") for pid in pids}
         started = time.monotonic()

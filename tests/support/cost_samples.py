@@ -5,7 +5,7 @@
 
 Each builder writes the container byte by byte, so that it can repeat what no encoder repeats: scans, marker
 segments, PNG chunks, GIF extension blocks, RLE end-of-line codes. `tests/support/corpus.py` (family "cost") and
-`tests/service/test_hostile_cost.py` use them.
+`tests/service/pipeline/test_hostile_cost.py` use them.
 """
 
 from __future__ import annotations

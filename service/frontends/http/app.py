@@ -31,16 +31,16 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from mmproc.errors import InvalidRequestError, MmprocError, Reason
 from mmproc.priority import BATCH, PRIORITY_HEADER, is_batch
-from mmproc.transport import DTYPE_NAMES
+from mmproc.transport.serialized.staging import DTYPE_NAMES
 from service.frontends.error_mapping import map_error
 from service.frontends.http.disconnect import client_closed, unless_disconnected
 from service.frontends.http.gate import BodyDropped, add_header_gate
 from service.frontends.http.info_json import server_info_json
 from service.frontends.http.reply import held_reply
-from service.frontends.replies import serialized_payloads
+from mmproc.wire.serialized import serialized_payloads
 from service.frontends.request_ids import request_id_from
 from service.observe.logs import REQUEST_ID_HEADER, log_access, request_context
-from service.pipeline.encoded import EncodedImage
+from mmproc.wire.results import EncodedImage
 from service.pipeline.state import ServingState
 
 if TYPE_CHECKING:
@@ -205,7 +205,7 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
         if request.method != "POST" or request.url.path not in ENCODE_ROUTES:
             return None
         try:
-            state.engine().check_door(sheddable=is_batch(request.headers.get(PRIORITY_HEADER)))
+            state.pipeline().check_door(sheddable=is_batch(request.headers.get(PRIORITY_HEADER)))
         except MmprocError as exc:
             return BodyDropped(refusal(request, exc, metrics, route=request.url.path))
         return None
@@ -256,16 +256,16 @@ def create_http_app(state: ServingState, *, version: str, default_deadline_s: fl
     ) -> tuple[str, Response, dict[str, str]]:
         try:
             deadline = time.monotonic() + request_budget_s(timeout, default_deadline_s)
-            engine = state.engine()
-            engine.check_image_count(len(body.images))  # before decoding any base64
+            pipeline = state.pipeline()
+            pipeline.check_image_count(len(body.images))  # before decoding any base64
             images = [decode_image_field(value, i) for i, value in enumerate(body.images)]
             if body.keys is not None:
-                results = await engine.encode_keyed(images, body.keys, request_id, deadline)
+                results = await pipeline.encode_keyed(images, body.keys, request_id, deadline)
             else:
-                results = await engine.encode(images, request_id, deadline, cache=not body.cache_bypass)
+                results = await pipeline.encode(images, request_id, deadline, cache=not body.cache_bypass)
             with_data = body.return_embeddings  # rendered off the loop: a 1024² K2.5 reply is ~20 MB to copy and hash
             response = await held_reply(
-                engine, deadline, results, with_data, lambda: encode_reply(request_id, results, with_data)
+                pipeline, deadline, results, with_data, lambda: encode_reply(request_id, results, with_data)
             )
         except Exception as exc:
             mapped = map_error(exc, metrics=metrics)

@@ -16,11 +16,11 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 
 from service.frontends.error_mapping import map_error
-from service.frontends.grpc.video import video_service
+from service.frontends.grpc.video import video_pipeline
 from service.frontends.http.app import TIMEOUT_HEADER, decode_image_field, priority_fields, request_budget_s
 from service.frontends.http.disconnect import client_closed, unless_disconnected
 from service.frontends.http.reply import held_reply
-from service.frontends.replies import serialized_payloads
+from mmproc.wire.serialized import serialized_payloads
 from service.frontends.replies_video import all_chunks, video_json
 from service.frontends.request_ids import request_id_from
 from service.observe.logs import REQUEST_ID_HEADER, log_access, request_context
@@ -74,14 +74,14 @@ def add_video_routes(app: FastAPI, state: ServingState, *, default_deadline_s: f
     async def _encode(body: EncodeVideoBody, request_id: str, timeout: str | None) -> tuple[str, Response]:
         try:
             deadline = time.monotonic() + request_budget_s(timeout, default_deadline_s)
-            engine = state.engine()
-            service = video_service(engine)
+            pipeline = state.pipeline()
+            service = video_pipeline(pipeline)
             service.check_request([VideoItem(b"", v.fps, v.num_frames) for v in body.videos])  # before any base64
             items = [VideoItem(decode_image_field(v.data, i), v.fps, v.num_frames) for i, v in enumerate(body.videos)]
             videos = await service.encode(items, request_id, deadline)
             with_data = body.return_embeddings  # rendered off the loop: copying, hashing and rendering megabytes
             response = await held_reply(
-                engine, deadline, all_chunks(videos), with_data, lambda: video_reply(request_id, videos, with_data)
+                pipeline, deadline, all_chunks(videos), with_data, lambda: video_reply(request_id, videos, with_data)
             )
         except Exception as exc:
             mapped = map_error(exc, metrics=metrics)

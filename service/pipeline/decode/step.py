@@ -22,7 +22,7 @@ T = TypeVar("T")
 
 
 class DecodeStep:
-    """`pool` is public: a test may put a pool of misbehaving workers in its place (tests/service/test_faults.py)."""
+    """`pool` is public: a test may put a pool of misbehaving workers in its place (tests/service/pipeline/test_faults.py)."""
 
     def __init__(self, pool: DecodePool, admission: Admission, metrics: Metrics, gpu: GpuDecoder | None = None) -> None:
         self.pool = pool
