@@ -86,6 +86,7 @@ def _bmp_size(data: bytes) -> tuple[int, int] | None:
 
 # Start-of-frame markers carrying the size: C0-CF except DHT (C4), JPG (C8) and DAC (CC).
 _JPEG_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+JPEG_SOF = _JPEG_SOF
 JPEG_SOS = 0xDA
 _JPEG_MAX_HEADER_MARKERS = 4096  # a real header has a few dozen segments; past this the size is "unknown"
 # A marker outside entropy-coded data: FF then a code that is neither 00 nor FF (fill bytes FF FF ... match at

@@ -34,12 +34,13 @@ class MediaLimits:
     max_aspect_ratio: float = 200.0  # as Qwen2-VL's `smart_resize`: extreme strips waste patches on padding
     allowed_formats: frozenset[str] = SUPPORTED_FORMATS  # any iterable of names (case-insensitive)
     max_jpeg_scans: int = 100  # libjpeg writes 10 for progressive colour; each scan passes over every block
+    max_jpeg_passes: int = 16  # blocks decoded over all scans / blocks of the frame: libjpeg's progression ~5.3-6
     max_chunks: int = 65_536  # JPEG segments, PNG chunks, GIF blocks before frame 0: Pillow parses each in Python
     max_rle_ratio: int = 256  # declared pixels per byte of BMP RLE data (a run codes at most 255 in 2 bytes)
     apply_exif_orientation: bool = True  # what the Kimi-VL / K2.5 processors see after `exif_transpose`
 
     def __post_init__(self) -> None:
-        for name in ("max_jpeg_scans", "max_chunks", "max_rle_ratio"):
+        for name in ("max_jpeg_scans", "max_jpeg_passes", "max_chunks", "max_rle_ratio"):
             value = getattr(self, name)
             if not _is_int(value) or value < 1:
                 raise ConfigError(f"MediaLimits.{name} must be an int >= 1, got {value!r}")

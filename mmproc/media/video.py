@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import time
 from bisect import bisect_right
+from collections.abc import Iterator
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -114,6 +115,12 @@ def _index(handle, container: str, limits: VideoLimits) -> VideoIndex:
     if not handle.streams.video:
         raise InvalidMediaError("the file has no video stream", reason=Reason.NO_VIDEO_STREAM)
     stream = handle.streams.video[0]
+    samples = sum(s.frames for s in handle.streams if s.frames)  # every track's, from the container's tables
+    if samples > limits.max_stream_frames:
+        raise InvalidMediaError(
+            f"the file's tracks hold {samples} samples, over {limits.max_stream_frames}", reason=Reason.VIDEO_TOO_LONG
+        )
+    _discard_others(handle, stream)
     codec = stream.codec_context.codec.canonical_name  # the format's name ("av1"), not the decoder's (libdav1d)
     if codec not in limits.allowed_codecs:
         raise InvalidMediaError(
@@ -157,7 +164,7 @@ def _index(handle, container: str, limits: VideoLimits) -> VideoIndex:
                     f"more than {limits.max_stream_frames} frames in the stream", reason=Reason.VIDEO_TOO_LONG
                 )
     except av.FFmpegError as exc:
-        raise InvalidMediaError(f"the container is damaged: {exc}", reason=Reason.TRUNCATED) from None
+        raise _damaged("the container", exc) from None
     if not pts:
         raise InvalidMediaError("the video stream has no frames", reason=Reason.EMPTY)
     if stream.frames and len(pts) < stream.frames:  # MP4's sample table counts the frames the file should hold
@@ -195,6 +202,24 @@ def _index(handle, container: str, limits: VideoLimits) -> VideoIndex:
     )
 
 
+def _discard_others(handle, keep) -> None:
+    """Every track but `keep` dropped by the demuxer (AVDISCARD_ALL), not parsed into packets (PyAV >= 16)."""
+    import av
+
+    discard = getattr(getattr(av.stream, "Discard", None), "all", None)
+    for other in handle.streams:
+        if other is not keep and discard is not None:
+            other.discard = discard
+
+
+def _damaged(what: str, exc: Exception) -> InvalidMediaError:
+    """FFmpeg's error while reading: ENOMEM (PyAV's MemoryError) is a file that needs more room than a worker has,
+    not a cut one."""
+    if isinstance(exc, MemoryError):
+        return InvalidMediaError(f"{what} needs more memory than a decode worker has", reason=Reason.UNDECODABLE)
+    return InvalidMediaError(f"{what} is damaged: {exc}", reason=Reason.TRUNCATED)
+
+
 def plan_decode(index: VideoIndex, wanted: list[int]) -> tuple[list[bool], int]:
     """Per sampled frame whether to seek before it, and the frames decoded at most (non-reference frames may be
     skipped). Seek when a keyframe lies after the decoder's position and at or before the target: decoding from
@@ -214,8 +239,18 @@ def plan_decode(index: VideoIndex, wanted: list[int]) -> tuple[list[bool], int]:
     return seeks, decoded
 
 
-def decode_video(data: bytes, limits: VideoLimits, sampling: VideoSampling, default_fps: float) -> DecodedVideo:
-    """Validate (steps 1-5), then decode the sampled frames only. `default_fps`: the rules' sampling rate."""
+@dataclass(frozen=True)
+class VideoPlan:
+    """What to decode, from the index (steps 1-5): the sampled frame numbers and where to seek."""
+
+    index: VideoIndex
+    wanted: tuple[int, ...]
+    seeks: tuple[bool, ...]
+    decoded: int  # frames the plan decodes at most
+
+
+def plan_video(data: bytes, limits: VideoLimits, sampling: VideoSampling, default_fps: float) -> VideoPlan:
+    """Validate (steps 1-5) and plan the decode of the sampled frames. `default_fps`: the rules' sampling rate."""
     index = index_video(data, limits)
     fps = sampling.fps if sampling.fps is not None else default_fps
     if sampling.num_frames is None and not 0 < fps <= limits.max_sample_fps:
@@ -229,26 +264,67 @@ def decode_video(data: bytes, limits: VideoLimits, sampling: VideoSampling, defa
             reason=Reason.TOO_MANY_FRAMES,
         )
     seeks, decoded = plan_decode(index, wanted)
-    megapixels = decoded * index.width * index.height / 1e6
+    plan = VideoPlan(index, tuple(wanted), tuple(seeks), decoded)
+    check_decode_cost(plan, index.width, index.height, limits)
+    return plan
+
+
+def check_decode_cost(plan: VideoPlan, width: int, height: int, limits: VideoLimits) -> None:
+    """DECODE_COST when the plan's frames at `width` x `height` (the container's, then the first decoded frame's)
+    pass `max_decode_megapixels`; TOO_MANY_PIXELS when a frame passes `max_pixels`."""
+    if width * height > limits.max_pixels:
+        raise InvalidMediaError(
+            f"video frames are {width}x{height}, over the limit of {limits.max_pixels} pixels",
+            reason=Reason.TOO_MANY_PIXELS,
+        )
+    megapixels = plan.decoded * width * height / 1e6
     if megapixels > limits.max_decode_megapixels:
         raise InvalidMediaError(
-            f"sampling needs {decoded} frames of {index.width}x{index.height} decoded ({megapixels:.0f} MP), "
+            f"sampling needs {plan.decoded} frames of {width}x{height} decoded ({megapixels:.0f} MP), "
             f"the limit is {limits.max_decode_megapixels:.0f} MP",
             reason=Reason.DECODE_COST,
         )
-    with _open(data, index.container) as handle:
-        frames, count = _decode(handle, index, wanted, seeks, limits)
+
+
+def decode_video(data: bytes, limits: VideoLimits, sampling: VideoSampling, default_fps: float) -> DecodedVideo:
+    """Validate (steps 1-5), then decode the sampled frames only, all kept (tests, references); the workers
+    stream them instead (`iter_frames`)."""
+    plan = plan_video(data, limits, sampling, default_fps)
+    count = [0]
+    frames = list(iter_frames(data, plan, limits, count))
     return DecodedVideo(
         frames=np.stack(frames),
-        indices=tuple(wanted),
-        timestamps=tuple(i / index.fps for i in wanted),
-        index=index,
-        decoded_frames=count,
+        indices=plan.wanted,
+        timestamps=tuple(i / plan.index.fps for i in plan.wanted),
+        index=plan.index,
+        decoded_frames=count[0],
     )
 
 
-def _decode(handle, index: VideoIndex, wanted: list[int], seeks: list[bool], limits: VideoLimits):
-    """The sampled frames as (H, W, 3) uint8 arrays, and the number of frames decoded.
+def iter_frames(
+    data: bytes, plan: VideoPlan, limits: VideoLimits, count: list[int] | None = None
+) -> Iterator[np.ndarray]:
+    """The sampled frames, one (H, W, 3) uint8 RGB array at a time, in order. The first decoded frame's size
+    (the bitstream's, which a container can misstate) is checked against `max_pixels` and the decode budget
+    before any other is decoded; a later frame of another size is refused (no resolution changes mid-stream).
+    `count[0]` counts the frames the decoder produced."""
+    with _open(data, plan.index.container) as handle:
+        _discard_others(handle, handle.streams.video[0])
+        size = None
+        for frame in _decode(handle, plan.index, list(plan.wanted), list(plan.seeks), limits, count or [0]):
+            if size is None:
+                size = (frame.width, frame.height)
+                check_decode_cost(plan, *size, limits)
+            elif (frame.width, frame.height) != size:
+                raise InvalidMediaError(
+                    f"a frame is {frame.width}x{frame.height}, the first was {size[0]}x{size[1]}",
+                    reason=Reason.UNDECODABLE,
+                )
+            yield frame.to_ndarray(format="rgb24")
+
+
+def _decode(handle, index: VideoIndex, wanted: list[int], seeks: list[bool], limits: VideoLimits, count: list[int]):
+    """The sampled frames as PyAV frames, one at a time (nothing converted or kept here).
 
     With timestamps and one decoder thread, a packet that is not a sampled frame is decoded with
     skip_frame=NONREF: a frame no other frame refers to (most B-frames) is then not decoded at all, which the
@@ -268,8 +344,7 @@ def _decode(handle, index: VideoIndex, wanted: list[int], seeks: list[bool], lim
             yield from codec.decode(packet)  # the flush packet (size 0) at the end drains the decoder
 
     deadline = time.thread_time() + limits.decode_cpu_s
-    out: list[np.ndarray] = []
-    count, ordinal = 0, -1  # frames decoded; frame number of the last one (counted when there are no pts)
+    ordinal = -1  # frame number of the last one decoded (counted when there are no pts)
     decoded = frames()
     try:
         for target, seek in zip(wanted, seeks, strict=True):
@@ -282,8 +357,8 @@ def _decode(handle, index: VideoIndex, wanted: list[int], seeks: list[bool], lim
                     raise InvalidMediaError(
                         f"the stream ends before frame {target} of {index.num_frames}", reason=Reason.TRUNCATED
                     )
-                count += 1
                 ordinal += 1
+                count[0] += 1
                 if time.thread_time() > deadline:
                     raise InvalidMediaError(
                         f"decoding used more than {limits.decode_cpu_s} s of CPU time", reason=Reason.DECODE_TIME
@@ -300,8 +375,7 @@ def _decode(handle, index: VideoIndex, wanted: list[int], seeks: list[bool], lim
                     hit = stamp is not None and stamp >= index.pts[target]
                 seek = False
                 if hit:
-                    out.append(frame.to_ndarray(format="rgb24"))
+                    yield frame
                     break
     except av.FFmpegError as exc:
-        raise InvalidMediaError(f"the video stream is damaged: {exc}", reason=Reason.TRUNCATED) from None
-    return out, count
+        raise _damaged("the video stream", exc) from None

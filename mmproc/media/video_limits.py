@@ -37,8 +37,8 @@ class VideoLimits:
     max_stream_frames: int = 144_000  # video packets (600 s at 240 fps)
     max_sampled_frames: int = 512  # per video, after sampling (256 s at 2 fps)
     # Frames the plan must decode (keyframe to each sampled frame) x pixels, in MP: refuses decoder bombs up front.
-    max_decode_megapixels: float = 40_000.0  # 10 min of 1080p at 30 fps decoded whole
-    decode_cpu_s: float = 60.0  # CPU seconds of decoding per video (DECODE_TIME past it)
+    max_decode_megapixels: float = 8_000.0  # 30 s of 4K30 or 64 s of 1080p60 decoded whole
+    decode_cpu_s: float = 30.0  # CPU seconds of decoding per video (DECODE_TIME past it)
     max_sample_fps: float = 30.0  # the largest sampling rate a request may ask for
     decode_threads: int = 1  # FFmpeg threads per decoder: the decode workers give the parallelism
 

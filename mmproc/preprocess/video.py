@@ -66,6 +66,30 @@ def resize_frames(frames: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
     return out.clamp_(0, 255).round_().to(torch.uint8)
 
 
+class FramePatcher:
+    """One sampled frame at a time -> its patches: `preprocess_video`'s arithmetic (the resize of a chunk is
+    per frame), so that a decode keeps patches, never a video's frames. Sized by the first frame."""
+
+    def __init__(self, width: int, height: int, rules: VideoRules) -> None:
+        self.plan = plan_kimi_k25(width, height, _navit(rules))
+        self.size = (width, height)
+        new_w, new_h = self.plan.resize_to or (width, height)
+        self._resize_to = (new_h, new_w)
+        self._lut = video_lut(rules)
+        self._patch = rules.patch_size
+
+    @property
+    def patches_per_frame(self) -> int:
+        gh, gw = self.plan.grid_hw
+        return gh * gw
+
+    def __call__(self, frame: np.ndarray) -> torch.Tensor:
+        """(H, W, 3) uint8 RGB -> (gh * gw, 3, p, p) float32."""
+        tensor = torch.from_numpy(frame).permute(2, 0, 1)[None].contiguous()  # (1, 3, H, W)
+        rgb = resize_frames(tensor, self._resize_to)[0].permute(1, 2, 0).numpy()  # (h, w, 3) uint8
+        return normalize_pad_patchify(rgb, self._lut, self.plan.pad_wh, self._patch)[0]
+
+
 def preprocess_video(frames: np.ndarray, indices: tuple[int, ...], fps: float, rules: VideoRules) -> PreprocessedVideo:
     """frames (T, H, W, 3) uint8 RGB, the sampled frames numbered `indices` of a `fps` stream -> chunks."""
     count, height, width, _ = frames.shape

@@ -40,7 +40,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
         "model_path", "model", "device", "dtype", "quantization", "cuda_graphs", "cuda_graph_max_patches",
         "cuda_graph_max_image_patches", "attention_backend", "torch_threads", "event_loop", "grpc_loop",
     ),
-    "network": ("grpc_address", "http_address", "max_message_mb", "stream_chunk_mb", "max_connection_age_s"),
+    "network": ("grpc_address", "http_address", "http_max_connections", "max_message_mb", "stream_chunk_mb", "max_connection_age_s"),
     "transport (CUDA IPC and serialized replies)": (
         "transport", "ipc_pool_mb", "ipc_word_slots", "ipc_ttl_s", "ipc_fallback", "host_malloc_reuse_mb",
         "malloc_arena_max", "max_reply_mb", "pinned_reply_mb",
@@ -48,7 +48,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "key store (results kept for engines)": ("key_store_mb", "key_store_ttl_s", "key_store_max_keys"),
     "request limits (checked before decoding)": (
         "max_images_per_request", "max_request_mb", "max_image_mb", "max_pixels", "max_aspect_ratio",
-        "max_patches_per_request", "max_jpeg_scans", "max_chunks", "max_rle_ratio", "apply_exif_orientation",
+        "max_patches_per_request", "max_jpeg_scans", "max_jpeg_passes", "max_chunks", "max_rle_ratio", "apply_exif_orientation",
     ),
     "admission and batching": (
         "max_inflight_requests", "max_inflight_patches", "max_batch_patches", "max_batch_images", "max_wait_ms",
@@ -56,7 +56,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     ),
     "decoding (docs/reliability.md)": (
         "preprocess_workers", "decode_isolation", "decode_worker_memory_mb", "decode_timeout_s",
-        "decode_budget_base_s", "decode_budget_per_mp_s",
+        "decode_budget_base_s", "decode_budget_per_mp_s", "decode_request_cpu_s", "decode_request_megapixels",
     ),
     "security": ("auth_token", "auth_token_file"),
     "SGLang encoder (docs/engines.md)": (

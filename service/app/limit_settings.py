@@ -10,6 +10,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from mmproc.media.limits import MediaLimits
 from mmproc.media.video_limits import VideoLimits
 from mmproc.units import MiB
+from service.pipeline.decode.config import DecodePoolConfig
 from service.pipeline.request_limits import RequestLimits, VideoRequestLimits
 
 
@@ -44,6 +45,27 @@ class LimitSettings(BaseSettings):
         ge=1,
         le=1 << 20,
         description="Most scans (SOS segments) in a JPEG; progressive libjpeg files have 10",
+    )
+    max_jpeg_passes: int = Field(
+        MediaLimits.max_jpeg_passes,
+        ge=1,
+        le=1 << 20,
+        description="Most passes a JPEG's scans make over its blocks in all; libjpeg's progression makes 5.3-6",
+    )
+    decode_request_cpu_s: float = Field(
+        DecodePoolConfig.request_cpu_s,
+        ge=0,
+        le=3600,
+        description="Decode CPU time one request may use over all its images (0: only each image's own budget)",
+    )
+    decode_request_megapixels: float = Field(
+        DecodePoolConfig.request_megapixels,
+        ge=0,
+        le=1e6,
+        description="Megapixels one request's image headers may declare in all (0: no bound); past it: 400 decode_cost",
+    )
+    http_max_connections: int = Field(
+        1024, ge=1, le=1 << 20, description="HTTP connections and requests served at once; past it: 503"
     )
     max_chunks: int = Field(
         MediaLimits.max_chunks,

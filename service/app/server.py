@@ -36,6 +36,7 @@ from service.app.video_setup import build_video_pipeline
 from service.frontends.auth import BearerToken, require_bearer_token
 from service.frontends.grpc.server import create_server, set_serving
 from service.frontends.http.app import create_http_app
+from service.frontends.http.intake import BodyIntake, IntakeConfig
 from service.frontends.server_info import ServedAs, build_server_info
 from service.observe.gc_pauses import freeze_start_up_objects
 from service.observe.loop_lag import watch_loop_lag
@@ -245,8 +246,13 @@ class Service:
             )
             if token is not None:
                 require_bearer_token(app, token, self.metrics)
+            intake = IntakeConfig(max_bytes=2 * s.max_message_mb * MiB)  # outermost: bounds what is read at once
+            app.add_middleware(BodyIntake, config=intake, metrics=self.metrics)
             # log_config=None: uvicorn's lines go through ours (JSON when asked, the log's own writer thread)
-            config = uvicorn.Config(app, log_level="warning", lifespan="off", access_log=False, log_config=None)
+            config = uvicorn.Config(
+                app, log_level="warning", lifespan="off", access_log=False, log_config=None,
+                limit_concurrency=s.http_max_connections,
+            )  # fmt: skip
             self._http = _EmbeddedUvicorn(config)
             self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]))
             while not self._http.started and not self._http_task.done():

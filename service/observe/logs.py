@@ -24,7 +24,6 @@ REQUEST_ID: ContextVar[str] = ContextVar("mmproc_request_id", default=NO_REQUEST
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
 REQUEST_ID_HEADER = "x-request-id"  # read and echoed by both front ends (HTTP header, gRPC metadata)
-MAX_REQUEST_ID = 128  # a client's id longer than this (or with odd characters) is replaced by ours
 # Chatty libraries stay at WARNING whatever --log-level says: their DEBUG lines drown a request's.
 QUIET_LOGGERS = ("grpc", "PIL", "asyncio", "urllib3", "httpx", "httpcore", "uvicorn.access", "multipart", "torch")
 ACCESS = logging.getLogger("mmproc.access")
@@ -32,13 +31,6 @@ ACCESS = logging.getLogger("mmproc.access")
 
 def new_request_id() -> str:
     return uuid.uuid4().hex[:16]
-
-
-def client_request_id(value: str | None) -> str:
-    """The id a client sent (x-request-id), if it is a sane one, else a new one."""
-    if value and len(value) <= MAX_REQUEST_ID and value.isascii() and value.isprintable() and " " not in value:
-        return value
-    return new_request_id()
 
 
 def log_access(front_end: str, method: str, code: str, elapsed_s: float, **fields: object) -> None:
@@ -109,9 +101,42 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry)
 
 
+_ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+
+
+def one_line(text: str) -> str:
+    """`text` with every non-printable character (CR, LF, other line breaks, escapes, bidi marks) escaped as
+    `\\n`, `\\x1b`, `\\u2028`...: what a client put in a message can never start a line of its own."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else _ESCAPES.get(c) or repr(c)[1:-1] for c in text)
+
+
+class TextFormatter(logging.Formatter):
+    """TEXT_FORMAT, one record a line: the message and request id escaped (one_line), and a traceback's lines,
+    escaped too, indented under it; so every line that starts at column 0 is a record's own first line. A record
+    that passed no RequestIdFilter (the log writer's own report) reads as no request's."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.message = record.getMessage()
+        record.asctime = self.formatTime(record, self.datefmt)
+        safe = dict(record.__dict__, message=one_line(record.message))
+        safe["request_id"] = one_line(str(safe.get("request_id", NO_REQUEST)))
+        safe["name"] = one_line(record.name)
+        line = self._fmt % safe  # type: ignore[operator]
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        for text in (record.exc_text, record.stack_info and self.formatStack(record.stack_info)):
+            if text:
+                line += "".join(f"\n    {one_line(part)}" for part in text.splitlines())
+        return line
+
+
 def text_formatter() -> logging.Formatter:
-    """TEXT_FORMAT; a record that passed no RequestIdFilter (the log writer's own report) reads as no request's."""
-    return logging.Formatter(TEXT_FORMAT, defaults={"request_id": NO_REQUEST})
+    return TextFormatter()
 
 
 _writer: BackgroundWriter | None = None

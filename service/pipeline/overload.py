@@ -132,7 +132,7 @@ class Overrun:
         return max(0.0, self.seconds)
 
 
-@dataclass
+@dataclass(eq=False)  # one per request, kept in a set while decoding: compared by identity
 class Ticket:
     """What one admitted request holds until `OverloadGuard.release`: until decoded, the images it decodes and the
     patches its headers announced; then its decoded patches and their bytes. `admitted_at` and `modelled_s` (the
@@ -145,6 +145,8 @@ class Ticket:
     items: int = 0  # images (or video chunks) it holds until released: each batch takes at least one
     admitted_at: float = 0.0
     modelled_s: float = 0.0
+    on_shed: Callable[[], object] | None = None  # while decoding: ends the decode (set by the decode step)
+    shed: bool = False  # shed at the door for a newcomer (service/pipeline/decode/step.py answers 429)
 
 
 class OverloadGuard:
@@ -171,6 +173,8 @@ class OverloadGuard:
         self._items = 0  # images (or video chunks) of admitted requests not finished
         self._pending_bytes = 0
         self._above_since: float | None = None  # when the wait went above max_queue_delay_s
+        self._decoding_tickets: set[Ticket] = set()  # admitted and not yet decoded: who may be shed
+        self.shed = 0  # requests shed at the door for newcomers
         self._below_since: float | None = None  # ... and back below it
 
     @property
@@ -262,7 +266,9 @@ class OverloadGuard:
             self._decoding += images
             self._announced += patches
             self._items += images
-        return Ticket(0, images, 0, announced=patches, items=images, admitted_at=now, modelled_s=modelled)
+            ticket = Ticket(0, images, 0, announced=patches, items=images, admitted_at=now, modelled_s=modelled)
+            self._decoding_tickets.add(ticket)
+        return ticket
 
     def check_queue(self, now: float | None = None, *, sheddable: bool = False) -> None:
         """ResourceExhaustedError while the queue stands above the target delay (cause "queue_delay"), or for a
@@ -288,6 +294,22 @@ class OverloadGuard:
         sojourn and the modelled time of the images waiting for the encoder."""
         return max(self._queue_wait(), self._waiting_s())
 
+    def _without_hog(self, now: float, waited: float) -> float:
+        """(under the lock) The wait without the one request still decoding that alone makes the queue stand: its
+        images reach the encoder only once all are decoded, a small newcomer (light lane, fair_share.py) first. A
+        hog decoding for the target delay already is shed (429 with the reason); a quick big request never is."""
+        hog = self._dominant()
+        if hog is None:
+            return waited
+        queued_images, queued_patches = self._encoder_queue()
+        images, patches = queued_images + self._decoding - hog.images, queued_patches + self._announced - hog.announced
+        without = max(self._queue_wait(), min(self._forwards_s(patches, images), images * self.forward.per_image_s))
+        if without > self.config.max_queue_delay_s:
+            return waited  # the queue stands without it too
+        if now - hog.admitted_at >= self.config.max_queue_delay_s:
+            self._shed(hog)
+        return without
+
     def _refuse_standing_queue(self, now: float, waited: float) -> None:
         """(under the lock) CoDel at the door: a standing queue — its wait (`waited`, read by `_wait_s`) above the
         target delay for `interval_s` — is refused, a burst is not; the queue must stay below the target for
@@ -297,6 +319,8 @@ class OverloadGuard:
         default) poured in: 1.5-3.7 s waits on the CPU at 10 x C (docs/benchmarks/overload.md, session 14). The model
         leaves out the forward running: an idle queue never looks full, whatever the fit reads."""
         cfg = self.config
+        if cfg.max_queue_delay_s and waited > cfg.max_queue_delay_s:
+            waited = self._without_hog(now, waited)
         if not cfg.max_queue_delay_s or waited <= cfg.max_queue_delay_s:
             self._below_since = now if self._below_since is None else self._below_since
             if now - self._below_since >= cfg.interval_s:
@@ -319,8 +343,29 @@ class OverloadGuard:
         now = time.monotonic() if now is None else now
         self.overrun.observe(now - ticket.admitted_at, ticket.modelled_s)
 
+    def _dominant(self) -> Ticket | None:
+        """(under the lock) The request still decoding that holds most of what waits: at least half of the images
+        or of the announced patches still decoding, and two images or more; None if there is no such request."""
+        candidates = [t for t in self._decoding_tickets if t.on_shed is not None and not t.shed and t.images > 1]
+        if not candidates:
+            return None
+        hog = max(candidates, key=lambda t: (t.announced, t.images))
+        if 2 * hog.announced < self._announced and 2 * hog.images < self._decoding:
+            return None
+        return hog
+
+    def _shed(self, hog: Ticket) -> None:
+        """(under the lock) End the hog's decode (`on_shed`): it is answered 429 with the reason."""
+        hog.shed = True
+        self.shed += 1
+        on_shed, hog.on_shed = hog.on_shed, None
+        self._leave_decode(hog)
+        if on_shed is not None:
+            on_shed()
+
     def _leave_decode(self, ticket: Ticket) -> None:
         """(under the lock) The ticket is decoded, failed or gone: it no longer counts as decoding."""
+        self._decoding_tickets.discard(ticket)
         self._decoding -= ticket.images
         self._announced -= ticket.announced
         ticket.images = ticket.announced = 0

@@ -99,9 +99,11 @@ class VideoPipeline:
         check_readers(readers)
         self.check_request(items)
         # Patches are known only once decoded, and chunks only then take queue slots (the runner's own bound).
+        max_patches = pipeline.request_limits.max_patches  # each video alone, at its first frame; all, once decoded
         with admission.admit(0, len(items), deadline, reserve=0) as admitted:
             jobs = [
-                VideoJob(item.data, self.limits, self.rules, VideoSampling(item.fps, item.num_frames)) for item in items
+                VideoJob(item.data, self.limits, self.rules, VideoSampling(item.fps, item.num_frames), max_patches)
+                for item in items
             ]
             videos = await pipeline.decode.videos(jobs, deadline)
             chunks = self._check_decoded(videos)

@@ -13,10 +13,13 @@ from service.pipeline.decode.worker import DecodeBudget
 from tests.support.cost_samples import (
     bmp_rle,
     bmp_rle_eol_bomb,
+    bmp_rle_slow,
     gif_many_blocks,
+    jpeg_dc_scan_bomb,
     jpeg_junk_after_app0,
     jpeg_many_segments,
     jpeg_scan_bomb,
+    png_inflated_metadata,
     png_many_chunks,
 )
 from tests.support.media_samples import encode_image, make_image_bytes, random_image
@@ -48,8 +51,9 @@ def test_scans_are_counted_through_stuffing_and_restart_markers() -> None:
 
 
 def test_scan_limit_is_inclusive_and_configurable() -> None:
-    assert reason(jpeg_scan_bomb(1024, 1024, 100)) == "ok"
-    assert reason(jpeg_scan_bomb(1024, 1024, 101)) == "too_many_scans"
+    passes = MediaLimits(max_jpeg_passes=1000)
+    assert reason(jpeg_scan_bomb(1024, 1024, 100), passes) == "ok"
+    assert reason(jpeg_scan_bomb(1024, 1024, 101), passes) == "too_many_scans"
     progressive = encode_image(random_image(64, 48, seed=2), "JPEG", progressive=True)
     assert reason(progressive, MediaLimits(max_jpeg_scans=10)) == "ok"
     assert reason(progressive, MediaLimits(max_jpeg_scans=9)) == "too_many_scans"
@@ -89,7 +93,43 @@ def test_the_jpeg_peek_skips_junk_between_segments_like_libjpeg() -> None:
     assert peek_size(JPEG, real[:2] + b"\x00" * 1000) is None
 
 
-@pytest.mark.parametrize("field", ["max_jpeg_scans", "max_chunks", "max_rle_ratio"])
+def test_jpeg_scans_are_counted_by_the_blocks_they_pass_over() -> None:
+    """100 interleaved DC scans of a 4:4:4 frame are 100 passes (issue 47: 188 M block decodes, 3.8 s at 40 MP):
+    refused by max_jpeg_passes before the decoder runs, far under max_jpeg_scans."""
+    assert reason(jpeg_dc_scan_bomb(512, 512, 16)) == "ok"
+    assert reason(jpeg_dc_scan_bomb(512, 512, 17)) == "too_many_scans"
+    assert reason(jpeg_dc_scan_bomb(512, 512, 17), MediaLimits(max_jpeg_passes=17)) == "ok"
+    noise = random_image(256, 192, seed=1)
+    for real in (  # libjpeg's progressions: 5.3 passes (colour), 6 (grey); baseline: 1
+        encode_image(noise, "JPEG", progressive=True),
+        encode_image(noise.convert("L"), "JPEG", progressive=True),
+        encode_image(noise, "JPEG", quality=95),
+    ):
+        assert reason(real, MediaLimits(max_jpeg_passes=6)) == "ok"
+    # One-component scans count that component's blocks alone: 1 AC scan of a grey 1024^2 is one pass.
+    assert reason(jpeg_scan_bomb(1024, 1024, 16)) == "ok" and reason(jpeg_scan_bomb(1024, 1024, 17)) == "too_many_scans"
+
+
+def test_png_inflated_metadata_is_bounded() -> None:
+    """One iCCP (the spec's rule; Pillow inflates each, outside its text-memory cap), and at most 64 MiB that
+    Pillow would inflate from iCCP, zTXt and iTXt in all."""
+    assert reason(png_inflated_metadata(1)) == "ok"
+    assert reason(png_inflated_metadata(2)) == "too_many_chunks"
+    assert reason(png_inflated_metadata(30_000, inflated=1 << 10)) == "too_many_chunks"
+    assert reason(png_inflated_metadata(60, b"zTXt")) == "ok"
+    assert reason(png_inflated_metadata(70, b"zTXt")) == "compression_ratio"
+
+
+def test_rle_rows_padded_by_end_of_line_count_as_work() -> None:
+    """Within the pixels-per-byte ratio, rows cut short by end-of-line codes are padded one pixel at a time in
+    Python: at 40 MP 2.4 s (issue 47: 2.9-4.3 s); over 4 M padded pixels is refused."""
+    assert reason(bmp_rle_slow(6400, 6250)) == "compression_ratio"  # 246 px/byte, 20.9 M padded
+    assert reason(bmp_rle_slow(1000, 400)) == "ok"  # 0.1 M padded
+    full_rows = b"\xff\x07\xff\x09\x00\x00" * 4 + b"\x00\x01"  # rows coded to their end: nothing padded
+    assert reason(bmp_rle(510, 4, full_rows)) == "ok"
+
+
+@pytest.mark.parametrize("field", ["max_jpeg_scans", "max_jpeg_passes", "max_chunks", "max_rle_ratio"])
 def test_limits_are_validated(field: str) -> None:
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ConfigError, match=field):

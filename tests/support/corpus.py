@@ -31,10 +31,13 @@ import numpy as np
 from tests.support.cost_samples import (
     bmp_rle,
     bmp_rle_eol_bomb,
+    bmp_rle_slow,
     gif_many_blocks,
+    jpeg_dc_scan_bomb,
     jpeg_junk_after_app0,
     jpeg_many_segments,
     jpeg_scan_bomb,
+    png_inflated_metadata,
     png_many_chunks,
 )
 from tests.support.media_samples import (
@@ -294,10 +297,15 @@ def bombs() -> Iterator[Case]:
 
 def cost_bombs() -> Iterator[Case]:
     """Files that cost far more than their size suggests, refused from their bytes before decoding (defaults:
-    100 JPEG scans, 65,536 segments/chunks/blocks, 256 pixels per RLE byte), and good files near the limits."""
+    100 JPEG scans, 16 passes over the blocks, one iCCP, 64 MiB of inflated PNG metadata, 65,536 segments/chunks/blocks, 256 pixels per RLE byte, 4 M pixels padded by RLE end-of-line codes), and good files near the limits."""
     yield _case("cost/JPEG-5000-scans", jpeg_scan_bomb(4096, 4096, 5000), "too_many_scans")
     yield _case("cost/JPEG-101-scans", jpeg_scan_bomb(4096, 4096, 101), "too_many_scans")
-    yield _case("cost/JPEG-100-scans-at-the-limit", jpeg_scan_bomb(1024, 1024, 100), OK)
+    yield _case("cost/JPEG-100-scans-101-passes", jpeg_scan_bomb(1024, 1024, 100), "too_many_scans")
+    yield _case("cost/JPEG-16-passes-at-the-limit", jpeg_scan_bomb(1024, 1024, 16), OK)
+    yield _case("cost/JPEG-100-DC-scans-444", jpeg_dc_scan_bomb(1024, 1024, 100), "too_many_scans")
+    yield _case("cost/PNG-2-iCCP", png_inflated_metadata(2), "too_many_chunks")
+    yield _case("cost/PNG-70-zTXt-of-1MiB", png_inflated_metadata(70, b"zTXt"), "compression_ratio")
+    yield _case("cost/BMP-RLE8-40MP-within-the-ratio", bmp_rle_slow(6400, 6250), "compression_ratio")
     yield _case("cost/JPEG-70000-segments", jpeg_many_segments(70_000), "too_many_chunks")
     yield _case("cost/PNG-70000-empty-IDAT", png_many_chunks(70_000), "too_many_chunks")
     yield _case("cost/PNG-70000-tEXt", png_many_chunks(70_000, b"tEXt"), "too_many_chunks")

@@ -117,3 +117,31 @@ def bmp_rle_slow(width: int, height: int) -> bytes:
     runs = width // 255 // 2  # half of each row coded by runs, the rest padded by the end-of-line code
     row = b"\xff\x07" * runs + b"\x00\x00"
     return bmp_rle(width, height, row * height + b"\x00\x01")
+
+
+def jpeg_dc_scan_bomb(width: int, height: int, scans: int) -> bytes:
+    """A 4:4:4 progressive JPEG of `scans` interleaved DC-first scans, every block's difference coded in one bit
+    (a one-symbol DC table): each scan passes over every block of all three components. libjpeg warns about
+    the repeated progression and decodes it (grey). Arithmetic coding makes the same scans ~1 KB in all."""
+    blocks = 3 * -(-width // 8) * -(-height // 8)
+    bits = _BitWriter()
+    for _ in range(blocks // 4096):
+        bits.put(0, 4096)
+    bits.put(0, blocks % 4096)
+    scan = _segment(0xDA, b"\x03\x01\x00\x02\x00\x03\x00\x00\x00\x00") + bits.flush()  # Ss=Se=0, Ah=Al=0
+    dqt = _segment(0xDB, b"\x00" + bytes([1] * 64))
+    components = b"\x01\x11\x00\x02\x11\x00\x03\x11\x00"
+    sof2 = _segment(0xC2, b"\x08" + struct.pack(">HH", height, width) + b"\x03" + components)
+    dht = _segment(0xC4, b"\x00" + bytes([1] + [0] * 15) + b"\x00")  # DC table 0: category 0 only, code "0"
+    return b"\xff\xd8" + dqt + sof2 + dht + scan * scans + b"\xff\xd9"
+
+
+def png_inflated_metadata(count: int, kind: bytes = b"iCCP", inflated: int = 1 << 20) -> bytes:
+    """A real 16x16 PNG with `count` chunks of `kind` (iCCP, zTXt) before its IDAT, each `inflated` bytes of zeros
+    deflated (~1 KB a MiB): what Pillow inflates one by one."""
+    import zlib
+
+    real = make_image_bytes(16, 16, "PNG", seed=5)
+    first_idat = real.index(b"IDAT") - 4
+    chunk = png_chunk(kind, b"p\x00\x00" + zlib.compress(bytes(inflated), 9))
+    return real[:first_idat] + chunk * count + real[first_idat:]

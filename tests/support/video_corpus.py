@@ -115,3 +115,12 @@ def build_video_corpus() -> tuple[VideoCase, ...]:
     cases = tuple(valid_controls() + hostile())
     assert len({c.name for c in cases}) == len(cases), "case names must be unique"
     return cases
+
+
+def mkv_claims_size(mkv: bytes, width: int, height: int) -> bytes:
+    """The Matroska track's PixelWidth / PixelHeight (2-byte values) set to a size the frames do not have: the
+    container lies, the bitstream does not (issue 47: a 1 KB VP8 claiming 64x48 with 16383x8000 keyframes)."""
+    at_w, at_h = mkv.index(b"\xb0\x82"), mkv.index(b"\xba\x82")
+    out = bytearray(mkv)
+    out[at_w + 2 : at_w + 4], out[at_h + 2 : at_h + 4] = width.to_bytes(2, "big"), height.to_bytes(2, "big")
+    return bytes(out)

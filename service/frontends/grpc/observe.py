@@ -11,8 +11,12 @@ from collections.abc import Awaitable, Callable, Iterator
 from contextvars import ContextVar
 
 import grpc
+from google.protobuf.message import DecodeError
 
-from service.observe.logs import REQUEST_ID_HEADER, client_request_id, log_access, request_context
+from mmproc.errors import InvalidRequestError, Reason
+from service.frontends.error_mapping import end_call, map_error, to_grpc_status
+from service.frontends.request_ids import request_id_from
+from service.observe.logs import REQUEST_ID_HEADER, log_access, request_context
 from service.observe.metrics import Metrics
 
 _OUTCOME: ContextVar[dict | None] = ContextVar("mmproc_access_outcome", default=None)
@@ -56,11 +60,15 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):
         if handler is None or not details.method.startswith(self._prefix):
             return handler
         method = details.method.removeprefix(self._prefix)
+        deserialize = handler.request_deserializer  # called here: a message that does not parse is a 400, not UNKNOWN
         if handler.unary_unary is not None:
             inner_unary = handler.unary_unary
 
-            async def unary(request, context):
+            async def unary(raw, context):
+                request = parsed(raw, deserialize)
                 with self._observed(method, request, context) as outcome:
+                    if request is None:
+                        return self._unparsed(context)
                     response = await inner_unary(request, context)
                     remaining = context.time_remaining()
                     if remaining is not None and remaining <= 0:  # a reply now would race the core closing the call
@@ -68,26 +76,35 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):
                     outcome.update(_reply_fields(response))
                     return response
 
-            return grpc.unary_unary_rpc_method_handler(unary, handler.request_deserializer, handler.response_serializer)
+            return grpc.unary_unary_rpc_method_handler(unary, None, handler.response_serializer)
         if handler.unary_stream is not None:
             inner_stream = handler.unary_stream
 
-            async def stream(request, context):
+            async def stream(raw, context):
+                request = parsed(raw, deserialize)
                 with self._observed(method, request, context):
+                    if request is None:
+                        self._unparsed(context)
+                        return
                     async for item in inner_stream(request, context):
                         yield item
 
-            return grpc.unary_stream_rpc_method_handler(
-                stream, handler.request_deserializer, handler.response_serializer
-            )
+            return grpc.unary_stream_rpc_method_handler(stream, None, handler.response_serializer)
         return handler  # streaming requests (the IPC session): not counted per message
+
+    def _unparsed(self, context: grpc.aio.ServicerContext) -> None:
+        """End a call whose message did not parse (a string field's bad UTF-8, a cut message) as INVALID_ARGUMENT."""
+        exc = InvalidRequestError(
+            "the request is not a valid protobuf message of its method", reason=Reason.BAD_REQUEST
+        )
+        mapped = map_error(exc, metrics=self._metrics)
+        note_access(reason=mapped.reason)
+        end_call(context, to_grpc_status(mapped))
 
     @contextlib.contextmanager
     def _observed(self, method: str, request: object, context: grpc.aio.ServicerContext) -> Iterator[dict]:
-        request_id = getattr(request, "request_id", None) or client_request_id(
-            call_metadata(context, REQUEST_ID_HEADER)
-        )
-        if hasattr(request, "request_id"):  # name the request for every log line below
+        request_id = request_id_from(getattr(request, "request_id", None), call_metadata(context, REQUEST_ID_HEADER))
+        if hasattr(request, "request_id"):  # name the request (the handler's replies echo it) for every log line below
             request.request_id = request_id  # type: ignore[attr-defined]
         images = len(getattr(request, "images", ())) or len(getattr(request, "keys", ()))
         outcome: dict = {"request_id": request_id}
@@ -114,6 +131,16 @@ class ObserveInterceptor(grpc.aio.ServerInterceptor):
                 self._metrics.observe_request(method, code, elapsed)
                 extra = {k: v for k, v in outcome.items() if k != "request_id"}
                 log_access("grpc", method, code, elapsed, images=images, **extra)
+
+
+def parsed(raw: bytes, deserialize: Callable[[bytes], object] | None) -> object | None:
+    """The request message, or None when `raw` does not parse."""
+    if deserialize is None:
+        return raw
+    try:
+        return deserialize(raw)
+    except DecodeError:
+        return None
 
 
 def call_metadata(context: grpc.aio.ServicerContext, key: str) -> str | None:

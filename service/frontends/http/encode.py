@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 
 from service.frontends.http.fields import TIMEOUT_HEADER, decode_image_field, priority_fields, request_budget_s
 from service.frontends.http.refusals import http_request_id, mark_started
+from service.frontends.request_ids import request_id_from
 
 
 class EncodeBody(BaseModel):
@@ -92,7 +93,7 @@ def add_encode_route(app: FastAPI, state: ServingState, metrics: Metrics, *, def
     async def encode(request: Request) -> Response:
         started = mark_started(request)
         body, raw = await encode_body(request)
-        request_id = body.request_id or http_request_id(request)
+        request_id = request_id_from(body.request_id) if body.request_id else http_request_id(request)
         images = len(body.images) if raw is None else 1
         with request_context(request_id):
             work = encode_request(body, raw, request_id, request.headers.get(TIMEOUT_HEADER))

@@ -16,7 +16,8 @@ from mmproc.errors import InvalidRequestError, MmprocError, Reason
 from mmproc.priority import PRIORITY_HEADER, is_batch
 from service.frontends.error_mapping import map_error
 from service.frontends.http.gate import BodyDropped, add_header_gate
-from service.observe.logs import REQUEST_ID_HEADER, client_request_id, log_access, request_context
+from service.frontends.request_ids import request_id_from
+from service.observe.logs import REQUEST_ID_HEADER, log_access, request_context
 from service.pipeline.state import ServingState
 
 if TYPE_CHECKING:
@@ -36,7 +37,7 @@ def http_request_id(request: Request) -> str:
     """The request's id, the same for the middlewares, handlers and error handlers: the client's x-request-id
     when it is a sane one, else a new one."""
     if REQUEST_ID_KEY not in request.scope:
-        request.scope[REQUEST_ID_KEY] = client_request_id(request.headers.get(REQUEST_ID_HEADER))
+        request.scope[REQUEST_ID_KEY] = request_id_from(header=request.headers.get(REQUEST_ID_HEADER))
     return request.scope[REQUEST_ID_KEY]
 
 

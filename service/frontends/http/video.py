@@ -22,7 +22,8 @@ from service.frontends.http.disconnect import client_closed, unless_disconnected
 from service.frontends.http.fields import TIMEOUT_HEADER, decode_image_field, priority_fields, request_budget_s
 from service.frontends.http.reply import held_reply
 from service.frontends.replies_video import all_chunks, video_json
-from service.observe.logs import REQUEST_ID_HEADER, client_request_id, log_access, request_context
+from service.frontends.request_ids import request_id_from
+from service.observe.logs import REQUEST_ID_HEADER, log_access, request_context
 from service.pipeline.state import ServingState
 from service.pipeline.videos import EncodedVideo, VideoItem
 
@@ -55,7 +56,7 @@ def add_video_routes(app: FastAPI, state: ServingState, *, default_deadline_s: f
     @app.post("/v1/encode_video")
     async def encode_video(body: EncodeVideoBody, request: Request) -> Response:
         started = time.perf_counter()
-        request_id = body.request_id or client_request_id(request.headers.get(REQUEST_ID_HEADER))
+        request_id = request_id_from(body.request_id, request.headers.get(REQUEST_ID_HEADER))
         with request_context(request_id):
             outcome = await unless_disconnected(
                 _encode(body, request_id, request.headers.get(TIMEOUT_HEADER)), request.receive

@@ -16,10 +16,12 @@ from service.pipeline.decode.worker import Prepared
 @dataclass(frozen=True)
 class _ImageJob:
     data: bytes
+    seconds: float = 0.0  # its own CPU budget (from its header)
+    heavy: bool = False  # a long budget: it takes the heavy lane (service/pipeline/fair_share.py)
 
     @staticmethod
     def unship(result: Shipped | Prepared) -> Prepared:
-        return result if isinstance(result, Prepared) else Prepared(result.to_image(), *result.timings)
+        return result if isinstance(result, Prepared) else Prepared(result.to_image(), *result.timings[:2])
 
 
 @dataclass(frozen=True)
@@ -30,10 +32,12 @@ class VideoJob:
     limits: VideoLimits
     rules: VideoRules
     sampling: VideoSampling
+    max_patches: int = 0  # the request's patch budget, checked at the first decoded frame (0: none)
+    heavy = True  # a video holds its worker for seconds: never in the light lane
 
     @property
     def args(self) -> tuple:
-        return (self.data, self.limits, self.rules, self.sampling)
+        return (self.data, self.limits, self.rules, self.sampling, self.max_patches)
 
     @staticmethod
     def unship(result: ShippedVideo) -> ShippedVideo:

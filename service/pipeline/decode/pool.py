@@ -41,11 +41,13 @@ import contextvars
 import itertools
 import logging
 import multiprocessing
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from dataclasses import replace
 
 from mmproc.errors import ConfigError, DeadlineExceededError, InvalidMediaError, Reason, UnavailableError
 from mmproc.media import MediaLimits
@@ -55,10 +57,12 @@ from service.observe.logs import REQUEST_ID
 from service.pipeline.decode import video_worker as decode_video_worker
 from service.pipeline.decode import worker as decode_worker
 from service.pipeline.decode.config import DecodePoolConfig
+from service.pipeline.decode.futures import cancel_running, first_error_in_order, materialize
 from service.pipeline.decode.jobs import VideoJob, _ImageJob
+from service.pipeline.decode.request_budget import RequestSpend, check_megapixels
 from service.pipeline.decode.transfer import Shipped, make_transfer_dir, remove_transfer_dir
 from service.pipeline.decode.video_worker import ShippedVideo
-from service.pipeline.decode.worker import Prepared, init_worker, run_task, warm_up
+from service.pipeline.decode.worker import Prepared, declared_pixels, init_worker, resident_bytes, run_task, warm_up
 from service.pipeline.fair_share import FairShare
 from service.pipeline.wait_clock import WaitClock
 
@@ -157,7 +161,15 @@ class DecodePool:
         the answer) while images before i still finish, so the error reported is deterministic. `deadline`
         (time.monotonic()) ends the wait with DeadlineExceededError; cancelling the caller cancels the rest.
         """
-        return await self._prepare_many([_ImageJob(data) for data in images], deadline, "images")
+        budget = self.config.budget
+        pixels = [declared_pixels(data) for data in images]
+        # An image over max_pixels is its own refusal (with its index): it counts at most that here.
+        check_megapixels([min(p, self.limits.max_pixels) for p in pixels], self.config.request_megapixels)
+        jobs = []
+        for data, declared in zip(images, pixels, strict=True):
+            seconds = budget.seconds(declared)
+            jobs.append(_ImageJob(data, seconds, heavy=seconds > self.config.heavy_s))
+        return await self._prepare_many(jobs, deadline, "images")
 
     async def prepare_videos(self, jobs: Sequence[VideoJob], deadline: float | None = None) -> list[ShippedVideo]:
         """Every video of one request (`VideoJob`s), in order, as `decode_video_worker.ShippedVideo`s: the same
@@ -167,10 +179,11 @@ class DecodePool:
     async def _prepare_many(self, jobs: Sequence, deadline: float | None, what: str) -> list:
         key = next(self._request_keys)  # this request's turn in the fair share
         token = self.waits.enter()
-        tasks = [asyncio.ensure_future(self._prepare_one(job, key, deadline, token)) for job in jobs]
+        spend = RequestSpend(self.config.request_cpu_s) if self.config.request_cpu_s else None
+        tasks = [asyncio.ensure_future(self._prepare_one(job, key, deadline, token, spend)) for job in jobs]
         try:
             timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
-            return await asyncio.wait_for(_first_error_in_order(tasks), timeout)
+            return await asyncio.wait_for(first_error_in_order(tasks), timeout)
         except asyncio.TimeoutError:
             raise DeadlineExceededError(f"deadline passed while decoding the {what}") from None
         finally:
@@ -178,8 +191,10 @@ class DecodePool:
             for task in tasks:
                 task.cancel()
 
-    async def _prepare_one(self, job: _ImageJob | VideoJob, key: object, deadline: float | None, waiting: int):
-        await self._share.acquire(key)
+    async def _prepare_one(
+        self, job: _ImageJob | VideoJob, key: object, deadline: float | None, waiting: int, spend: RequestSpend | None
+    ):
+        await self._share.acquire(key, job.heavy)
         self.waits.leave(waiting)  # the request has a slot: no longer waiting for its first
         future: Future | None = None
         try:
@@ -188,30 +203,37 @@ class DecodePool:
             if self.config.isolation == "thread":
                 future = self._submit_thread(job)
                 return job.unship(await asyncio.wrap_future(future))
-            executor, future = self._submit_process(job)
+            granted = spend.grant(job.seconds) if spend is not None and isinstance(job, _ImageJob) else None
+            executor, future = self._submit_process(job, granted)
             try:
-                return job.unship(await asyncio.wrap_future(future))
+                result = await asyncio.wrap_future(future)
+                if granted is not None:
+                    spend.charge(result.cpu_s)
+                return job.unship(result)
             except BrokenProcessPool:
                 self._replace(executor)
             except InvalidMediaError as exc:
                 if exc.reason == Reason.DECODE_TIME:
                     self._retire(executor)
                 raise
+            finally:
+                self._recycle_if_worn(executor)
         finally:
-            self._release_when_done(future)
+            self._release_when_done(future, job.heavy)
         self.quarantined += 1  # outside the fair share: the quarantine is its own one-worker executor
         loop = asyncio.get_running_loop()
         run = contextvars.copy_context().run  # keeps the request id for the worker's log lines
         return job.unship(await loop.run_in_executor(self._quarantine_thread, run, self._run_alone, job))
 
-    def _release_when_done(self, future: Future | None) -> None:
+    def _release_when_done(self, future: Future | None, heavy: bool) -> None:
         """Give the slot back once the image has left its worker: a cancelled request's image that is already
         running keeps its worker busy, so its slot stays taken until it ends (else the executor's own queue,
         first come first served, would fill up behind it)."""
         if future is None or future.done() or future.cancel():
-            self._share.release()
+            self._share.release(heavy)
         else:
-            future.add_done_callback(lambda _: self._share.release())  # on an executor thread
+            future.add_done_callback(lambda _: self._share.release(heavy))  # on an executor thread
+            cancel_running(future)
 
     def _submit_thread(self, job: _ImageJob | VideoJob) -> Future:
         run = contextvars.copy_context().run  # the decode thread's log lines carry the request id
@@ -223,27 +245,31 @@ class DecodePool:
         except RuntimeError:  # shut down
             raise UnavailableError("decoder pool is shut down") from None
 
-    def _submit_process(self, job: _ImageJob | VideoJob) -> tuple[Executor, Future]:
+    def _submit_process(self, job: _ImageJob | VideoJob, granted: float | None = None) -> tuple[Executor, Future]:
         with self._lock:
             if self._closed:
                 raise UnavailableError("decoder pool is shut down")
             executor = self._executor
         try:
-            return executor, self._submit_task(executor, job)
+            return executor, self._submit_task(executor, job, granted)
         except BrokenProcessPool:  # broken by another image's crash before this one ever ran: not a suspect
             self._replace(executor)
-            return self._submit_process(job)
+            return self._submit_process(job, granted)
 
-    def _submit_task(self, executor: Executor, job: _ImageJob | VideoJob) -> Future:
+    def _submit_task(self, executor: Executor, job: _ImageJob | VideoJob, granted: float | None = None) -> Future:
         request_id = REQUEST_ID.get()
-        if isinstance(job, VideoJob):
-            future = executor.submit(decode_video_worker.run_video_task, request_id, self._transfer(), *job.args[:4])
+        if isinstance(job, VideoJob):  # a file at cancel_path ends it when its request is gone (_release_when_done)
+            out = self._transfer()
+            cancel = None if out is None else os.path.join(out, f"cancel-{next(self._request_keys)}")
+            future = executor.submit(decode_video_worker.run_video_task, request_id, out, *job.args, cancel)
+            future.cancel_path = cancel  # type: ignore[attr-defined]
         else:
             task = self._task or self._prepare
+            budget = self.config.budget if granted is None else replace(self.config.budget, granted_s=granted)
             future = executor.submit(
-                run_task, task, self.config.budget, self._transfer(), request_id, job.data, self.limits, self.preprocess
+                run_task, task, budget, self._transfer(), request_id, job.data, self.limits, self.preprocess
             )
-        future.add_done_callback(_materialize)  # before anyone waits: maps and unlinks even if nobody does
+        future.add_done_callback(materialize)  # before anyone waits: maps and unlinks even if nobody does
         return future
 
     @property
@@ -273,7 +299,15 @@ class DecodePool:
         logger.warning("decode pool: a worker died; replaced the workers, retrying their images one at a time")
         broken.shutdown(wait=False, cancel_futures=True)
 
-    def _retire(self, worn: Executor) -> None:
+    def _recycle_if_worn(self, executor: Executor) -> None:
+        """After a task: a worker whose resident size stayed over `worker_recycle_mb` (memory a decoder kept, or
+        a heap that did not shrink) gets its executor retired, so the next image meets a worker at its idle size."""
+        limit = self.config.worker_recycle_mb * MiB
+        processes = getattr(executor, "_processes", None) or {}
+        if limit and any(resident_bytes(p.pid) > limit for p in list(processes.values())):
+            self._retire(executor, "a worker stayed over its resident size limit after a task")
+
+    def _retire(self, worn: Executor, why: str = "an image ran out of its time budget") -> None:
         """After an image ran out of its time budget: replace the workers that ran it, without a gap.
 
         Starting workers can take seconds (a forkserver child re-imports `__main__`), so fresh ones are started
@@ -285,7 +319,7 @@ class DecodePool:
             if self._executor is not worn or self._closed or self._respawning:
                 return
             self._respawning = True
-        logger.info("decode pool: an image ran out of its time budget; replacing its workers")
+        logger.info("decode pool: %s; replacing its workers", why)
         self._respawner.submit(self._respawn, worn)
 
     def _respawn(self, worn: Executor) -> None:
@@ -338,35 +372,3 @@ class DecodePool:
             initializer=init_worker,
             initargs=(self.config.worker_memory_mb * MiB, self.config.log_level, self.config.log_json),
         )
-
-
-async def _first_error_in_order(tasks: list[asyncio.Future]) -> list[Prepared]:
-    """Results of `tasks` in order, or the exception of the lowest-indexed failed task (see prepare_all)."""
-    first_bad = len(tasks)
-    pending = set(tasks)
-    while pending:
-        done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
-        for task in done:
-            if not task.cancelled() and task.exception() is not None:
-                first_bad = min(first_bad, tasks.index(task))
-        if first_bad < len(tasks):
-            for task in tasks[first_bad + 1 :]:
-                task.cancel()
-            pending = {task for task in pending if tasks.index(task) < first_bad}
-    if first_bad < len(tasks):
-        exc = tasks[first_bad].exception()
-        assert exc is not None
-        if isinstance(exc, InvalidMediaError):
-            raise exc.at_index(first_bad)
-        raise exc
-    return [task.result() for task in tasks]
-
-
-def _materialize(future: Future) -> None:
-    """Done-callback (executor thread): turn a shipped file into a mapping now, so that no file outlives it."""
-    if future.cancelled() or future.exception() is not None:
-        return
-    try:
-        future.result().materialize()
-    except OSError:
-        logger.exception("decode pool: could not map a worker's result")  # to_image() raises it to the request

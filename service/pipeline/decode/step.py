@@ -4,15 +4,21 @@ queue reservation given back however it ends."""
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Awaitable
+from typing import TypeVar
 
-from mmproc.errors import DeadlineExceededError
+from mmproc.errors import DeadlineExceededError, ResourceExhaustedError
 from mmproc.types import PreprocessedImage, PreprocessedVideo
 from service.observe.metrics import Metrics
 from service.pipeline.admission import Admission, Admitted
 from service.pipeline.decode.gpu import GpuDecoder, decode_split
 from service.pipeline.decode.pool import DecodePool, VideoJob
 from service.pipeline.forward_step import count_dropped
+from service.pipeline.overload import MIN_RETRY_AFTER_S, Ticket
+
+T = TypeVar("T")
 
 
 class DecodeStep:
@@ -28,8 +34,8 @@ class DecodeStep:
         try:
             paths = self._metrics.decode_paths
             if self.gpu is None:
-                results = await self.pool.prepare_all(images, deadline)  # the first bad image, by position
-                paths.labels("cpu").inc(len(results))
+                results = await sheddable(self.pool.prepare_all(images, deadline), admitted.ticket)
+                paths.labels("cpu").inc(len(results))  # the first bad image, by position
             else:
                 results = await decode_split(self.gpu, images, self.pool.prepare_all, deadline, paths)
         except DeadlineExceededError:
@@ -48,3 +54,25 @@ class DecodeStep:
         shipped = await self.pool.prepare_videos(jobs, deadline)
         self._metrics.stage("decode").observe(time.perf_counter() - started)
         return [s.to_video() for s in shipped]
+
+
+async def sheddable(decode: Awaitable[T], ticket: Ticket) -> T:
+    """`decode`, ended by the door when it sheds this request for newcomers (OverloadGuard._shed_dominant): then
+    RESOURCE_EXHAUSTED (429) with the reason, its images not yet in a worker dropped."""
+    task = asyncio.ensure_future(decode)
+    loop = asyncio.get_running_loop()
+    ticket.on_shed = lambda: loop.call_soon_threadsafe(task.cancel)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if ticket.shed and (current is None or not current.cancelling()):
+            raise ResourceExhaustedError(
+                "shed: this request's images held the decoders while other requests waited; send fewer or smaller "
+                "images at a time",
+                retry_after_s=MIN_RETRY_AFTER_S * 20,
+                cause="shed",
+            ) from None
+        raise
+    finally:
+        ticket.on_shed = None

@@ -49,6 +49,7 @@ class Shipped:
     image_size: tuple[int, int] = (0, 0)  # (width, height) as decoded
     dtype: str = "float32"  # of the patches: float32, or uint8 bytes that `lut` normalizes (on the device)
     lut: np.ndarray | None = None
+    cpu_s: float = 0.0  # CPU time the worker's task used (the request's decode budget is charged with it)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def __getstate__(self) -> dict:
@@ -106,6 +107,46 @@ def ship(
             return shipped
     shipped.patches = patches
     return shipped
+
+
+class PatchWriter:
+    """Worker side: patches appended as they are made (a video, frame after frame) to one file in `out_dir`, so
+    that the worker holds one frame's patches at a time; kept in memory without a directory (thread mode)."""
+
+    def __init__(self, out_dir: str | None) -> None:
+        self._parts: list[np.ndarray] = []
+        self._file = self._path = None
+        self.rows, self.row_shape, self.dtype = 0, (), "float32"
+        if out_dir is not None:
+            fd, self._path = tempfile.mkstemp(dir=out_dir)
+            self._file = os.fdopen(fd, "wb")
+
+    def write(self, patches: np.ndarray) -> None:
+        """(L, 3, p, p) C-contiguous patches, the same shape per row every time."""
+        self.rows += patches.shape[0]
+        self.row_shape, self.dtype = tuple(patches.shape[1:]), patches.dtype.name
+        if self._file is not None:
+            self._file.write(memoryview(patches).cast("B"))  # write(): a full tmpfs is ENOSPC, never SIGBUS
+        else:
+            self._parts.append(patches)
+
+    def finish(self, grid_hw: tuple[int, int], num_tokens: int, timings: tuple[float, ...], image_size) -> Shipped:
+        shape = (self.rows, *self.row_shape)
+        shipped = Shipped(grid_hw, num_tokens, shape, tuple(timings), image_size=image_size, dtype=self.dtype)
+        if self._file is not None:
+            self._file.close()
+            shipped.path, self._file = self._path, None
+        else:
+            shipped.patches = np.concatenate(self._parts) if self._parts else np.empty(shape, np.float32)
+        return shipped
+
+    def discard(self) -> None:
+        """A failed video: its file goes (the parent never sees it)."""
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+            with contextlib.suppress(OSError):
+                os.unlink(self._path)
 
 
 def _map_file(path: str, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:

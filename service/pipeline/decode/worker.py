@@ -9,6 +9,8 @@ worker costs no imports.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import ctypes.util
 import gc
 import os
 import resource
@@ -34,6 +36,9 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 # done here, in the forkserver that preloads this module, so that no worker pays it inside an image's budget.
 Image.init()
 MEMORY_EXIT_CODE = 75  # a worker that ran out of its memory budget exits with this (see run_task)
+_LIBC = ctypes.CDLL(ctypes.util.find_library("c") or None)
+_MALLOC_TRIM = getattr(_LIBC, "malloc_trim", None)  # glibc only
+_STARTUP_RSS = [0]  # this worker's resident size once started (init_worker); a process of its own per worker
 
 
 class Prepared(NamedTuple):
@@ -54,14 +59,21 @@ class DecodeBudget:
     base_s: float = 0.5
     per_megapixel_s: float = 0.2
     cap_s: float = 30.0
+    granted_s: float | None = None  # what the request's budget granted this image, when less (request_budget.py)
 
     def seconds(self, pixels: int) -> float:
-        return min(self.cap_s, self.base_s + self.per_megapixel_s * pixels / 1e6)
+        own = min(self.cap_s, self.base_s + self.per_megapixel_s * pixels / 1e6)
+        return own if self.granted_s is None else min(own, self.granted_s)
 
     def for_image(self, data: bytes) -> float:
-        fmt = sniff_format(data)
-        size = None if fmt is None else peek_size(fmt, data)
-        return self.seconds(0 if size is None else max(0, size[0]) * max(0, size[1]))
+        return self.seconds(declared_pixels(data))
+
+
+def declared_pixels(data: bytes) -> int:
+    """Width x height from the image's header peek; 0 when it does not say."""
+    fmt = sniff_format(data)
+    size = None if fmt is None else peek_size(fmt, data)
+    return 0 if size is None else max(0, size[0]) * max(0, size[1])
 
 
 class _OverBudget(BaseException):
@@ -110,6 +122,7 @@ def init_worker(memory_budget_bytes: int, log_level: str, log_json: bool) -> Non
     # The imports' objects out of the garbage collector's scans: a full pass over them (~0.1 s) inside a task
     # would count against that image's CPU budget (service/observe/gc_pauses.py).
     gc.freeze()
+    _STARTUP_RSS[0] = resident_bytes(os.getpid())
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     if memory_budget_bytes > 0:
         cap = address_space_bytes() + memory_budget_bytes
@@ -138,11 +151,64 @@ def run_task(
     stuck without using CPU): the parent sees a dead worker, exactly as for a crash or running out of memory.
     """
     seconds = budget.for_image(data)
-    with request_context(request_id), cpu_budget(seconds, seconds + max(1.0, seconds), budget.cap_s, "image"):
-        prepared = task(data, limits, config)
-    image = prepared.image
-    lut = None if image.lut is None else image.lut.numpy()
-    return ship(image.patches.numpy(), image.grid_hw, image.num_tokens, out_dir, prepared[1:], image.image_size, lut)
+    error: BaseException | None = None
+    started = time.process_time()
+    try:
+        with request_context(request_id), cpu_budget(seconds, seconds + max(1.0, seconds), budget.cap_s, "image"):
+            prepared = task(data, limits, config)
+        image = prepared.image
+        lut = None if image.lut is None else image.lut.numpy()
+        shipped = ship(
+            image.patches.numpy(), image.grid_hw, image.num_tokens, out_dir, prepared[1:], image.image_size, lut
+        )
+        shipped.cpu_s = time.process_time() - started
+        return shipped
+    except BaseException as exc:  # noqa: BLE001 - every error leaves, detached, below
+        error = detached(out_of_room(exc))
+    finally:
+        release_memory(error is not None)
+    raise error
+
+
+def out_of_room(exc: BaseException) -> BaseException:
+    """An allocator's failure inside a media task as the media's fault (400 UNDECODABLE), never a 500: torch's
+    `RuntimeError: ... can't allocate memory`, and an import a library does lazily that failed under the
+    address-space cap (the forkserver preloads what it can)."""
+    text = str(exc).lower() if isinstance(exc, RuntimeError | ImportError) else ""
+    if isinstance(exc, ImportError) or "alloc" in text or "memory" in text:
+        return InvalidMediaError("the decoder ran out of room on this item", reason=Reason.UNDECODABLE)
+    return exc
+
+
+def detached(exc: BaseException) -> BaseException:
+    """`exc` without its traceback, cause and context: their frames hold the task's decoded pixels, and
+    concurrent.futures keeps the exception a task raised until that worker's next task fails."""
+    exc.__traceback__ = exc.__cause__ = exc.__context__ = None
+    exc.__suppress_context__ = True
+    return exc
+
+
+TRIM_ABOVE = 64 << 20  # resident bytes over the worker's size at start-up that a trim gives back
+
+
+def release_memory(failed: bool) -> None:
+    """After a task: collect what a failure's frames left in cycles, and give freed heap back to the kernel when
+    the worker stayed TRIM_ABOVE over its start-up size (glibc otherwise keeps a freed raster in its arenas, and
+    the worker's RSS at rest stays at its peak). Not after every image: the next one would fault its pages in
+    again (a 1024x768 JPEG took 29 ms, 38 ms with a trim after each)."""
+    if failed:
+        gc.collect()
+    if _MALLOC_TRIM is not None and resident_bytes(os.getpid()) > _STARTUP_RSS[0] + TRIM_ABOVE:
+        _MALLOC_TRIM(0)
+
+
+def resident_bytes(pid: int) -> int:
+    """A process's resident set size, from /proc/PID/statm (0 when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/statm") as statm:
+            return int(statm.read().split()[1]) * _PAGE
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 @contextlib.contextmanager
