@@ -43,7 +43,9 @@ async def start_sglang(
         from service.frontends.sglang.media import FetchConfig
     except ImportError as exc:  # pyzmq: the [sglang] extra
         sock.close()
-        raise ConfigError(f"--sglang-address needs pyzmq (pip install 'mmproc[sglang]'): {exc}") from None
+        raise ConfigError(
+            f"--sglang-address needs pyzmq (pip install pyzmq, or -e '.[sglang]' from a checkout): {exc}"
+        ) from None
     fetch = FetchConfig(
         enabled=bool(s.sglang_fetch_host_list), allow_hosts=s.sglang_fetch_host_list,
         max_bytes=s.sglang_fetch_max_mb * MiB, timeout_s=s.sglang_fetch_timeout_s, allow_private=s.sglang_fetch_private,

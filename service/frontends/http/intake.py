@@ -21,8 +21,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from mmproc.errors import InvalidRequestError, Reason, ResourceExhaustedError
 from mmproc.units import MiB
-from service.frontends.http.app import refusal
 from service.frontends.http.gate import BodyDropped
+from service.frontends.http.refusals import refusal
 
 
 @dataclass(frozen=True)
