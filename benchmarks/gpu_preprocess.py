@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 
 from mmproc.batching import pack_images
-from mmproc.bench.forward import random_encoder
+from mmproc.bench.workloads import random_encoder
 from mmproc.media import MediaLimits, decode_image
 from mmproc.models import PRESETS
 from mmproc.preprocess import PreprocessConfig, preprocess_image

@@ -23,8 +23,8 @@ from torch import Tensor
 
 from mmproc.batching import pack_images
 from mmproc.bench.accuracy_images import KINDS, accuracy_images
-from mmproc.bench.forward import random_encoder
 from mmproc.bench.provenance import git_commit, git_dirty
+from mmproc.bench.workloads import random_encoder
 from mmproc.models import PRESETS, VisionEncoder, load_encoder
 from mmproc.models.quantize import KEEP, quantize_fp8
 from mmproc.preprocess import PreprocessConfig, load_preprocess_config, preprocess_image

@@ -14,7 +14,7 @@ import pytest
 from mmproc.client import AsyncEncoderClient, EncoderClient
 from mmproc.client.retry import RetryPolicy, Rotation, call_with_retry
 from mmproc.errors import DeadlineExceededError, InvalidMediaError, ResourceExhaustedError, UnavailableError
-from service.app.server import build_pipeline
+from service.app.build import build_pipeline
 from tests.support.media_samples import make_image_bytes
 from tests.support.server import ServiceThread, test_settings
 

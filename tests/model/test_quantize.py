@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from mmproc.batching import pack_images
-from mmproc.bench.forward import random_batch
+from mmproc.bench.workloads import random_batch
 from mmproc.errors import ConfigError
 from mmproc.layers.fp8 import EMULATED, FP8, Fp8Linear, emulated_scaled_mm, quantize_rows, quantize_weight
 from mmproc.models import load_encoder

@@ -16,9 +16,10 @@ import torch
 from mmproc.batching import pack_images
 from mmproc.media import decode_image
 from mmproc.preprocess import preprocess_image
+from service.app.build import build_pipeline
 from service.app.config_sources import load_settings
 from service.app.configs import decode_config
-from service.app.server import PipelineFactory, Service, build_pipeline
+from service.app.server import PipelineFactory, Service
 from service.app.settings import ServerSettings
 from service.pipeline.decode.pool import DecodePool
 from tests.support.common import wait_until

@@ -15,7 +15,7 @@ import torch
 from mmproc.client import AsyncEncoderClient, EncoderClient
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.wire.transports import TRANSPORTS, Table
-from service.app.server import build_pipeline
+from service.app.build import build_pipeline
 from tests.support.loopback_transport import LOOPBACK, NAME, SHELF
 from tests.support.media_samples import make_image_bytes
 from tests.support.server import serving, test_settings

@@ -106,7 +106,7 @@ def test_settings_and_their_defaults_load_no_torch() -> None:
 def test_overload_settings_reach_the_engine() -> None:
     """--max-queue-delay-ms, --max-pending-mb and --max-reply-mb bound the engine the server builds (the first two
     used to stop at the settings: the engine ran on OverloadConfig's defaults whatever was given)."""
-    from service.app.server import build_pipeline
+    from service.app.build import build_pipeline
     from tests.support.server import test_settings
 
     settings = test_settings(max_queue_delay_ms=250.0, max_pending_mb=64, max_reply_mb=3, decode_isolation="thread")
@@ -159,7 +159,7 @@ def test_attention_backend_setting_names_exactly_the_encoder_backends() -> None:
 
 
 def test_the_attention_backend_setting_reaches_the_encoder() -> None:
-    from service.app.server import load_model
+    from service.app.build import load_model
 
     settings = ServerSettings(attention_backend="torch_varlen")
     encoder, _ = load_model(settings)

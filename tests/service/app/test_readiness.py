@@ -17,8 +17,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from mmproc.client import EncoderClient
 from mmproc.client.retry import NO_RETRY
 from mmproc.errors import ConfigError, UnavailableError
+from service.app.build import build_pipeline
 from service.app.cli import main
-from service.app.server import build_pipeline, serve
+from service.app.server import serve
 from tests.support.common import wait_until
 from tests.support.media_samples import make_image_bytes
 from tests.support.server import ServiceThread, test_settings

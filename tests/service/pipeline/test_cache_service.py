@@ -15,7 +15,7 @@ from mmproc.client import EncoderClient
 from mmproc.errors import InvalidMediaError, UnknownKeyError
 from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
-from service.app.server import build_pipeline
+from service.app.build import build_pipeline
 from service.pipeline.requests import RequestPipeline
 from tests.support.media_samples import make_image_bytes
 from tests.support.server import ServiceThread, test_settings

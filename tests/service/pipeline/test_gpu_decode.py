@@ -19,7 +19,7 @@ from mmproc.client import EncoderClient
 from mmproc.errors import ConfigError, InvalidMediaError
 from mmproc.media import MediaLimits, decode_image
 from mmproc.preprocess import PreprocessConfig
-from service.app.server import build_pipeline
+from service.app.build import build_pipeline
 from service.pipeline.decode.gpu import GpuRequest, decode_split, run_batch
 from service.pipeline.decode.worker import Prepared, prepare_image
 from tests.media.test_gpu_jpeg import _garbled
