@@ -152,12 +152,28 @@ def dropped_log_records() -> int:
     return _writer.queued.dropped if _writer is not None else 0
 
 
+class StderrHandler(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is when a line is written, not the one it was made with (a stream that a
+    caller replaced and closed since, as pytest's capture does, would fail every later line)."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):  # noqa: ANN201
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        pass
+
+
 def configure_logging(level: str, as_json: bool, *, background: bool = True) -> logging.Handler:
     """Replace the root handlers with one stderr handler (text or JSON lines) that stamps request ids; written
     by a thread of its own when `background` (service/observe/log_writer.py), else by the thread that logs.
     Returns the handler the root logger has."""
     global _writer
-    stream = logging.StreamHandler(sys.stderr)
+    stream = StderrHandler()
     stream.setFormatter(JsonFormatter() if as_json else text_formatter())
     if _writer is not None:  # configured again (tests): the earlier writer finishes its queue first
         _writer.stop()
