@@ -29,7 +29,6 @@ from mmproc.models import PRESETS, VisionEncoder
 from mmproc.preprocess import PreprocessConfig
 from mmproc.types import PackedBatch
 
-MIXED_SIDES = (224, 1536)  # mixed workload: each side drawn uniformly in this range (pixels)
 # our encoder with one fast path changed; `--variants` times each against the default in the same run
 VARIANTS: dict[str, dict[str, object]] = {
     "no-fused-gelu": {"fused_gelu": False},

@@ -13,20 +13,6 @@ from mmproc.preprocess import PreprocessConfig, target_grid
 from mmproc.types import PackedBatch
 
 MIXED_SIDES = (224, 1536)  # mixed workload: each side drawn uniformly in this range (pixels)
-# our encoder with one fast path changed; `--variants` times each against the default in the same run
-VARIANTS: dict[str, dict[str, object]] = {
-    "no-fused-gelu": {"fused_gelu": False},
-    "no-fused-rope": {"fused_rope": False},
-    "no-uniform": {"uniform_attention": False},
-    "all-sdpa": {"long_segment": 1},
-    "no-fused-add-norm": {"fused_add_norm": False},
-    "attn-streams=2": {"attention_streams": 2},
-    "attn-streams=4": {"attention_streams": 4},
-    "attn=torch_varlen": {"attention_backend": "torch_varlen"},  # the default before flash_attn_cute
-    "attn=sdpa": {"attention_backend": "sdpa"},
-}
-# Our default encoder fed a batch packed in another pixel dtype: what shipping pixels in the model dtype is worth.
-PIXEL_VARIANTS: dict[str, torch.dtype] = {"f32-pixels": torch.float32}
 
 
 def workload_name(value: str) -> str:

@@ -3,7 +3,6 @@ transports and video started, and what server info needs of the settings."""
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 
 import torch
@@ -23,8 +22,6 @@ from service.frontends.server_info import ServedAs
 from service.observe.metrics import Metrics
 from service.pipeline.cache.keys import model_context
 from service.pipeline.requests import RequestPipeline
-
-logger = logging.getLogger(__name__)
 
 
 def load_model(settings: ServerSettings) -> tuple[VisionEncoder, PreprocessConfig]:
