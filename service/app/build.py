@@ -57,7 +57,11 @@ def build_pipeline(
     )
     table = transports or Table()
     pipeline = RequestPipeline(
-        encoder, preprocess, configs.pipeline_config(settings, cache_context=context), metrics, table
+        encoder,
+        preprocess,
+        configs.pipeline_config(settings, cache_context=context, image_patches=preprocess.max_patches_per_image),
+        metrics,
+        table,
     )
     pipeline.ipc_status = start_transports(settings, pipeline, table)
     pipeline.videos = build_video_pipeline(settings, pipeline)

@@ -87,9 +87,14 @@ def decode_config(s: ServerSettings) -> DecodePoolConfig:
     )
 
 
-def runner_config(s: ServerSettings) -> RunnerConfig:
+def runner_config(s: ServerSettings, image_patches: int = 0) -> RunnerConfig:
+    """`image_patches`: the most one image of the model may have. A batch must hold one, so unless
+    max_batch_patches was set, it follows the model (Qwen3-VL's pixel budget allows 65,536 patches an image)."""
+    batch = (
+        s.max_batch_patches if "max_batch_patches" in s.model_fields_set else max(s.max_batch_patches, image_patches)
+    )
     return RunnerConfig(
-        max_batch_patches=s.max_batch_patches,
+        max_batch_patches=batch,
         max_batch_images=s.max_batch_images,
         max_wait_ms=s.max_wait_ms,
         max_queued_images=s.max_queued_images,
@@ -142,13 +147,14 @@ def nixl_config(s: ServerSettings) -> NixlConfig:
     )  # fmt: skip
 
 
-def pipeline_config(s: ServerSettings, *, cache_context: str) -> PipelineConfig:
-    """Everything the pipeline takes besides its model; `cache_context` needs the loaded model (service/app/server.py)."""
+def pipeline_config(s: ServerSettings, *, cache_context: str, image_patches: int = 0) -> PipelineConfig:
+    """Everything the pipeline takes besides its model; `cache_context` and `image_patches` (the most one image
+    has) need the loaded model (service/app/build.py)."""
     return PipelineConfig(
         media=media_limits(s),
         request=request_limits(s),
         inflight=inflight_limits(s),
-        runner=runner_config(s),
+        runner=runner_config(s, image_patches),
         decode=decode_config(s),
         key_store=key_store_config(s),
         cache=cache_config(s),

@@ -245,7 +245,7 @@ class Service:
             "on" if s.auth_token is not None else "off",
             s.decode_workers,
             s.decode_isolation,
-            s.max_batch_patches,
+            self.pipeline.config.runner.max_batch_patches,
             s.max_batch_images,
             s.max_queued_images,
             s.max_images_per_request,
