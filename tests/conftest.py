@@ -1,7 +1,10 @@
-"""Root hook only: skip `cuda`-marked tests without a GPU. Nothing of the service (nor torch) is imported for the
+"""Root hooks only: skip `cuda`-marked tests without a GPU; a test that configures logging (`main()` in-process)
+leaves the root logger as it found it. Nothing of the service (nor torch) is imported for the
 unit tests; the server fixtures live in tests/support/server.py and the conftests of the folders that use them."""
 
 from __future__ import annotations
+
+import logging
 
 import pytest
 
@@ -17,3 +20,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
     for item in marked:
         item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _root_logger_restored():
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
