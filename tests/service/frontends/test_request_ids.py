@@ -17,6 +17,7 @@ from mmproc.v1 import encoder_pb2 as pb
 from mmproc.v1 import encoder_pb2_grpc as pb_grpc
 from service.frontends.request_ids import is_sane_request_id, request_id_from
 from service.observe.logs import RequestIdFilter, TextFormatter, request_context
+from tests.support.log_capture import Capture
 from tests.support.media_samples import make_image_bytes
 
 FORGED = "x\n2026-01-01 00:00:00,000 ERROR mmproc.forged [-] forged"
@@ -28,16 +29,6 @@ BAD_IDS = {
     "space": "a b",
     "129 chars": "a" * 129,
 }
-
-
-class Capture(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.addFilter(RequestIdFilter())
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import service.pipeline.decode.worker
 from mmproc.client import EncoderClient
 from mmproc.errors import InvalidMediaError
 from service.observe.logs import JsonFormatter, RequestIdFilter, request_context
+from tests.support.log_capture import Capture
 from tests.support.media_samples import make_image_bytes
 from tests.support.server import ServiceThread, serving, test_settings
 
@@ -23,16 +24,6 @@ def tiny_server() -> Iterator[ServiceThread]:
     """Decoding in threads: the test patches the per-image function, which a worker process would not see."""
     with serving(test_settings(decode_isolation="thread")) as server:
         yield server
-
-
-class Capture(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.addFilter(RequestIdFilter())
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
 
 
 @pytest.fixture
